@@ -48,6 +48,11 @@ def _convert_default(target: Path) -> None:
             str(gguf_path.parent), gguf_file=gguf_path.name, dtype="float32"
         )
         tokenizer = AutoTokenizer.from_pretrained(str(gguf_path.parent), gguf_file=gguf_path.name)
+        # The GGUF weights are already dequantised to float32: drop the quantizer
+        # so that save_pretrained writes plain safetensors.
+        model.hf_quantizer = None
+        if hasattr(model.config, "quantization_config"):
+            del model.config.quantization_config
         staging = Path(tmp) / "model"
         model.save_pretrained(staging)
         tokenizer.save_pretrained(staging)
