@@ -1,0 +1,704 @@
+"""Document retrieval and near-duplicate removal with MinHash (datasketch).
+
+Two jobs, one representation:
+
+* ``deduplicate`` drops exact and near-duplicate documents when a corpus index
+  is built (``CorpusIndex.build(..., dedup_threshold=0.9)``);
+* ``Retriever.top_k`` finds the corpus documents most similar to a prompt, so
+  the proposer can put them in the per-request reference index (``retrieve=k``).
+
+Arrays crossing this module's boundary:
+
+    tokens / document / query_tokens   int32 [length]     token ids >= 0 (any integer
+                                                           dtype is accepted and
+                                                           converted if it fits int32)
+    shingles(...)                      uint64 [n_unique]  sorted, unique shingle hashes
+    DocumentSignatures.matrix          uint32 [num_docs, num_perm]
+    deduplicate(...)[0]                int64 [num_kept]   kept document indices, ascending
+
+Shingles. A document is the *set* of its token n-grams (n = ``DEFAULT_NGRAM``
+= 3), each n-gram represented by a 64-bit hash computed with numpy over the
+whole document at once. Why 3: a substituted token destroys the n shingles
+that cover it, so for scattered edits Jaccard ~ (1 - n f) / (1 + n f) at a
+fraction f of changed tokens. With n = 3, a 1 % scattered edit still scores
+~0.94 (a near-duplicate at 0.9), and edits clustered in a few lines (the usual
+case for code) cost far fewer shingles; with n = 5 a 1 % scattered edit already
+falls to ~0.90. Below 3, token bigrams of code are dominated by ubiquitous
+pairs (``self .``, ``) :``) and unrelated files look alike. A document shorter
+than n tokens has one shingle: the hash of all its tokens and its length. The
+empty document has none. "Exact" Jaccard below means over these 64-bit hashes
+(two distinct n-grams collide with probability 2^-64).
+
+MinHash. datasketch 2.0's ``affine32`` scheme with a fixed seed: each shingle
+hash is truncated to 32 bits, pre-mixed with the MurmurHash3 finalizer and
+permuted by ``a * h + b mod 2^32``; the signature is the column-wise minimum.
+This module computes it for all documents in vectorised numpy blocks, bit-for-
+bit what ``datasketch.MinHash(num_perm, seed, scheme="affine32",
+hashfunc=identity).update_batch(...)`` produces (tested), so signatures can be
+handed to ``MinHashLSH`` / ``MinHashLSHForest`` as ``LeanMinHash``. The seed
+is fixed, so signatures are identical across processes and machines.
+"""
+
+from __future__ import annotations
+
+import os
+import struct
+import tempfile
+import zlib
+from collections import OrderedDict
+from collections.abc import Callable, Sequence
+from typing import Union
+
+import numpy as np
+
+try:
+    from datasketch import LeanMinHash, MinHash, MinHashLSH, MinHashLSHForest
+
+    MinHash(num_perm=2, scheme="affine32")
+except TypeError as err:  # datasketch < 2.0 has no ``scheme`` argument
+    raise ImportError("refdec.retrieval needs datasketch >= 2.0 (the 'affine32' MinHash scheme)") from err
+
+__all__ = [
+    "DEFAULT_NGRAM",
+    "DEFAULT_NUM_PERM",
+    "DEFAULT_SEED",
+    "DocumentSignatures",
+    "Retriever",
+    "deduplicate",
+    "shingles",
+    "signature_path",
+]
+
+DEFAULT_NGRAM = 3
+DEFAULT_NUM_PERM = 128
+DEFAULT_SEED = 1
+# One MinHash block is at most this many shingle rows x num_perm uint32 (8 MiB at 128).
+_BLOCK_ROWS = 16384
+_EMPTY = np.uint32(0xFFFFFFFF)  # datasketch's empty-signature value for affine32
+_MAX_TOKEN = np.iinfo(np.int32).max
+
+PathLike = Union[str, "os.PathLike[str]"]
+
+
+# ---------------------------------------------------------------------------
+# Validation and hashing helpers
+# ---------------------------------------------------------------------------
+
+
+def _as_tokens(tokens, name: str) -> np.ndarray:
+    """Return ``tokens`` as a contiguous int32 [length] array, or raise ValueError naming ``name``."""
+    arr = np.asarray(tokens)
+    if arr.ndim != 1:
+        raise ValueError(f"{name} must be a 1-D array of token ids, got shape {arr.shape}")
+    if arr.size == 0:
+        return np.zeros(0, dtype=np.int32)
+    if arr.dtype.kind not in "iu":
+        raise ValueError(f"{name} must hold integer token ids, got dtype {arr.dtype}")
+    if arr.dtype != np.int32:
+        lo, hi = int(arr.min()), int(arr.max())
+        if lo < 0 or hi > _MAX_TOKEN:
+            bad = lo if lo < 0 else hi
+            raise ValueError(f"{name} token ids must be in [0, 2^31), got {bad}")
+        return np.ascontiguousarray(arr, dtype=np.int32)
+    if int(arr.min()) < 0:
+        pos = int(np.argmin(arr))
+        raise ValueError(f"{name} token ids must be >= 0; {name}[{pos}] = {int(arr[pos])}")
+    return np.ascontiguousarray(arr)
+
+
+def _check_ngram(n) -> int:
+    if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or not 1 <= int(n) <= 64:
+        raise ValueError(f"n (shingle length) must be an int in [1, 64], got {n!r}")
+    return int(n)
+
+
+def _check_num_perm(num_perm) -> int:
+    if isinstance(num_perm, bool) or not isinstance(num_perm, (int, np.integer)) or not 2 <= int(num_perm) <= 4096:
+        raise ValueError(f"num_perm must be an int in [2, 4096], got {num_perm!r}")
+    return int(num_perm)
+
+
+def _check_seed(seed) -> int:
+    if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or not 0 <= int(seed) < 2**32:
+        raise ValueError(f"seed must be an int in [0, 2^32), got {seed!r}")
+    return int(seed)
+
+
+def _check_threshold(threshold) -> float:
+    try:
+        t = float(threshold)
+    except (TypeError, ValueError):
+        raise ValueError(f"threshold must be a number in (0, 1], got {threshold!r}") from None
+    if not 0.0 < t <= 1.0:  # also rejects NaN
+        raise ValueError(f"threshold must be in (0, 1], got {threshold!r}")
+    return t
+
+
+def _fmix64(h: np.ndarray) -> np.ndarray:
+    """MurmurHash3 64-bit finalizer (a bijection), element-wise on uint64 arrays (wraps)."""
+    h = h ^ (h >> np.uint64(33))
+    h = h * np.uint64(0xFF51AFD7ED558CCD)
+    h = h ^ (h >> np.uint64(33))
+    h = h * np.uint64(0xC4CEB9FE1A85EC53)
+    return h ^ (h >> np.uint64(33))
+
+
+def _fmix32(h: np.ndarray) -> np.ndarray:
+    """MurmurHash3 32-bit finalizer, element-wise on uint32 arrays; the pre-mix of datasketch's affine32."""
+    h = h ^ (h >> np.uint32(16))
+    h = h * np.uint32(0x85EBCA6B)
+    h = h ^ (h >> np.uint32(13))
+    h = h * np.uint32(0xC2B2AE35)
+    return h ^ (h >> np.uint32(16))
+
+
+def _shingle_hashes(tokens: np.ndarray, n: int) -> np.ndarray:
+    """uint64 [n_unique] sorted unique n-gram hashes of validated int32 ``tokens``."""
+    length = tokens.shape[0]
+    if length == 0:
+        return np.zeros(0, dtype=np.uint64)
+    width = min(n, length)  # a document shorter than n is one shingle of all its tokens
+    count = length - width + 1
+    t = tokens.astype(np.uint64)
+    # The start value encodes the shingle width, so a short document's single
+    # shingle never equals an n-gram of a longer one.
+    h = np.full(count, (0x9E3779B97F4A7C15 * width) & 0xFFFFFFFFFFFFFFFF, dtype=np.uint64)
+    for j in range(width):
+        h = _fmix64(h ^ t[j : j + count])
+    return np.unique(h)
+
+
+def shingles(tokens, n: int = DEFAULT_NGRAM) -> np.ndarray:
+    """The shingle set of a document: sorted, unique 64-bit hashes of its token n-grams.
+
+    Args:
+        tokens: int32 [length] token ids (>= 0). Empty gives an empty set.
+        n: shingle length in tokens (default 3; see the module docstring).
+
+    Returns:
+        uint64 [n_unique], sorted ascending. A document with 0 < length < n has
+        exactly one shingle.
+    """
+    return _shingle_hashes(_as_tokens(tokens, "tokens"), _check_ngram(n))
+
+
+def _permutations(num_perm: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """datasketch's affine32 permutation parameters (a, b), each uint32 [num_perm]."""
+    a, b = MinHash(num_perm=num_perm, seed=seed, scheme="affine32").permutations
+    return np.asarray(a, dtype=np.uint32), np.asarray(b, dtype=np.uint32)
+
+
+def _signatures(hash_sets: Sequence[np.ndarray], a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """uint32 [len(hash_sets), num_perm] MinHash signatures of uint64 shingle-hash sets.
+
+    Documents are grouped into blocks of at most ``_BLOCK_ROWS`` shingles; each
+    block is permuted at once and reduced per document with ``minimum.reduceat``.
+    A document larger than a block is reduced block by block.
+    """
+    num_docs, num_perm = len(hash_sets), a.shape[0]
+    out = np.full((num_docs, num_perm), _EMPTY, dtype=np.uint32)
+
+    def permuted(h64: np.ndarray) -> np.ndarray:
+        # Step 1. truncate to the 32-bit input hash; Step 2. fmix32; Step 3. a*h+b mod 2^32.
+        return _fmix32(h64.astype(np.uint32))[:, None] * a[None, :] + b[None, :]
+
+    group: list[int] = []
+    group_rows = 0
+
+    def flush() -> None:
+        nonlocal group, group_rows
+        if group:
+            parts = [hash_sets[i] for i in group]
+            starts = np.cumsum([0] + [p.shape[0] for p in parts[:-1]])
+            out[group] = np.minimum.reduceat(permuted(np.concatenate(parts)), starts, axis=0)
+        group, group_rows = [], 0
+
+    for doc_idx, hs in enumerate(hash_sets):
+        size = hs.shape[0]
+        if size == 0:
+            continue  # empty set: stays at the empty value
+        if size > _BLOCK_ROWS:
+            row = out[doc_idx]
+            for start in range(0, size, _BLOCK_ROWS):
+                np.minimum(row, permuted(hs[start : start + _BLOCK_ROWS]).min(axis=0), out=row)
+            continue
+        if group_rows + size > _BLOCK_ROWS:
+            flush()
+        group.append(doc_idx)
+        group_rows += size
+    flush()
+    return out
+
+
+def _exact_jaccard(x: np.ndarray, y: np.ndarray) -> float:
+    """Jaccard similarity of two sorted unique uint64 arrays; 0.0 if either is empty."""
+    if x.size == 0 or y.size == 0:
+        return 0.0
+    inter = np.intersect1d(x, y, assume_unique=True).size
+    return inter / (x.size + y.size - inter)
+
+
+# ---------------------------------------------------------------------------
+# Signatures and their file format
+# ---------------------------------------------------------------------------
+
+# File layout (little-endian): a 64-byte header, then the uint32 matrix in C order.
+#   magic      8s   b"RDMINHSH"
+#   version    u32  1
+#   ngram      u32
+#   num_perm   u32
+#   seed       u32
+#   num_docs   u64
+#   crc32      u32  zlib.crc32 of the matrix bytes
+#   header_crc u32  zlib.crc32 of the header bytes before this field
+#   padding    24x
+_MAGIC = b"RDMINHSH"
+_VERSION = 1
+_HEADER = struct.Struct("<8sIIIIQII24x")
+_HEADER_FIELDS = struct.Struct("<8sIIIIQI")  # the prefix covered by header_crc
+assert _HEADER.size == 64 and _HEADER_FIELDS.size == 36
+
+
+def signature_path(index_path: PathLike) -> str:
+    """The sibling file holding a corpus index's MinHash signatures: ``<index path>.minhash``."""
+    return os.fspath(index_path) + ".minhash"
+
+
+def _atomic_write(path: PathLike, chunks: Sequence[bytes | memoryview]) -> None:
+    """Write ``chunks`` to ``path`` via a temporary file in the same folder and ``os.replace``.
+
+    Either the complete new file is under ``path`` afterwards, or the old one
+    (or nothing) is; the temporary file is removed on failure.
+    """
+    path = os.fspath(path)
+    folder = os.path.dirname(os.path.abspath(path))
+    fd, tmp = tempfile.mkstemp(dir=folder, prefix="." + os.path.basename(path) + ".", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            for chunk in chunks:
+                f.write(chunk)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except FileNotFoundError:
+            pass
+        raise
+
+
+class DocumentSignatures:
+    """MinHash signatures of a list of documents.
+
+    Attributes:
+        matrix: uint32 [num_docs, num_perm], row ``doc_idx`` is document ``doc_idx``'s
+            signature (all 0xFFFFFFFF for an empty document). Read-only.
+        num_perm: number of permutations (columns).
+        seed: datasketch permutation seed.
+        ngram: shingle length the signatures were computed with.
+    """
+
+    __slots__ = ("matrix", "num_perm", "seed", "ngram", "_perm")
+
+    def __init__(self, matrix: np.ndarray, *, num_perm: int, seed: int, ngram: int) -> None:
+        self.num_perm = _check_num_perm(num_perm)
+        self.seed = _check_seed(seed)
+        self.ngram = _check_ngram(ngram)
+        matrix = np.asarray(matrix)
+        if matrix.dtype != np.uint32 or matrix.ndim != 2 or matrix.shape[1] != self.num_perm:
+            raise ValueError(
+                f"matrix must be uint32 of shape (num_docs, {self.num_perm}), got {matrix.dtype} {matrix.shape}"
+            )
+        if matrix.flags.writeable or not matrix.flags.c_contiguous:
+            matrix = np.array(matrix, order="C")  # own a private copy, then freeze it
+            matrix.flags.writeable = False
+        self.matrix = matrix
+        self._perm: tuple[np.ndarray, np.ndarray] | None = None
+
+    # -- construction ------------------------------------------------------
+
+    @classmethod
+    def from_documents(
+        cls,
+        documents: Sequence,
+        *,
+        num_perm: int = DEFAULT_NUM_PERM,
+        seed: int = DEFAULT_SEED,
+        ngram: int = DEFAULT_NGRAM,
+    ) -> DocumentSignatures:
+        """Signatures of ``documents`` (a sequence of int32 [length] arrays)."""
+        num_perm, seed, ngram = _check_num_perm(num_perm), _check_seed(seed), _check_ngram(ngram)
+        hash_sets = [
+            _shingle_hashes(_as_tokens(doc, f"documents[{doc_idx}]"), ngram) for doc_idx, doc in enumerate(documents)
+        ]
+        return cls.from_shingles(hash_sets, num_perm=num_perm, seed=seed, ngram=ngram)
+
+    @classmethod
+    def from_shingles(
+        cls, hash_sets: Sequence[np.ndarray], *, num_perm: int, seed: int, ngram: int
+    ) -> DocumentSignatures:
+        """Signatures of already computed shingle sets (each uint64 [n_unique], from ``shingles``)."""
+        a, b = _permutations(_check_num_perm(num_perm), _check_seed(seed))
+        sigs = cls(_signatures(hash_sets, a, b), num_perm=num_perm, seed=seed, ngram=ngram)
+        sigs._perm = (a, b)
+        return sigs
+
+    def signature(self, tokens) -> np.ndarray:
+        """uint32 [num_perm] signature of one token sequence under these parameters."""
+        return self._signature_of(_shingle_hashes(_as_tokens(tokens, "tokens"), self.ngram))
+
+    def _signature_of(self, hash_set: np.ndarray) -> np.ndarray:
+        if self._perm is None:
+            self._perm = _permutations(self.num_perm, self.seed)
+        return _signatures([hash_set], *self._perm)[0]
+
+    # -- access --------------------------------------------------------------
+
+    def __len__(self) -> int:
+        return self.matrix.shape[0]
+
+    def __repr__(self) -> str:
+        return f"DocumentSignatures(num_docs={len(self)}, num_perm={self.num_perm}, seed={self.seed}, ngram={self.ngram})"
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, DocumentSignatures):
+            return NotImplemented
+        return (
+            (self.num_perm, self.seed, self.ngram) == (other.num_perm, other.seed, other.ngram)
+            and self.matrix.shape == other.matrix.shape
+            and bool(np.array_equal(self.matrix, other.matrix))
+        )
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def minhash(self, doc_idx: int) -> LeanMinHash:
+        """Document ``doc_idx``'s signature as a datasketch ``LeanMinHash``."""
+        return LeanMinHash(seed=self.seed, hashvalues=self.matrix[doc_idx], scheme="affine32")
+
+    def estimate(self, signature: np.ndarray) -> np.ndarray:
+        """float64 [num_docs]: MinHash-estimated Jaccard of every document with ``signature`` (uint32 [num_perm])."""
+        signature = np.asarray(signature)
+        if signature.dtype != np.uint32 or signature.shape != (self.num_perm,):
+            raise ValueError(
+                f"signature must be uint32 of shape ({self.num_perm},), got {signature.dtype} {signature.shape}"
+            )
+        if len(self) == 0:
+            return np.zeros(0, dtype=np.float64)
+        return np.count_nonzero(self.matrix == signature[None, :], axis=1) / self.num_perm
+
+    def take(self, doc_indices) -> DocumentSignatures:
+        """The signatures of ``doc_indices`` (int [m]) in that order, e.g. the documents ``deduplicate`` kept."""
+        idx = np.asarray(doc_indices)
+        if idx.ndim != 1 or (idx.size and idx.dtype.kind not in "iu"):
+            raise ValueError(f"doc_indices must be a 1-D integer array, got {idx.dtype} {idx.shape}")
+        idx = idx.astype(np.int64)
+        if idx.size and (idx.min() < 0 or idx.max() >= len(self)):
+            bad = int(idx.min()) if idx.min() < 0 else int(idx.max())
+            raise ValueError(f"doc_indices must be in [0, {len(self)}), got {bad}")
+        out = DocumentSignatures(self.matrix[idx], num_perm=self.num_perm, seed=self.seed, ngram=self.ngram)
+        out._perm = self._perm
+        return out
+
+    # -- persistence --------------------------------------------------------
+
+    def save(self, path: PathLike) -> None:
+        """Write to ``path`` atomically (temporary file in the same folder, then ``os.replace``)."""
+        payload = memoryview(np.ascontiguousarray(self.matrix, dtype="<u4")).cast("B")
+        fields = (_MAGIC, _VERSION, self.ngram, self.num_perm, self.seed, len(self), zlib.crc32(payload))
+        header = _HEADER.pack(*fields, zlib.crc32(_HEADER_FIELDS.pack(*fields)))
+        _atomic_write(path, [header, payload])
+
+    @classmethod
+    def load(
+        cls,
+        path: PathLike,
+        *,
+        num_perm: int | None = None,
+        seed: int | None = None,
+        ngram: int | None = None,
+        num_docs: int | None = None,
+    ) -> DocumentSignatures:
+        """Read signatures written by ``save``.
+
+        The expected ``num_perm``, ``seed``, ``ngram`` and ``num_docs`` are checked when
+        given (pass the corpus index's document count as ``num_docs`` to catch a stale
+        sibling file). Raises ValueError naming ``path`` on a mismatch, a truncated or
+        corrupted file, or a file that is not a signature file; FileNotFoundError if absent.
+        """
+        path = os.fspath(path)
+        with open(path, "rb") as f:
+            data = f.read()
+        if len(data) < _HEADER.size:
+            raise ValueError(f"{path}: not a refdec MinHash signature file (truncated: {len(data)} bytes)")
+        magic, version, f_ngram, f_num_perm, f_seed, f_num_docs, crc, header_crc = _HEADER.unpack_from(data)
+        if magic != _MAGIC:
+            raise ValueError(f"{path}: not a refdec MinHash signature file (magic {magic!r})")
+        if header_crc != zlib.crc32(data[: _HEADER_FIELDS.size]):
+            raise ValueError(f"{path}: corrupted signature file (header checksum mismatch)")
+        if version != _VERSION:
+            raise ValueError(f"{path}: unsupported signature file version {version} (expected {_VERSION})")
+        expected_size = _HEADER.size + 4 * f_num_docs * f_num_perm
+        if len(data) != expected_size:
+            raise ValueError(
+                f"{path}: truncated or corrupted signature file ({len(data)} bytes, expected {expected_size} "
+                f"for {f_num_docs} docs x {f_num_perm} permutations)"
+            )
+        payload = memoryview(data)[_HEADER.size :]
+        if zlib.crc32(payload) != crc:
+            raise ValueError(f"{path}: corrupted signature file (payload checksum mismatch)")
+        for name, want, got in (
+            ("num_perm", num_perm, f_num_perm),
+            ("seed", seed, f_seed),
+            ("ngram", ngram, f_ngram),
+            ("num_docs", num_docs, f_num_docs),
+        ):
+            if want is not None and int(want) != got:
+                raise ValueError(f"{path}: signature file has {name}={got}, expected {name}={want}")
+        matrix = np.frombuffer(data, dtype="<u4", offset=_HEADER.size).astype(np.uint32, copy=False)
+        try:
+            return cls(matrix.reshape(f_num_docs, f_num_perm), num_perm=f_num_perm, seed=f_seed, ngram=f_ngram)
+        except ValueError as err:
+            raise ValueError(f"{path}: invalid signature file ({err})") from None
+
+
+# ---------------------------------------------------------------------------
+# De-duplication
+# ---------------------------------------------------------------------------
+
+
+def _band_params(threshold: float, num_perm: int, min_recall: float = 0.999) -> tuple[int, int]:
+    """LSH (bands, rows) with the longest rows such that a pair at Jaccard == threshold
+    becomes a candidate with probability >= ``min_recall`` (1 - (1 - t^r)^b).
+
+    Candidates are verified with exact Jaccard afterwards, so false positives cost
+    time, false negatives cost correctness: favour recall.
+    """
+    best = (num_perm, 1)
+    for r in range(1, num_perm // 2 + 1):
+        b = num_perm // r
+        if 1.0 - (1.0 - threshold**r) ** b >= min_recall:
+            best = (b, r)
+    return best
+
+
+def deduplicate(
+    documents: Sequence,
+    threshold: float = 0.9,
+    num_perm: int = DEFAULT_NUM_PERM,
+    *,
+    seed: int = DEFAULT_SEED,
+    ngram: int = DEFAULT_NGRAM,
+    signatures: DocumentSignatures | None = None,
+) -> tuple[np.ndarray, int]:
+    """Drop exact and near-duplicate documents; the first occurrence is kept.
+
+    Args:
+        documents: sequence of int32 [length] token arrays.
+        threshold: a document is dropped when the exact Jaccard similarity of its
+            shingle set with an already *kept* document is >= threshold, in (0, 1].
+            Identical token sequences are always dropped, whatever the threshold.
+        num_perm, seed, ngram: MinHash parameters (ignored when ``signatures`` is given).
+        signatures: precomputed ``DocumentSignatures.from_documents(documents, ...)``
+            to reuse (the corpus index keeps them for retrieval: ``signatures.take(kept)``).
+
+    Returns:
+        (kept_indices int64 [num_kept] ascending, number of dropped documents).
+
+    MinHash LSH (bands chosen for >= 99.9 % recall at ``threshold``) proposes
+    candidate pairs; each is verified with exact Jaccard, so no document is dropped
+    below the threshold. Greedy in document order: a document similar only to a
+    dropped one is kept. Deterministic.
+    """
+    threshold = _check_threshold(threshold)
+    num_docs = len(documents)
+    if signatures is not None:
+        if not isinstance(signatures, DocumentSignatures):
+            raise ValueError(f"signatures must be a DocumentSignatures, got {type(signatures).__name__}")
+        if len(signatures) != num_docs:
+            raise ValueError(f"signatures has {len(signatures)} rows but documents has {num_docs}")
+        num_perm, seed, ngram = signatures.num_perm, signatures.seed, signatures.ngram
+    else:
+        num_perm, seed, ngram = _check_num_perm(num_perm), _check_seed(seed), _check_ngram(ngram)
+
+    # Step 1. exact duplicates by content (tokens and length), and shingle sets.
+    first_by_content: dict[bytes, int] = {}
+    is_exact_dup = np.zeros(num_docs, dtype=bool)
+    hash_sets: list[np.ndarray] = []
+    for doc_idx in range(num_docs):
+        tokens = _as_tokens(documents[doc_idx], f"documents[{doc_idx}]")
+        key = tokens.tobytes()
+        if key in first_by_content:
+            is_exact_dup[doc_idx] = True
+            hash_sets.append(np.zeros(0, dtype=np.uint64))  # not needed again
+            continue
+        first_by_content[key] = doc_idx
+        hash_sets.append(_shingle_hashes(tokens, ngram))
+    del first_by_content
+
+    if signatures is None:
+        signatures = DocumentSignatures.from_shingles(hash_sets, num_perm=num_perm, seed=seed, ngram=ngram)
+
+    # Step 2. greedy pass: query the LSH of kept documents, verify exactly, keep or drop.
+    lsh = MinHashLSH(num_perm=num_perm, params=_band_params(threshold, num_perm))
+    keep = np.zeros(num_docs, dtype=bool)
+    for doc_idx in range(num_docs):
+        if is_exact_dup[doc_idx]:
+            continue
+        hs = hash_sets[doc_idx]
+        if hs.size == 0:  # the (first) empty document: nothing to compare, keep it
+            keep[doc_idx] = True
+            continue
+        mh = signatures.minhash(doc_idx)
+        duplicate = any(_exact_jaccard(hs, hash_sets[other]) >= threshold for other in sorted(lsh.query(mh)))
+        if not duplicate:
+            keep[doc_idx] = True
+            lsh.insert(doc_idx, mh, check_duplication=False)
+        else:
+            hash_sets[doc_idx] = np.zeros(0, dtype=np.uint64)  # dropped: free it
+    kept = np.flatnonzero(keep).astype(np.int64)
+    return kept, num_docs - int(kept.size)
+
+
+# ---------------------------------------------------------------------------
+# Retrieval
+# ---------------------------------------------------------------------------
+
+
+class Retriever:
+    """Top-k most similar documents (exact shingle Jaccard) for a query token sequence.
+
+    Candidates come from a ``MinHashLSHForest`` over the signatures; they are
+    re-ranked by exact Jaccard over shingle sets, computed from the document
+    tokens returned by ``fetch(doc_idx)`` (the corpus index supplies
+    ``index.document``) and kept in a bounded LRU cache. When the forest yields
+    fewer than k documents that share a shingle with the query, a linear scan
+    of the signature matrix (estimated Jaccard) supplies more candidates.
+
+    Args:
+        signatures: the documents' ``DocumentSignatures``; ``doc_idx`` is the row.
+        fetch: ``fetch(doc_idx) -> int32 [length]`` tokens of a document.
+        trees: number of LSH Forest prefix trees (``l``); must divide into num_perm.
+        candidates_per_k: the forest is asked for ``max(candidates_per_k * k, min_candidates)``.
+        cache_size: number of documents whose shingle sets are cached.
+    """
+
+    def __init__(
+        self,
+        signatures: DocumentSignatures,
+        fetch: Callable[[int], np.ndarray],
+        *,
+        trees: int = 8,
+        candidates_per_k: int = 4,
+        min_candidates: int = 32,
+        cache_size: int = 4096,
+    ) -> None:
+        if not isinstance(signatures, DocumentSignatures):
+            raise ValueError(f"signatures must be a DocumentSignatures, got {type(signatures).__name__}")
+        if not callable(fetch):
+            raise ValueError(f"fetch must be callable (doc_idx -> int32 tokens), got {type(fetch).__name__}")
+        for name, value in (("trees", trees), ("candidates_per_k", candidates_per_k), ("cache_size", cache_size)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name} must be a positive int, got {value!r}")
+        if isinstance(min_candidates, bool) or not isinstance(min_candidates, int) or min_candidates < 0:
+            raise ValueError(f"min_candidates must be an int >= 0, got {min_candidates!r}")
+        if trees > signatures.num_perm:
+            raise ValueError(f"trees must be <= num_perm ({signatures.num_perm}), got {trees}")
+        self.signatures = signatures
+        self.fetch = fetch
+        self.candidates_per_k = candidates_per_k
+        self.min_candidates = min_candidates
+        self.cache_size = cache_size
+        self._cache: OrderedDict[int, np.ndarray] = OrderedDict()
+        self._empty = np.all(signatures.matrix == _EMPTY, axis=1)  # bool [num_docs]: documents without shingles
+        # Step 1. the forest, rebuilt from the signatures (it is not serialised).
+        self.forest = MinHashLSHForest(num_perm=signatures.num_perm, l=trees)
+        for doc_idx in np.flatnonzero(~self._empty).tolist():
+            self.forest.add(doc_idx, signatures.minhash(doc_idx))
+        self.forest.index()
+
+    @classmethod
+    def from_documents(
+        cls,
+        documents: Sequence,
+        *,
+        num_perm: int = DEFAULT_NUM_PERM,
+        seed: int = DEFAULT_SEED,
+        ngram: int = DEFAULT_NGRAM,
+        **kwargs,
+    ) -> Retriever:
+        """A retriever over an in-memory list of int32 [length] documents."""
+        sigs = DocumentSignatures.from_documents(documents, num_perm=num_perm, seed=seed, ngram=ngram)
+        return cls(sigs, documents.__getitem__, **kwargs)
+
+    def save(self, path: PathLike) -> None:
+        """Write the signatures atomically to ``path`` (for a corpus index: ``signature_path(index_path)``)."""
+        self.signatures.save(path)
+
+    @classmethod
+    def load(cls, path: PathLike, fetch: Callable[[int], np.ndarray], *, num_docs: int | None = None, **kwargs) -> Retriever:
+        """Load signatures from ``path`` and rebuild the forest; ``num_docs`` (the index's
+        document count) is checked when given. Raises ValueError naming ``path`` on a bad file."""
+        return cls(DocumentSignatures.load(path, num_docs=num_docs), fetch, **kwargs)
+
+    def __len__(self) -> int:
+        return len(self.signatures)
+
+    def __repr__(self) -> str:
+        return f"Retriever({self.signatures!r}, trees={self.forest.l})"
+
+    def _doc_shingles(self, doc_idx: int) -> np.ndarray:
+        hs = self._cache.get(doc_idx)
+        if hs is not None:
+            self._cache.move_to_end(doc_idx)
+            return hs
+        hs = _shingle_hashes(_as_tokens(self.fetch(doc_idx), f"fetch({doc_idx})"), self.signatures.ngram)
+        self._cache[doc_idx] = hs
+        if len(self._cache) > self.cache_size:
+            self._cache.popitem(last=False)
+        return hs
+
+    def top_k(self, query_tokens, k: int) -> list[tuple[int, float]]:
+        """The k documents most similar to ``query_tokens``.
+
+        Args:
+            query_tokens: int32 [length] token ids, length >= 1.
+            k: number of documents wanted, >= 1.
+
+        Returns:
+            Up to k ``(doc_idx, jaccard)`` pairs, by exact shingle Jaccard descending
+            (ties: lower doc_idx first). Only documents sharing a shingle with the query
+            appear. Fewer than k only when fewer than k documents have a MinHash value in
+            common with the query: a document sharing a fraction J of shingles is missed
+            with probability (1 - J)^num_perm (J = 0.05 at 128 permutations: 0.14 %).
+        """
+        if isinstance(k, bool) or not isinstance(k, (int, np.integer)) or k < 1:
+            raise ValueError(f"k must be a positive int, got {k!r}")
+        k = int(k)
+        query = _as_tokens(query_tokens, "query_tokens")
+        if query.size == 0:
+            raise ValueError("query_tokens must not be empty")
+        q_hashes = _shingle_hashes(query, self.signatures.ngram)
+        q_sig = self.signatures._signature_of(q_hashes)
+        scores: dict[int, float] = {}
+
+        def score(doc_ids) -> None:
+            for doc_idx in doc_ids:
+                if doc_idx not in scores:
+                    scores[doc_idx] = _exact_jaccard(q_hashes, self._doc_shingles(doc_idx))
+
+        # Step 1. LSH Forest candidates, re-ranked exactly.
+        if len(self.forest.keys):
+            want = max(self.candidates_per_k * k, self.min_candidates, k)
+            q_mh = LeanMinHash(seed=self.signatures.seed, hashvalues=q_sig, scheme="affine32")
+            score(sorted(self.forest.query(q_mh, want)))
+        # Step 2. too few matching documents: linear scan of the signatures.
+        if sum(1 for s in scores.values() if s > 0.0) < k:
+            est = self.signatures.estimate(q_sig)
+            est[self._empty] = 0.0
+            order = np.lexsort((np.arange(est.size), -est))  # estimate desc, doc_idx asc
+            order = order[est[order] > 0.0]
+            fresh = [int(i) for i in order.tolist() if int(i) not in scores]
+            score(fresh[: max(self.candidates_per_k * k, self.min_candidates, k)])
+        ranked = sorted(((d, s) for d, s in scores.items() if s > 0.0), key=lambda ds: (-ds[1], ds[0]))
+        return [(int(d), float(s)) for d, s in ranked[:k]]
