@@ -1,0 +1,436 @@
+"""The speculative decoding loop: propose a draft tree, verify it in one forward, accept.
+
+Invariant between steps: the KV cache holds every token of the sequence but the
+last one, the *root*; ``root_pos`` (the root's absolute position) equals the
+cache length. One step feeds ``[root] + draft nodes`` with positions
+``root_pos + depth`` and a tree mask (refdec.masks), picks the target token at
+every row at once (refdec.sampling, one host sync), walks the tree
+(refdec.verify), keeps the KV entries of the root and the accepted nodes
+(refdec.cache) and makes the bonus token the new root.
+
+The prompt is prefilled in one forward that also yields the first new token,
+so plain decoding (``max_draft_tokens=0``) takes exactly one forward per token
+and ``stats.tokens_per_pass`` counts the prefill pass too.
+
+The prompt must hold at least one token: refdec adds no BOS token of its own
+(tokenize with the tokenizer's special tokens, as for ``model.generate``).
+"""
+
+from __future__ import annotations
+
+import inspect
+import numbers
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+
+from refdec.budget import FixedBudget, make_budget
+from refdec.cache import compact, new_cache
+from refdec.masks import build_tree_inputs, mask_spec_for
+from refdec.sampling import TargetSampler, random_seed
+from refdec.tree import DraftTree, prune_to_depth
+from refdec.verify import accept_walk
+
+
+@dataclass
+class DecodingStats:
+    """What one ``generate`` call did.
+
+    ``forward_passes`` counts the prefill pass (it yields the first token).
+    ``accepted_per_pass[k]`` = number of verification passes that accepted ``k``
+    draft tokens (the bonus token not counted); index 0 also counts drafts-free passes.
+    Times are seconds (time.perf_counter): ``prefill`` (the prompt forward),
+    ``propose`` (budget + proposer), ``prepare`` (tree → tensors), ``forward``
+    (model forward + target selection + the one host sync), ``accept`` (walk,
+    KV compaction, proposer update, stops, streaming).
+    """
+
+    new_tokens: int = 0
+    forward_passes: int = 0
+    accepted_per_pass: list[int] = field(default_factory=list)
+    proposed_tokens: int = 0
+    accepted_tokens: int = 0
+    accepted_by_source: dict[str, int] = field(default_factory=dict)
+    prefill_seconds: float = 0.0
+    propose_seconds: float = 0.0
+    prepare_seconds: float = 0.0
+    forward_seconds: float = 0.0
+    accept_seconds: float = 0.0
+    wall_seconds: float = 0.0
+    stop_reason: str = ""
+    seed: int | None = None
+
+    @property
+    def tokens_per_pass(self) -> float:
+        return self.new_tokens / self.forward_passes if self.forward_passes else 0.0
+
+    @property
+    def tokens_per_second(self) -> float:
+        return self.new_tokens / self.wall_seconds if self.wall_seconds > 0 else 0.0
+
+    @property
+    def bookkeeping_seconds(self) -> float:
+        """Per-step time spent outside the model forward."""
+        return self.propose_seconds + self.prepare_seconds + self.accept_seconds
+
+    def summary(self) -> str:
+        return (f"{self.new_tokens} tokens, {self.forward_passes} passes, "
+                f"{self.tokens_per_pass:.2f} tokens/pass, {self.tokens_per_second:.1f} tokens/s")
+
+    def _count_pass(self, accepted: int) -> None:
+        self.forward_passes += 1
+        while len(self.accepted_per_pass) <= accepted:
+            self.accepted_per_pass.append(0)
+        self.accepted_per_pass[accepted] += 1
+
+
+@dataclass
+class GenerateOutput:
+    sequences: torch.LongTensor  # [1, prompt_len + new]
+    stats: DecodingStats
+
+
+# --------------------------------------------------------------------------- validation
+
+
+def _is_int(x) -> bool:
+    return isinstance(x, numbers.Integral) and not isinstance(x, bool)
+
+
+def _normalize_prompt(input_ids) -> np.ndarray:
+    """int64 [L] from a LongTensor [1, L], a 1-D tensor, a list of ints or a numpy array."""
+    if isinstance(input_ids, torch.Tensor):
+        if input_ids.dtype.is_floating_point or input_ids.dtype == torch.bool or input_ids.is_complex():
+            raise ValueError(f"input_ids must hold integer token ids, got a tensor of dtype {input_ids.dtype}")
+        arr = input_ids.detach().cpu().numpy()
+    elif isinstance(input_ids, np.ndarray):
+        arr = input_ids
+    elif isinstance(input_ids, (list, tuple)):
+        if not all(_is_int(t) for t in input_ids):
+            bad = next(t for t in input_ids if not _is_int(t))
+            raise ValueError(f"input_ids must be a list of ints; found {bad!r}")
+        arr = np.asarray(input_ids, dtype=np.int64)
+    else:
+        raise ValueError(f"input_ids must be a LongTensor [1, L], a 1-D tensor or a list of ints, "
+                         f"got {type(input_ids).__name__}")
+    if arr.ndim == 2:
+        if arr.shape[0] != 1:
+            raise ValueError(f"input_ids has batch size {arr.shape[0]}; batching is not supported yet "
+                             "(pass one sequence, shape [1, L])")
+        arr = arr[0]
+    if arr.ndim != 1:
+        raise ValueError(f"input_ids must have shape [1, L] or [L], got shape {tuple(arr.shape)}")
+    if arr.size and not np.issubdtype(arr.dtype, np.integer):
+        raise ValueError(f"input_ids must hold integer token ids, got dtype {arr.dtype}")
+    if arr.size == 0:
+        raise ValueError("input_ids is empty: the prompt needs at least one token "
+                         "(refdec adds no BOS token; tokenize with special tokens)")
+    return arr.astype(np.int64)
+
+
+def _normalize_eos(eos_token_id, model) -> set[int]:
+    if eos_token_id is None:
+        gen_config = getattr(model, "generation_config", None)
+        eos_token_id = getattr(gen_config, "eos_token_id", None) if gen_config is not None else None
+        if eos_token_id is None:
+            return set()
+    if isinstance(eos_token_id, torch.Tensor):
+        eos_token_id = eos_token_id.tolist()
+    if _is_int(eos_token_id):
+        eos_token_id = [eos_token_id]
+    if not isinstance(eos_token_id, (list, tuple, set)) or not all(_is_int(e) and e >= 0 for e in eos_token_id):
+        raise ValueError(f"eos_token_id must be an int >= 0 or a list of them, got {eos_token_id!r}")
+    return {int(e) for e in eos_token_id}
+
+
+def _validate_sampling(do_sample, temperature, top_k, top_p, seed) -> None:
+    if not isinstance(do_sample, bool):
+        raise ValueError(f"do_sample must be True or False, got {do_sample!r}")
+    if not isinstance(temperature, numbers.Real) or isinstance(temperature, bool) or not np.isfinite(temperature):
+        raise ValueError(f"temperature must be a finite number, got {temperature!r}")
+    if do_sample and temperature <= 0:
+        raise ValueError(f"temperature must be > 0 when do_sample=True, got {temperature!r} "
+                         "(use do_sample=False for greedy decoding)")
+    if top_k is not None and (not _is_int(top_k) or top_k < 1):
+        raise ValueError(f"top_k must be None or an int >= 1, got {top_k!r}")
+    if top_p is not None and (not isinstance(top_p, numbers.Real) or isinstance(top_p, bool)
+                              or not 0.0 < top_p <= 1.0):
+        raise ValueError(f"top_p must be None or a number in (0, 1], got {top_p!r}")
+    if seed is not None and (not _is_int(seed) or seed < 0):
+        raise ValueError(f"seed must be None or an int >= 0, got {seed!r}")
+
+
+def _normalize_stop_strings(stop_strings, tokenizer) -> list[str]:
+    if stop_strings is None:
+        return []
+    if isinstance(stop_strings, str):
+        stop_strings = [stop_strings]
+    if not isinstance(stop_strings, (list, tuple)) or not all(isinstance(s, str) and s for s in stop_strings):
+        raise ValueError(f"stop_strings must be a non-empty string or a list of them, got {stop_strings!r}")
+    if stop_strings and tokenizer is None:
+        raise ValueError("stop_strings needs a tokenizer: pass tokenizer=... to generate()")
+    return list(stop_strings)
+
+
+def _normalize_references(references, tokenizer) -> list[np.ndarray]:
+    if references is None:
+        return []
+    if isinstance(references, (str, bytes)) or not isinstance(references, (list, tuple)):
+        raise ValueError(f"references must be a list of str or of token-id lists, got {type(references).__name__}")
+    out = []
+    for i, ref in enumerate(references):
+        if isinstance(ref, str):
+            if tokenizer is None:
+                raise ValueError(f"references[{i}] is a str; text references need tokenizer=...")
+            ids = tokenizer(ref, add_special_tokens=False)["input_ids"]
+        elif isinstance(ref, torch.Tensor):
+            ids = ref.reshape(-1).tolist()
+        elif isinstance(ref, (list, tuple, np.ndarray)):
+            ids = list(np.asarray(ref).reshape(-1).tolist())
+        else:
+            raise ValueError(f"references[{i}] must be a str or a list of token ids, got {type(ref).__name__}")
+        if not all(_is_int(t) and t >= 0 for t in ids):
+            raise ValueError(f"references[{i}] must hold token ids >= 0")
+        out.append(np.asarray(ids, dtype=np.int32))
+    return out
+
+
+# --------------------------------------------------------------------------- stops
+
+
+class _StopChecker:
+    """Finds the first token of an accepted run at which generation must stop.
+
+    eos: the eos token itself is emitted (as model.generate does). Stop strings:
+    the run stops at the token that completes a stop string, with the same rule
+    as transformers' StopStringCriteria (the occurrence must overlap the final
+    token's text); that token is emitted, nothing after it.
+    """
+
+    def __init__(self, eos: set[int], stop_strings: list[str], tokenizer) -> None:
+        self.eos = eos
+        self.stop_strings = stop_strings
+        self.tokenizer = tokenizer
+        # enough tokens to hold any stop string (every token decodes to >= 1 char, usually)
+        self.window = max((len(s) for s in stop_strings), default=0) + 2
+
+    def _completes_stop_string(self, seq: list[int]) -> bool:
+        tail = seq[-self.window:]
+        text = self.tokenizer.decode(tail, skip_special_tokens=False)
+        before = self.tokenizer.decode(tail[:-1], skip_special_tokens=False) if len(tail) > 1 else ""
+        # occurrences that end inside the final token's text
+        if not text.startswith(before):
+            before = ""  # decoding is not concatenative here: fall back to searching the whole tail
+        for s in self.stop_strings:
+            start = max(0, len(before) - len(s) + 1)
+            if s in text[start:]:
+                return True
+        return False
+
+    def cut(self, seq: list[int], n_new: int) -> tuple[int, str]:
+        """``seq`` ends with the ``n_new`` tokens of this run; return (tokens to keep, reason or '')."""
+        first = len(seq) - n_new
+        for i in range(first, len(seq)):
+            if seq[i] in self.eos:
+                return i - first + 1, "eos"
+            if self.stop_strings and self._completes_stop_string(seq[: i + 1]):
+                return i - first + 1, "stop_string"
+        return n_new, ""
+
+
+# --------------------------------------------------------------------------- decoder
+
+
+def _default_proposer_factory(index, references, max_depth):
+    from refdec.proposer import Proposer
+
+    return Proposer(index=index, references=references or None, max_depth=max_depth)
+
+
+class SpeculativeDecoder:
+    """Reusable state for speculative decoding with one model.
+
+    ``proposer_factory(index, references, max_depth) -> Proposer`` builds the
+    per-call proposer (default: ``refdec.proposer.Proposer``); ``max_depth`` caps
+    the draft tree depth.
+    """
+
+    def __init__(self, model, tokenizer=None, index=None, *, max_depth: int = 64, proposer_factory=None) -> None:
+        if not _is_int(max_depth) or max_depth < 1:
+            raise ValueError(f"max_depth must be an int >= 1, got {max_depth!r}")
+        self.model = model
+        self.tokenizer = tokenizer
+        self.index = index
+        self.max_depth = int(max_depth)
+        self.proposer_factory = proposer_factory or _default_proposer_factory
+        self.mask_spec = mask_spec_for(model)
+        config = model.config.get_text_config(decoder=True) if hasattr(model.config, "get_text_config") \
+            else model.config
+        self.max_positions = getattr(config, "max_position_embeddings", None)
+        self.vocab_size = int(config.vocab_size)
+        self.device = next(model.parameters()).device
+        params = inspect.signature(model.forward).parameters
+        self._cache_kw = "cache" if "cache" in params else "past_key_values"
+        self._auto_budget = None  # the "auto" policy persists across calls (its feedback carries over)
+
+    def _forward(self, cache, **kwargs):
+        kwargs[self._cache_kw] = cache
+        return self.model(use_cache=True, **kwargs)
+
+    @torch.inference_mode()
+    def generate(self, input_ids, *, tokenizer=None, index=None, references=None, max_new_tokens: int = 256,
+                 do_sample: bool = False, temperature: float = 1.0, top_k: int | None = None,
+                 top_p: float | None = None, seed: int | None = None, eos_token_id=None, stop_strings=None,
+                 streamer=None, max_draft_tokens="auto") -> GenerateOutput:
+        wall_start = time.perf_counter()
+        tokenizer = tokenizer if tokenizer is not None else self.tokenizer
+        index = index if index is not None else self.index
+        prompt = _normalize_prompt(input_ids)
+        if not _is_int(max_new_tokens) or max_new_tokens < 0:
+            raise ValueError(f"max_new_tokens must be an int >= 0, got {max_new_tokens!r}")
+        _validate_sampling(do_sample, temperature, top_k, top_p, seed)
+        eos = _normalize_eos(eos_token_id, self.model)
+        stops = _normalize_stop_strings(stop_strings, tokenizer)
+        refs = _normalize_references(references, tokenizer)
+        if max_draft_tokens == "auto":
+            if self._auto_budget is None:
+                self._auto_budget = make_budget("auto")
+            budget = self._auto_budget
+        else:
+            budget = make_budget(max_draft_tokens)
+        if (prompt >= self.vocab_size).any() or (prompt < 0).any():
+            bad = int(prompt[(prompt >= self.vocab_size) | (prompt < 0)][0])
+            raise ValueError(f"input_ids holds token id {bad}, outside the model vocabulary [0, {self.vocab_size})")
+        prompt_len = int(prompt.shape[0])
+        if self.max_positions is not None and prompt_len > self.max_positions:
+            raise ValueError(f"prompt has {prompt_len} tokens, more than the model's "
+                             f"max_position_embeddings={self.max_positions}")
+
+        stats = DecodingStats()
+        if do_sample:
+            seed = random_seed() if seed is None else int(seed)
+            stats.seed = seed
+        prompt_tensor = torch.from_numpy(prompt).unsqueeze(0)
+        if streamer is not None:
+            streamer.put(prompt_tensor)
+        if max_new_tokens == 0:
+            stats.stop_reason = "max_new_tokens"
+            if streamer is not None:
+                streamer.end()
+            stats.wall_seconds = time.perf_counter() - wall_start
+            return GenerateOutput(prompt_tensor.clone(), stats)
+
+        sampler = TargetSampler(self.vocab_size, do_sample=do_sample, temperature=temperature, top_k=top_k,
+                                top_p=top_p, seed=seed, device=self.device)
+        stopper = _StopChecker(eos, stops, tokenizer)
+        seq: list[int] = prompt.tolist()
+        max_total = prompt_len + max_new_tokens
+        if self.max_positions is not None:
+            max_total = min(max_total, self.max_positions + 1)  # the last token is emitted, never fed
+
+        # The proposer is only built when drafting can happen (max_draft_tokens=0 needs no proposer).
+        proposer = None
+        if not (isinstance(budget, FixedBudget) and budget.max_nodes == 0):
+            proposer = self.proposer_factory(index, refs, self.max_depth)
+            proposer.start(prompt.astype(np.int32))
+        accepted_by_source = stats.accepted_by_source
+
+        def emit(tokens: list[int]) -> bool:
+            """Append an accepted run, honouring stops; return True when generation is over."""
+            room = max_total - len(seq)
+            tokens = tokens[:room]
+            seq.extend(tokens)
+            keep, reason = stopper.cut(seq, len(tokens))
+            if keep < len(tokens):
+                del seq[len(seq) - len(tokens) + keep:]
+            kept = tokens[:keep]
+            if streamer is not None and kept:
+                streamer.put(torch.tensor(kept, dtype=torch.long))
+            if not reason and len(seq) >= max_total:
+                reason = "max_new_tokens" if len(seq) >= prompt_len + max_new_tokens else "max_position_embeddings"
+            if reason:
+                stats.stop_reason = reason
+                return True
+            if proposer is not None:
+                proposer.accept(np.asarray(kept, dtype=np.int32))
+            return False
+
+        # Prefill: the whole prompt; its last logits give the first new token.
+        t0 = time.perf_counter()
+        cache = new_cache()
+        out = self._forward(cache, input_ids=prompt_tensor.to(self.device), logits_to_keep=1)
+        first = int(sampler.targets(out.logits[0, -1:], [0], prompt_len)[0])
+        del out
+        t1 = time.perf_counter()
+        stats.prefill_seconds = t1 - t0
+        stats._count_pass(0)
+        done = emit([first])
+        stats.accept_seconds += time.perf_counter() - t1
+
+        empty = DraftTree.empty()
+        while not done:
+            root_pos = len(seq) - 1  # == cache length
+            root = seq[-1]
+            # -- propose
+            t0 = time.perf_counter()
+            tree = empty
+            if proposer is not None:
+                n_nodes = int(budget.choose(proposer.last_match_lengths()))
+                if n_nodes > 0:
+                    tree = proposer.propose(n_nodes)
+                    # depth d lands at position root_pos + d; it is useful only while the run fits max_total
+                    useful_depth = max_total - len(seq) - 1
+                    if len(tree) and useful_depth < self.max_depth:
+                        tree = prune_to_depth(tree, useful_depth)
+            t1 = time.perf_counter()
+            # -- prepare
+            inputs = build_tree_inputs(tree, root, root_pos, self.mask_spec, self.device)
+            t2 = time.perf_counter()
+            # -- forward + targets (one host sync)
+            out = self._forward(cache, input_ids=inputs.input_ids, position_ids=inputs.position_ids,
+                                attention_mask=inputs.attention_mask)
+            targets = sampler.targets(out.logits[0], inputs.depth, root_pos + 1).cpu().numpy()
+            del out
+            t3 = time.perf_counter()
+            # -- accept
+            accepted, bonus = accept_walk(tree, targets)
+            k = int(accepted.shape[0])
+            chain_prefix = bool(k == 0 or int(accepted[-1]) == k - 1)  # nodes 0..k-1: a plain truncation
+            compact(cache, root_pos + 1, None if chain_prefix else torch.from_numpy(accepted).to(self.device), k)
+            run = tree.token_ids[accepted].tolist() + [bonus]
+            stats._count_pass(k)
+            stats.proposed_tokens += len(tree)
+            stats.accepted_tokens += k
+            if k:
+                for src, count in zip(*np.unique(tree.source_ids[accepted], return_counts=True)):
+                    name = tree.source_names[src] if src < len(tree.source_names) else str(int(src))
+                    accepted_by_source[name] = accepted_by_source.get(name, 0) + int(count)
+            if proposer is not None and len(tree):
+                budget.observe(len(tree), k)
+            sampler.forget_below(root_pos + 1)
+            done = emit(run)
+            t4 = time.perf_counter()
+            stats.propose_seconds += t1 - t0
+            stats.prepare_seconds += t2 - t1
+            stats.forward_seconds += t3 - t2
+            stats.accept_seconds += t4 - t3
+
+        if streamer is not None:
+            streamer.end()
+        stats.new_tokens = len(seq) - prompt_len
+        stats.wall_seconds = time.perf_counter() - wall_start
+        return GenerateOutput(torch.tensor([seq], dtype=torch.long), stats)
+
+
+def generate(model, input_ids, *, tokenizer=None, index=None, references=None, max_new_tokens: int = 256,
+             do_sample: bool = False, temperature: float = 1.0, top_k: int | None = None,
+             top_p: float | None = None, seed: int | None = None, eos_token_id=None, stop_strings=None,
+             streamer=None, max_draft_tokens="auto", proposer_factory=None) -> GenerateOutput:
+    """One-shot speculative generation (a fresh ``SpeculativeDecoder``); see that class for details."""
+    decoder = SpeculativeDecoder(model, tokenizer=tokenizer, index=index, proposer_factory=proposer_factory)
+    return decoder.generate(input_ids, references=references, max_new_tokens=max_new_tokens,
+                            do_sample=do_sample, temperature=temperature, top_k=top_k, top_p=top_p, seed=seed,
+                            eos_token_id=eos_token_id, stop_strings=stop_strings, streamer=streamer,
+                            max_draft_tokens=max_draft_tokens)

@@ -1,0 +1,102 @@
+"""DraftTree: the one currency between the proposer and the verifier.
+
+A draft tree is stored as flat arrays in topological order (a parent always
+comes before its children), following ArcticInference's draft format:
+
+    token_ids  int32   [n]  the token each node proposes
+    parents    int32   [n]  index of the parent node, -1 for children of the root
+                            (the root is the last accepted token, not stored)
+    scores     float32 [n]  estimated probability that the path to this node is accepted
+    source_ids int32   [n]  which draft source proposed the node (index into ``source_names``)
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+
+@dataclass(frozen=True)
+class DraftTree:
+    token_ids: np.ndarray
+    parents: np.ndarray
+    scores: np.ndarray
+    source_ids: np.ndarray = None  # type: ignore[assignment]
+    source_names: tuple[str, ...] = field(default=("draft",))
+
+    def __post_init__(self) -> None:
+        token_ids = np.ascontiguousarray(self.token_ids, dtype=np.int32)
+        parents = np.ascontiguousarray(self.parents, dtype=np.int32)
+        scores = np.ascontiguousarray(self.scores, dtype=np.float32)
+        n = token_ids.shape[0]
+        if token_ids.ndim != 1 or parents.shape != (n,) or scores.shape != (n,):
+            raise ValueError(
+                f"DraftTree arrays must be 1-D of one length: token_ids {token_ids.shape}, "
+                f"parents {parents.shape}, scores {scores.shape}"
+            )
+        if self.source_ids is None:
+            source_ids = np.zeros(n, dtype=np.int32)
+        else:
+            source_ids = np.ascontiguousarray(self.source_ids, dtype=np.int32)
+            if source_ids.shape != (n,):
+                raise ValueError(f"DraftTree source_ids must have shape ({n},), got {source_ids.shape}")
+        if n:
+            node_idx = np.arange(n, dtype=np.int32)
+            bad = np.nonzero((parents < -1) | (parents >= node_idx))[0]
+            if bad.size:
+                i = int(bad[0])
+                raise ValueError(
+                    f"DraftTree parents must satisfy -1 <= parents[i] < i; parents[{i}] = {int(parents[i])}"
+                )
+            if (token_ids < 0).any():
+                i = int(np.nonzero(token_ids < 0)[0][0])
+                raise ValueError(f"DraftTree token_ids must be >= 0; token_ids[{i}] = {int(token_ids[i])}")
+        object.__setattr__(self, "token_ids", token_ids)
+        object.__setattr__(self, "parents", parents)
+        object.__setattr__(self, "scores", scores)
+        object.__setattr__(self, "source_ids", source_ids)
+
+    def __len__(self) -> int:
+        return int(self.token_ids.shape[0])
+
+    @classmethod
+    def empty(cls) -> "DraftTree":
+        z = np.zeros(0, dtype=np.int32)
+        return cls(z, z, np.zeros(0, dtype=np.float32))
+
+    @classmethod
+    def chain(cls, tokens, source_names: tuple[str, ...] = ("draft",)) -> "DraftTree":
+        """A single path: tokens[0] is a child of the root, tokens[i] of tokens[i-1]."""
+        tokens = np.asarray(tokens, dtype=np.int32)
+        n = tokens.shape[0]
+        return cls(tokens, np.arange(-1, n - 1, dtype=np.int32), np.ones(n, dtype=np.float32),
+                   source_names=source_names)
+
+    def depths(self) -> np.ndarray:
+        """int32 [n]: depth of each node, 1 for children of the root."""
+        depth = np.zeros(len(self), dtype=np.int32)
+        for node_idx, parent in enumerate(self.parents):
+            depth[node_idx] = 1 if parent < 0 else depth[parent] + 1
+        return depth
+
+    def __repr__(self) -> str:
+        return f"DraftTree(n={len(self)}, max_depth={int(self.depths().max()) if len(self) else 0})"
+
+
+def prune_to_depth(tree: DraftTree, max_depth: int) -> DraftTree:
+    """The subtree of nodes at depth <= ``max_depth`` (indices renumbered, order kept)."""
+    if len(tree) == 0:
+        return tree
+    depth = tree.depths()
+    if int(depth.max()) <= max_depth:
+        return tree
+    keep = np.flatnonzero(depth <= max_depth)
+    if keep.size == 0:
+        return DraftTree.empty()
+    new_index = np.full(len(tree), -1, dtype=np.int32)
+    new_index[keep] = np.arange(keep.size, dtype=np.int32)
+    old_parents = tree.parents[keep]
+    parents = np.where(old_parents < 0, -1, new_index[np.maximum(old_parents, 0)]).astype(np.int32)
+    return DraftTree(tree.token_ids[keep], parents, tree.scores[keep], tree.source_ids[keep],
+                     source_names=tree.source_names)

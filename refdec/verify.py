@@ -1,0 +1,43 @@
+"""Acceptance walk over a verified draft tree.
+
+Given the target token at every tree row (row 0 = root, row ``1 + node_idx`` =
+draft node ``node_idx``; the target at a row is the token the target model
+emits *after* that row), start at the root and descend while some child of the
+current row proposes exactly the current row's target. The accepted path is the
+sequence of nodes descended into; the bonus token is the target at the last
+row reached. Greedy and position-keyed sampling share this walk: only the way
+targets are chosen differs (see refdec.sampling).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from refdec.tree import DraftTree
+
+
+def accept_walk(tree: DraftTree, targets: np.ndarray) -> tuple[np.ndarray, int]:
+    """Return ``(accepted_nodes, bonus_token)``.
+
+    ``targets``: int64 array of shape (1 + n,), per row as in the module docstring.
+    ``accepted_nodes``: int64 array (k,) of node indices along the accepted path,
+    root-to-leaf (empty when nothing was accepted).
+    """
+    n = len(tree)
+    if n == 0:
+        return np.zeros(0, dtype=np.int64), int(targets[0])
+    parent_rows = tree.parents.astype(np.int64) + 1
+    # a node is "correct" iff it proposes its parent row's target
+    correct = tree.token_ids.astype(np.int64) == targets[parent_rows]
+    accepted = []
+    row = 0
+    candidates = np.flatnonzero(correct)
+    while candidates.size:
+        kids = candidates[parent_rows[candidates] == row]
+        if kids.size == 0:
+            break
+        node = int(kids[0])  # siblings carry distinct tokens in a trie; take the first otherwise
+        accepted.append(node)
+        row = node + 1
+        candidates = candidates[candidates > node]  # descendants come later in topological order
+    return np.asarray(accepted, dtype=np.int64), int(targets[row])

@@ -1,0 +1,206 @@
+"""Tiny random float64 models and a pure-Python draft proposer for tests.
+
+Models are built from configs (no hub): small vocab, a few layers, so a forward
+takes a millisecond. Random models give near-uniform next-token distributions,
+so the output projection is scaled up (``_sharpen``) to make greedy decoding
+fall into loops on repetitive prompts: then drafts copied from the context are
+partly accepted and partly rejected, and the tests check both happen.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from refdec.tree import DraftTree
+
+VOCAB = 96
+INIT = 0.02
+
+
+def _sharpen(model, scale: float) -> None:
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith("embed_tokens.weight") or name.endswith("wte.weight") or name.endswith("lm_head.weight"):
+                p.mul_(scale)
+
+
+def _finish(model, seed: int, scale: float):
+    model = model.to(torch.float64).eval()
+    _sharpen(model, scale)
+    model.generation_config.pad_token_id = 0
+    return model
+
+
+def tiny_llama(seed: int = 0, scale: float = 3.0):
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(seed)
+    cfg = LlamaConfig(vocab_size=VOCAB, hidden_size=48, intermediate_size=96, num_hidden_layers=2,
+                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
+                      bos_token_id=1, eos_token_id=2, pad_token_id=0, tie_word_embeddings=False,
+                      initializer_range=INIT)
+    return _finish(LlamaForCausalLM(cfg), seed, scale)
+
+
+def tiny_qwen2(seed: int = 0, scale: float = 3.0):
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    torch.manual_seed(seed)
+    cfg = Qwen2Config(vocab_size=VOCAB, hidden_size=48, intermediate_size=96, num_hidden_layers=2,
+                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
+                      bos_token_id=1, eos_token_id=2, pad_token_id=0, tie_word_embeddings=False,
+                      initializer_range=INIT)
+    return _finish(Qwen2ForCausalLM(cfg), seed, scale)
+
+
+def tiny_gemma3(seed: int = 0, scale: float = 3.0, sliding_window: int = 8):
+    from transformers import Gemma3ForCausalLM, Gemma3TextConfig
+
+    torch.manual_seed(seed)
+    cfg = Gemma3TextConfig(vocab_size=VOCAB, hidden_size=48, intermediate_size=96, num_hidden_layers=3,
+                           num_attention_heads=4, num_key_value_heads=2, head_dim=16, max_position_embeddings=512,
+                           sliding_window=sliding_window,
+                           layer_types=["sliding_attention", "full_attention", "sliding_attention"],
+                           query_pre_attn_scalar=16, bos_token_id=1, eos_token_id=2, pad_token_id=0,
+                           tie_word_embeddings=False, initializer_range=INIT)
+    return _finish(Gemma3ForCausalLM(cfg), seed, scale)
+
+
+def tiny_gpt2(seed: int = 0, scale: float = 3.0):
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    torch.manual_seed(seed)
+    cfg = GPT2Config(vocab_size=VOCAB, n_embd=48, n_layer=2, n_head=4, n_positions=512,
+                     bos_token_id=1, eos_token_id=2, tie_word_embeddings=False,
+                     initializer_range=INIT)
+    return _finish(GPT2LMHeadModel(cfg), seed, scale)
+
+
+MODEL_BUILDERS = {"llama": tiny_llama, "qwen2": tiny_qwen2, "gemma3": tiny_gemma3, "gpt2": tiny_gpt2}
+
+
+def repetitive_prompts(count: int, seed: int = 0, vocab: int = VOCAB, low: int = 3) -> list[list[int]]:
+    """Prompts made of a random span repeated a few times with small edits, so drafts match."""
+    rng = np.random.default_rng(seed)
+    prompts = []
+    for _ in range(count):
+        span = rng.integers(low, vocab, size=int(rng.integers(4, 12))).tolist()
+        reps = int(rng.integers(2, 4))
+        out = [1]
+        for _ in range(reps):
+            piece = list(span)
+            if rng.random() < 0.5:
+                piece[int(rng.integers(len(piece)))] = int(rng.integers(low, vocab))
+            out += piece
+        out += span[: int(rng.integers(1, len(span)))]
+        prompts.append(out)
+    return prompts
+
+
+class PromptLookupProposer:
+    """A pure-Python stand-in for refdec.proposer.Proposer (same methods).
+
+    Drafts from the context (prompt + accepted tokens) and optional references:
+    the most recent earlier occurrence of the longest trailing n-gram
+    (n = max_ngram .. 1) gives a chain; the second most recent occurrence (or a
+    reference match) gives a second branch, merged into one trie. ``shape``
+    picks what the trees look like: "chain" (one branch), "tree" (two
+    branches), "wide" (up to four occurrences as branches).
+    """
+
+    source_names = ("context", "references")
+
+    def __init__(self, index=None, references=None, *, max_depth: int = 64, max_ngram: int = 3,
+                 shape: str = "tree") -> None:
+        self.references = [list(map(int, r)) for r in (references or [])]
+        self.max_depth = max_depth
+        self.max_ngram = max_ngram
+        self.shape = shape
+        self.context: list[int] = []
+        self._match = {"context": 0, "references": 0}
+
+    def start(self, prompt_ids: np.ndarray) -> None:
+        self.context = [int(t) for t in prompt_ids]
+
+    def accept(self, tokens: np.ndarray) -> None:
+        self.context.extend(int(t) for t in tokens)
+
+    def last_match_lengths(self) -> dict[str, int]:
+        self._find()
+        return {k: v for k, v in self._match.items()}
+
+    def _occurrences(self, doc: list[int], suffix: list[int], limit_end: int) -> list[int]:
+        """End indices (exclusive) of occurrences of ``suffix`` in doc[:limit_end], most recent first."""
+        n = len(suffix)
+        ends = []
+        for end in range(limit_end, n - 1, -1):
+            if doc[end - n:end] == suffix:
+                ends.append(end)
+        return ends
+
+    def _find(self):
+        ctx = self.context
+        branches = []  # (source_id, continuation)
+        self._match = {"context": 0, "references": 0}
+        for n in range(min(self.max_ngram, len(ctx)), 0, -1):
+            suffix = ctx[-n:]
+            ends = [e for e in self._occurrences(ctx, suffix, len(ctx) - 1) if e < len(ctx)]
+            if ends:
+                self._match["context"] = n
+                branches += [(0, ctx[e:e + self.max_depth]) for e in ends[:4]]
+                break
+        for ref in self.references:
+            for n in range(min(self.max_ngram, len(ctx)), 0, -1):
+                ends = self._occurrences(ref, ctx[-n:], len(ref))
+                if ends:
+                    self._match["references"] = max(self._match["references"], n)
+                    branches.append((1, ref[ends[0]:ends[0] + self.max_depth]))
+                    break
+        return [b for b in branches if b[1]]
+
+    def propose(self, max_nodes: int) -> DraftTree:
+        branches = self._find()
+        keep = {"chain": 1, "tree": 2, "wide": 4}[self.shape]
+        branches = branches[:keep]
+        tokens, parents, sources = [], [], []
+        children: dict[tuple[int, int], int] = {}  # (parent node, token) -> node
+        for source, cont in branches:
+            parent = -1
+            for tok in cont:
+                node = children.get((parent, tok))
+                if node is None:
+                    if len(tokens) >= max_nodes:
+                        break
+                    node = len(tokens)
+                    tokens.append(tok)
+                    parents.append(parent)
+                    sources.append(source)
+                    children[(parent, tok)] = node
+                parent = node
+        if not tokens:
+            return DraftTree.empty()
+        return DraftTree(np.array(tokens), np.array(parents), np.ones(len(tokens), dtype=np.float32),
+                         np.array(sources), source_names=self.source_names)
+
+
+def lookup_factory(shape: str = "tree", max_ngram: int = 3):
+    def factory(index, references, max_depth):
+        return PromptLookupProposer(index, references, max_depth=max_depth, shape=shape, max_ngram=max_ngram)
+
+    return factory
+
+
+def char_tokenizer():
+    """A character-level fast tokenizer with VOCAB ids: 0 <pad>, 1 <bos>, 2 <eos>, then characters."""
+    import string
+
+    from tokenizers import Tokenizer, decoders, models
+    from transformers import PreTrainedTokenizerFast
+
+    chars = (" \n" + string.ascii_letters + string.digits + string.punctuation)[: VOCAB - 3]
+    vocab = {"<pad>": 0, "<bos>": 1, "<eos>": 2}
+    vocab.update({c: i + 3 for i, c in enumerate(chars)})
+    tok = Tokenizer(models.BPE(vocab=vocab, merges=[], unk_token=None))
+    tok.decoder = decoders.Fuse()
+    return PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<bos>", eos_token="<eos>", pad_token="<pad>")
