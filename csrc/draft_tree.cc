@@ -1,0 +1,151 @@
+#include "draft_tree.h"
+
+#include <algorithm>
+#include <cassert>
+
+namespace refdec {
+namespace {
+
+// Heap order: higher score first, then deeper, then older.
+struct CandidateLess {
+  template <typename C>
+  bool operator()(const C& a, const C& b) const {
+    if (a.score != b.score) return a.score < b.score;
+    if (a.depth != b.depth) return a.depth < b.depth;
+    return a.seq > b.seq;
+  }
+};
+
+}  // namespace
+
+float source_confidence(const DraftSource& source) {
+  if (source.match_len <= 0 || source.weight <= 0.0f) return 0.0f;
+  if (source.half_len <= 0.0f) return source.weight;
+  const float l = static_cast<float>(source.match_len);
+  return source.weight * l / (l + source.half_len);
+}
+
+void DraftTreeBuilder::build(const std::vector<DraftSource>& sources, int32_t max_nodes, int32_t max_depth,
+                             DraftResult* out) {
+  out->token_ids.clear();
+  out->parents.clear();
+  out->scores.clear();
+  out->source_ids.clear();
+  heap_.clear();
+  cand_entries_.clear();
+  seq_ = 0;
+  if (max_nodes <= 0 || max_depth <= 0) return;
+
+  // Step 1. The root holds every source that matched, scored by its confidence.
+  root_entries_.clear();
+  for (size_t i = 0; i < sources.size(); ++i) {
+    const DraftSource& s = sources[i];
+    if (s.view == nullptr || s.state < 0 || s.state >= s.view->num_states()) continue;
+    const float conf = source_confidence(s);
+    if (conf > 0.0f) root_entries_.push_back({static_cast<int32_t>(i), s.state, conf});
+  }
+  if (root_entries_.empty()) return;
+  std::vector<Entry> entries(root_entries_);
+  expand(sources, -1, 0, entries.data(), static_cast<int32_t>(entries.size()), max_nodes);
+
+  // Step 2. Best-first: pop the best candidate, emit it as the next node
+  // (its parent was emitted earlier, so the order is topological), then push
+  // its children.
+  while (!heap_.empty() && static_cast<int32_t>(out->token_ids.size()) < max_nodes) {
+    std::pop_heap(heap_.begin(), heap_.end(), CandidateLess());
+    const Candidate c = heap_.back();
+    heap_.pop_back();
+    const int32_t node = static_cast<int32_t>(out->token_ids.size());
+    out->token_ids.push_back(c.token);
+    out->parents.push_back(c.parent);
+    out->scores.push_back(c.score);
+    out->source_ids.push_back(c.best_source);
+    if (c.depth < max_depth) {
+      entries.assign(cand_entries_.begin() + c.entry_begin, cand_entries_.begin() + c.entry_end);
+      expand(sources, node, c.depth, entries.data(), static_cast<int32_t>(entries.size()),
+             max_nodes - static_cast<int32_t>(out->token_ids.size()));
+    }
+  }
+}
+
+void DraftTreeBuilder::expand(const std::vector<DraftSource>& sources, int32_t node, int32_t depth,
+                              const Entry* entries, int32_t n_entries, int32_t budget_left) {
+  if (budget_left <= 0) return;
+  // Step 1. Every source's children of its state, scored by the count ratio.
+  proposals_.clear();
+  for (int32_t i = 0; i < n_entries; ++i) {
+    const Entry& e = entries[i];
+    const AutomatonView* view = sources[e.source].view;
+    view->children(e.state, &edges_);
+    if (edges_.empty() || edges_.size() > kMaxFanout) continue;
+    const size_t first = proposals_.size();
+    double sum = 0.0;
+    for (const Edge& edge : edges_) {
+      const int64_t c = view->count(edge.target);
+      if (c <= 0) continue;
+      sum += static_cast<double>(c);
+      proposals_.push_back({edge.token, {e.source, edge.target, static_cast<float>(c)}});
+    }
+    for (size_t j = first; j < proposals_.size(); ++j)
+      proposals_[j].entry.score = static_cast<float>(e.score * (proposals_[j].entry.score / sum));
+  }
+  if (proposals_.empty()) return;
+
+  // Step 2. Group equal tokens across sources into one candidate:
+  // score = 1 - prod(1 - score_s); best source = largest score_s.
+  if (n_entries > 1) {
+    std::sort(proposals_.begin(), proposals_.end(), [](const Proposal& a, const Proposal& b) {
+      return a.token != b.token ? a.token < b.token : a.entry.source < b.entry.source;
+    });
+  }
+  grouped_.clear();
+  for (size_t i = 0; i < proposals_.size();) {
+    size_t j = i;
+    float miss = 1.0f;
+    float best = -1.0f;
+    int32_t best_source = 0;
+    while (j < proposals_.size() && proposals_[j].token == proposals_[i].token) {
+      const Entry& e = proposals_[j].entry;
+      miss *= 1.0f - e.score;
+      if (e.score > best) {
+        best = e.score;
+        best_source = sources[e.source].source_id;
+      }
+      ++j;
+    }
+    Candidate c;
+    c.score = n_entries > 1 ? 1.0f - miss : best;
+    c.depth = depth + 1;
+    c.seq = 0;
+    c.parent = node;
+    c.token = proposals_[i].token;
+    c.entry_begin = static_cast<int32_t>(i);  // index into proposals_ until pushed
+    c.entry_end = static_cast<int32_t>(j);
+    c.best_source = best_source;
+    grouped_.push_back(c);
+    i = j;
+  }
+
+  // Step 3. Keep at most budget_left candidates (no more can enter the tree
+  // below this node), best first, then push them with their entries.
+  auto better = [](const Candidate& a, const Candidate& b) {
+    return a.score != b.score ? a.score > b.score : a.token < b.token;
+  };
+  if (static_cast<int32_t>(grouped_.size()) > budget_left) {
+    std::partial_sort(grouped_.begin(), grouped_.begin() + budget_left, grouped_.end(), better);
+    grouped_.resize(budget_left);
+  } else if (grouped_.size() > 1) {
+    std::sort(grouped_.begin(), grouped_.end(), better);
+  }
+  for (Candidate c : grouped_) {
+    const int32_t begin = static_cast<int32_t>(cand_entries_.size());
+    for (int32_t k = c.entry_begin; k < c.entry_end; ++k) cand_entries_.push_back(proposals_[k].entry);
+    c.entry_begin = begin;
+    c.entry_end = static_cast<int32_t>(cand_entries_.size());
+    c.seq = seq_++;
+    heap_.push_back(c);
+    std::push_heap(heap_.begin(), heap_.end(), CandidateLess());
+  }
+}
+
+}  // namespace refdec

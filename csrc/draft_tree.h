@@ -1,0 +1,96 @@
+// Best-first draft tree over one or more automaton sources.
+#ifndef REFDEC_DRAFT_TREE_H_
+#define REFDEC_DRAFT_TREE_H_
+
+#include <cstddef>
+#include <cstdint>
+#include <vector>
+
+#include "automaton_view.h"
+
+namespace refdec {
+
+// One source of continuations: an automaton and where the live context
+// currently matches in it.
+struct DraftSource {
+  const AutomatonView* view = nullptr;  // automaton (not owned)
+  int32_t state = kRoot;                // state of the matched suffix
+  int32_t match_len = 0;                // matched length; 0 = the source proposes nothing
+  float weight = 1.0f;                  // source weight in [0, 1]
+  float half_len = 2.0f;                // match length at which confidence is weight / 2
+  int32_t source_id = 0;                // written to DraftTree.source_ids
+};
+
+// Confidence of a source with a match of `match_len` tokens:
+//   weight * match_len / (match_len + half_len)        (0 when match_len == 0)
+// It grows with the match length; the formula is a placeholder to be tuned.
+float source_confidence(const DraftSource& source);
+
+// Output: nodes in topological order (parents[i] < i, -1 = child of the root).
+struct DraftResult {
+  std::vector<int32_t> token_ids;   // token proposed by each node
+  std::vector<int32_t> parents;     // parent node index, -1 for children of the root
+  std::vector<float> scores;        // estimated probability that the path to the node is accepted
+  std::vector<int32_t> source_ids;  // source contributing the largest per-source score
+};
+
+// Builds draft trees; keeps its scratch buffers between calls (not thread-safe;
+// use one builder per thread).
+//
+// Algorithm: a trie over continuations, expanded best-first. Each trie node
+// holds, per source that reaches it, (source, state, per-source path score).
+// A child's per-source score = parent's per-source score *
+// count(child state) / sum of the counts of the parent state's children
+// (the children sum, not count(parent): the live context's match state also
+// counts its final occurrence, which has no continuation). A node's score
+// combines its sources as 1 - prod(1 - score_s). Equal tokens proposed by
+// several sources share one node. Ties prefer the deeper node, so a chain of
+// unique continuations (score ratio 1) is followed to max_depth first.
+class DraftTreeBuilder {
+ public:
+  // Largest number of children scanned per (source, state); a state with
+  // more children proposes none of them (such states have low-information,
+  // near-root matches).
+  static constexpr size_t kMaxFanout = 4096;
+
+  void build(const std::vector<DraftSource>& sources, int32_t max_nodes, int32_t max_depth, DraftResult* out);
+
+ private:
+  // One (source, state, per-source score) pair of a trie node or candidate.
+  struct Entry {
+    int32_t source;  // index into the sources vector
+    int32_t state;   // state in that source's automaton
+    float score;     // per-source path score
+  };
+  // A candidate child not yet in the tree.
+  struct Candidate {
+    float score;          // combined score
+    int32_t depth;        // depth the node will have (1 = child of the root)
+    int32_t seq;          // creation order, for deterministic ties
+    int32_t parent;       // parent node index (-1 = root)
+    int32_t token;        // proposed token
+    int32_t entry_begin;  // range of its entries in cand_entries_
+    int32_t entry_end;
+    int32_t best_source;  // source id with the largest per-source score
+  };
+  // A child proposed by one source while expanding a node.
+  struct Proposal {
+    int32_t token;
+    Entry entry;
+  };
+
+  void expand(const std::vector<DraftSource>& sources, int32_t node, int32_t depth, const Entry* entries,
+              int32_t n_entries, int32_t budget_left);
+
+  std::vector<Candidate> heap_;        // max-heap of candidates
+  std::vector<Entry> cand_entries_;    // entries of all candidates ever pushed
+  std::vector<Proposal> proposals_;    // scratch: children of the node being expanded
+  std::vector<Edge> edges_;            // scratch: children of one state
+  std::vector<Candidate> grouped_;     // scratch: grouped proposals of one expansion
+  std::vector<Entry> root_entries_;    // scratch: the root's entries
+  int32_t seq_ = 0;                    // next Candidate::seq
+};
+
+}  // namespace refdec
+
+#endif  // REFDEC_DRAFT_TREE_H_

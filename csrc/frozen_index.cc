@@ -1,0 +1,381 @@
+#include "frozen_index.h"
+
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+
+namespace refdec {
+namespace {
+
+constexpr char kMagic[8] = {'R', 'E', 'F', 'D', 'E', 'C', 'I', 'X'};
+constexpr uint64_t kAlign = 64;
+
+constexpr uint64_t kP1 = 11400714785074694791ull;
+constexpr uint64_t kP2 = 14029467366897019727ull;
+constexpr uint64_t kP3 = 1609587929392839161ull;
+constexpr uint64_t kP4 = 9650029242287828579ull;
+constexpr uint64_t kP5 = 2870177450012600261ull;
+
+inline uint64_t rotl(uint64_t x, int r) { return (x << r) | (x >> (64 - r)); }
+inline uint64_t load64(const uint8_t* p) {
+  uint64_t v;
+  std::memcpy(&v, p, 8);
+  return v;
+}
+inline uint64_t round64(uint64_t acc, uint64_t w) { return rotl(acc + w * kP2, 31) * kP1; }
+inline uint64_t merge64(uint64_t h, uint64_t v) { return (h ^ round64(0, v)) * kP1 + kP4; }
+
+uint64_t align_up(uint64_t x) { return (x + kAlign - 1) / kAlign * kAlign; }
+
+// Element sizes and expected element counts of each section.
+constexpr uint64_t kElemSize[kNumSections] = {4, 8, 4, 4, 4, 4, 4, 4, 4};
+constexpr const char* kSectionName[kNumSections] = {"tokens",      "doc_begins",    "leaf_link",
+                                                    "state_len",   "state_link",    "state_count",
+                                                    "edge_offsets", "edge_tokens",  "edge_targets"};
+
+void expected_counts(const FileHeader& h, uint64_t out[kNumSections]) {
+  out[kSecTokens] = h.num_tokens;
+  out[kSecDocBegins] = h.num_documents + 1;
+  out[kSecLeafLink] = h.num_tokens;
+  out[kSecStateLen] = h.num_internal;
+  out[kSecStateLink] = h.num_internal;
+  out[kSecStateCount] = h.num_internal;
+  out[kSecEdgeOffsets] = h.num_internal + 1;
+  out[kSecEdgeTokens] = h.num_edges;
+  out[kSecEdgeTargets] = h.num_edges;
+}
+
+}  // namespace
+
+uint64_t body_checksum(const uint8_t* data, size_t size) {
+  // Step 1. Four lanes over 32-byte stripes.
+  uint64_t v1 = kP1 + kP2, v2 = kP2, v3 = 0, v4 = 0 - kP1;
+  size_t i = 0;
+  for (; i + 32 <= size; i += 32) {
+    v1 = round64(v1, load64(data + i));
+    v2 = round64(v2, load64(data + i + 8));
+    v3 = round64(v3, load64(data + i + 16));
+    v4 = round64(v4, load64(data + i + 24));
+  }
+  // Step 2. Merge the lanes.
+  uint64_t h = rotl(v1, 1) + rotl(v2, 7) + rotl(v3, 12) + rotl(v4, 18);
+  h = merge64(h, v1);
+  h = merge64(h, v2);
+  h = merge64(h, v3);
+  h = merge64(h, v4);
+  h += static_cast<uint64_t>(size);
+  // Step 3. Remaining words, then bytes.
+  for (; i + 8 <= size; i += 8) h = rotl(h ^ round64(0, load64(data + i)), 27) * kP1 + kP4;
+  for (; i < size; ++i) h = rotl(h ^ (data[i] * kP5), 11) * kP1;
+  // Step 4. Avalanche.
+  h ^= h >> 33;
+  h *= kP2;
+  h ^= h >> 29;
+  h *= kP3;
+  h ^= h >> 32;
+  return h;
+}
+
+std::unique_ptr<FrozenIndex> FrozenIndex::freeze(const SuffixAutomaton& sam, const std::string& fingerprint,
+                                                 uint32_t vocab_size) {
+  if (fingerprint.size() > 64)
+    throw std::invalid_argument("fingerprint must be at most 64 characters, got " +
+                                std::to_string(fingerprint.size()));
+  const std::vector<uint32_t>& count = sam.counts();
+  const std::vector<int32_t>& len = sam.lengths();
+  const std::vector<int32_t>& link = sam.links();
+  const std::vector<int32_t>& end_pos = sam.end_positions();
+  const int64_t n_states = sam.num_states();
+  const int64_t n = sam.num_tokens();
+  const int64_t n_docs = sam.num_documents();
+
+  // Step 1. Number the states: internal states (count != 1, and the root)
+  // keep their relative order; a leaf (count 1) becomes num_internal + its end position.
+  std::vector<int32_t> new_id(n_states);
+  int64_t n_internal = 0;
+  for (int64_t s = 0; s < n_states; ++s) {
+    if (s == kRoot || count[s] != 1) new_id[s] = static_cast<int32_t>(n_internal++);
+  }
+  if (n_internal + n >= (int64_t{1} << 31))
+    throw std::invalid_argument("index too large to freeze: " + std::to_string(n_internal + n) + " states");
+  int64_t n_edges = 0;
+  for (int64_t s = 0; s < n_states; ++s) {
+    if (s == kRoot || count[s] != 1) {
+      for (int32_t e = sam.first_edge(s); e != -1; e = sam.edge_next(e)) ++n_edges;
+    } else {
+      new_id[s] = static_cast<int32_t>(n_internal + end_pos[s]);
+    }
+  }
+  if (n_edges >= (int64_t{1} << 32)) throw std::invalid_argument("too many transitions to freeze");
+
+  // Step 2. Lay out the header and the 64-byte aligned sections.
+  FileHeader h{};
+  std::memcpy(h.magic, kMagic, 8);
+  h.version = kFormatVersion;
+  h.header_size = sizeof(FileHeader);
+  std::memcpy(h.fingerprint, fingerprint.data(), fingerprint.size());
+  h.vocab_size = vocab_size;
+  h.num_tokens = n;
+  h.num_documents = n_docs;
+  h.num_internal = n_internal;
+  h.num_edges = n_edges;
+  uint64_t counts[kNumSections];
+  expected_counts(h, counts);
+  uint64_t offset = align_up(sizeof(FileHeader));
+  for (int i = 0; i < kNumSections; ++i) {
+    h.sections[i].offset = offset;
+    h.sections[i].size = counts[i] * kElemSize[i];
+    offset = align_up(offset + h.sections[i].size);
+  }
+  h.file_size = offset;
+
+  // Step 3. Fill the sections.
+  std::unique_ptr<FrozenIndex> out(new FrozenIndex());
+  out->owned_.assign(offset / 8, 0);
+  uint8_t* base = reinterpret_cast<uint8_t*>(out->owned_.data());
+  auto section = [&](int id) { return base + h.sections[id].offset; };
+  if (n) std::memcpy(section(kSecTokens), sam.token_data(), n * 4);
+  auto* doc_begins = reinterpret_cast<int64_t*>(section(kSecDocBegins));
+  for (int64_t d = 0; d < n_docs; ++d) doc_begins[d] = sam.document_begin(d);
+  doc_begins[n_docs] = n;
+  auto* leaf_link = reinterpret_cast<int32_t*>(section(kSecLeafLink));
+  std::fill(leaf_link, leaf_link + n, -1);
+  auto* state_len = reinterpret_cast<int32_t*>(section(kSecStateLen));
+  auto* state_link = reinterpret_cast<int32_t*>(section(kSecStateLink));
+  auto* state_count = reinterpret_cast<uint32_t*>(section(kSecStateCount));
+  auto* edge_offsets = reinterpret_cast<uint32_t*>(section(kSecEdgeOffsets));
+  auto* edge_tokens = reinterpret_cast<int32_t*>(section(kSecEdgeTokens));
+  auto* edge_targets = reinterpret_cast<int32_t*>(section(kSecEdgeTargets));
+  std::vector<Edge> edges;
+  uint64_t edge_pos = 0;
+  for (int64_t s = 0; s < n_states; ++s) {
+    const int32_t id = new_id[s];
+    const int32_t l = link[s] == kNoState ? -1 : new_id[link[s]];
+    if (s != kRoot && count[s] == 1) {
+      leaf_link[id - n_internal] = l;
+      continue;
+    }
+    state_len[id] = len[s];
+    state_link[id] = l;
+    state_count[id] = count[s];
+    edge_offsets[id] = static_cast<uint32_t>(edge_pos);
+    edges.clear();
+    for (int32_t e = sam.first_edge(s); e != -1; e = sam.edge_next(e))
+      edges.push_back({sam.edge_token(e), new_id[sam.edge_target(e)]});
+    std::sort(edges.begin(), edges.end(), [](const Edge& a, const Edge& b) { return a.token < b.token; });
+    for (const Edge& e : edges) {
+      edge_tokens[edge_pos] = e.token;
+      edge_targets[edge_pos] = e.target;
+      ++edge_pos;
+    }
+  }
+  edge_offsets[n_internal] = static_cast<uint32_t>(edge_pos);
+
+  // Step 4. Checksum the body, write the header, attach the views.
+  h.checksum = body_checksum(base + sizeof(FileHeader), offset - sizeof(FileHeader));
+  std::memcpy(base, &h, sizeof(FileHeader));
+  out->attach(base, offset, "<in-memory index>");
+  return out;
+}
+
+std::unique_ptr<FrozenIndex> FrozenIndex::load(const std::string& path) {
+  // Step 1. Open and map the whole file read-only.
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) {
+    const int err = errno;
+    if (err == ENOENT) throw std::invalid_argument("index file '" + path + "' does not exist");
+    throw std::invalid_argument("cannot open index file '" + path + "': " + std::strerror(err));
+  }
+  struct stat st;
+  if (::fstat(fd, &st) != 0) {
+    ::close(fd);
+    throw IndexFormatError("index file '" + path + "': cannot stat");
+  }
+  const size_t size = static_cast<size_t>(st.st_size);
+  if (size < sizeof(FileHeader)) {
+    ::close(fd);
+    throw IndexFormatError("index file '" + path + "' is truncated or not a refdec index: " +
+                           std::to_string(size) + " bytes, smaller than the " + std::to_string(sizeof(FileHeader)) +
+                           "-byte header");
+  }
+  void* map = ::mmap(nullptr, size, PROT_READ, MAP_SHARED, fd, 0);
+  ::close(fd);
+  if (map == MAP_FAILED) throw IndexFormatError("index file '" + path + "': mmap failed: " + std::strerror(errno));
+  std::unique_ptr<FrozenIndex> out(new FrozenIndex());
+  out->map_ = map;
+  out->map_size_ = size;
+  out->path_ = path;
+  // Step 2. Validate the header and set the section views (throws on failure;
+  // the destructor unmaps).
+  out->attach(static_cast<const uint8_t*>(map), size, "index file '" + path + "'");
+  return out;
+}
+
+FrozenIndex::~FrozenIndex() {
+  if (map_ != nullptr) ::munmap(map_, map_size_);
+}
+
+void FrozenIndex::attach(const uint8_t* base, size_t size, const std::string& name) {
+  auto fail = [&](const std::string& what) { throw IndexFormatError(name + ": " + what); };
+  // Step 1. Magic, version, header size, file size.
+  if (size < sizeof(FileHeader)) fail("truncated: smaller than the header");
+  std::memcpy(&header_, base, sizeof(FileHeader));
+  const FileHeader& h = header_;
+  if (std::memcmp(h.magic, kMagic, 8) != 0) fail("not a refdec index (bad magic bytes)");
+  if (h.version != kFormatVersion)
+    fail("unsupported format version " + std::to_string(h.version) + " (this build reads version " +
+         std::to_string(kFormatVersion) + ")");
+  if (h.header_size != sizeof(FileHeader)) fail("bad header size " + std::to_string(h.header_size));
+  if (h.file_size != size)
+    fail("truncated or padded: header records " + std::to_string(h.file_size) + " bytes, file has " +
+         std::to_string(size));
+  // Step 2. Sizes within the id spaces.
+  if (h.num_tokens >= (uint64_t{1} << 31) || h.num_internal < 1 ||
+      h.num_internal + h.num_tokens >= (uint64_t{1} << 31) || h.num_edges >= (uint64_t{1} << 32) ||
+      h.num_documents > (uint64_t{1} << 40))
+    fail("inconsistent sizes: tokens " + std::to_string(h.num_tokens) + ", internal states " +
+         std::to_string(h.num_internal) + ", edges " + std::to_string(h.num_edges) + ", documents " +
+         std::to_string(h.num_documents));
+  // Step 3. Each section: expected size, aligned, after the header, inside the file.
+  uint64_t counts[kNumSections];
+  expected_counts(h, counts);
+  for (int i = 0; i < kNumSections; ++i) {
+    const FileSection& sec = h.sections[i];
+    if (sec.size != counts[i] * kElemSize[i])
+      fail(std::string("section ") + kSectionName[i] + " has " + std::to_string(sec.size) + " bytes, expected " +
+           std::to_string(counts[i] * kElemSize[i]));
+    if (sec.offset % 8 != 0) fail(std::string("section ") + kSectionName[i] + " is misaligned");
+    if (sec.offset < sizeof(FileHeader) || sec.offset > size || sec.size > size - sec.offset)
+      fail(std::string("section ") + kSectionName[i] + " lies outside the file (offset " +
+           std::to_string(sec.offset) + ", " + std::to_string(sec.size) + " bytes, file " + std::to_string(size) +
+           ")");
+  }
+  base_ = base;
+  size_ = size;
+  auto at = [&](int id) { return base + h.sections[id].offset; };
+  tokens_ = reinterpret_cast<const int32_t*>(at(kSecTokens));
+  doc_begins_ = reinterpret_cast<const int64_t*>(at(kSecDocBegins));
+  leaf_link_ = reinterpret_cast<const int32_t*>(at(kSecLeafLink));
+  state_len_ = reinterpret_cast<const int32_t*>(at(kSecStateLen));
+  state_link_ = reinterpret_cast<const int32_t*>(at(kSecStateLink));
+  state_count_ = reinterpret_cast<const uint32_t*>(at(kSecStateCount));
+  edge_offsets_ = reinterpret_cast<const uint32_t*>(at(kSecEdgeOffsets));
+  edge_tokens_ = reinterpret_cast<const int32_t*>(at(kSecEdgeTokens));
+  edge_targets_ = reinterpret_cast<const int32_t*>(at(kSecEdgeTargets));
+  num_tokens_ = static_cast<int64_t>(h.num_tokens);
+  num_documents_ = static_cast<int64_t>(h.num_documents);
+  num_internal_ = static_cast<int64_t>(h.num_internal);
+  num_edges_ = static_cast<int64_t>(h.num_edges);
+  // Step 4. Document boundaries: they bound every continuation, so check
+  // them all (O(documents)).
+  if (doc_begins_[0] != 0 || doc_begins_[num_documents_] != num_tokens_) fail("bad document offsets");
+  for (int64_t d = 0; d < num_documents_; ++d)
+    if (doc_begins_[d] > doc_begins_[d + 1]) fail("document offsets are not sorted at document " + std::to_string(d));
+}
+
+bool FrozenIndex::verify() const {
+  return body_checksum(base_ + sizeof(FileHeader), size_ - sizeof(FileHeader)) == header_.checksum;
+}
+
+std::string FrozenIndex::fingerprint() const {
+  size_t n = 0;
+  while (n < sizeof(header_.fingerprint) && header_.fingerprint[n] != '\0') ++n;
+  return std::string(header_.fingerprint, n);
+}
+
+int64_t FrozenIndex::document_of(int64_t token_pos) const {
+  // Last document whose begin is <= token_pos (skipping empty documents).
+  const int64_t* it = std::upper_bound(doc_begins_, doc_begins_ + num_documents_ + 1, token_pos);
+  return static_cast<int64_t>(it - doc_begins_) - 1;
+}
+
+int64_t FrozenIndex::document_begin(int64_t doc_idx) const {
+  if (doc_idx < 0) return 0;
+  if (doc_idx > num_documents_) return num_tokens_;
+  return doc_begins_[doc_idx];
+}
+
+int64_t FrozenIndex::document_end(int64_t token_pos) const {
+  const int64_t* it = std::upper_bound(doc_begins_, doc_begins_ + num_documents_ + 1, token_pos);
+  if (it == doc_begins_ + num_documents_ + 1) return num_tokens_;
+  return *it;
+}
+
+int32_t FrozenIndex::token_at(int64_t token_pos) const {
+  if (token_pos < 0 || token_pos >= num_tokens_) return -1;
+  return tokens_[token_pos];
+}
+
+int32_t FrozenIndex::transition(int32_t state, int32_t token) const {
+  if (state >= 0 && state < num_internal_) {
+    // Internal: binary search of the token among the state's sorted edges.
+    uint64_t lo = edge_offsets_[state];
+    uint64_t hi = edge_offsets_[state + 1];
+    hi = std::min<uint64_t>(hi, static_cast<uint64_t>(num_edges_));
+    lo = std::min(lo, hi);
+    const int32_t* first = edge_tokens_ + lo;
+    const int32_t* last = edge_tokens_ + hi;
+    const int32_t* it = std::lower_bound(first, last, token);
+    if (it == last || *it != token) return kNoState;
+    const int32_t target = edge_targets_[it - edge_tokens_];
+    return (target >= 0 && target < num_states()) ? target : kNoState;
+  }
+  if (is_leaf(state)) {
+    // Leaf: the only continuation is the next token of the same document.
+    const int64_t next = static_cast<int64_t>(state - num_internal_) + 1;
+    if (next < num_tokens_ && tokens_[next] == token && next < document_end(next - 1)) return state + 1;
+  }
+  return kNoState;
+}
+
+int32_t FrozenIndex::link(int32_t state) const {
+  if (state == kRoot) return kNoState;
+  int32_t l = kRoot;
+  if (state > 0 && state < num_internal_) {
+    l = state_link_[state];
+  } else if (is_leaf(state)) {
+    l = leaf_link_[state - num_internal_];
+  }
+  // Links always lead to internal states; anything else is corruption.
+  return (l >= 0 && l < num_internal_) ? l : kRoot;
+}
+
+int32_t FrozenIndex::length(int32_t state) const {
+  if (state >= 0 && state < num_internal_) return std::max(state_len_[state], 0);
+  if (is_leaf(state)) {
+    const int64_t p = state - num_internal_;
+    return static_cast<int32_t>(p - document_begin(document_of(p)) + 1);
+  }
+  return 0;
+}
+
+int64_t FrozenIndex::count(int32_t state) const {
+  if (state >= 0 && state < num_internal_) return state_count_[state];
+  return is_leaf(state) ? 1 : 0;
+}
+
+int64_t FrozenIndex::unique_end_pos(int32_t state) const {
+  return is_leaf(state) ? static_cast<int64_t>(state - num_internal_) : -1;
+}
+
+void FrozenIndex::children(int32_t state, std::vector<Edge>* out) const {
+  out->clear();
+  if (state >= 0 && state < num_internal_) {
+    uint64_t lo = edge_offsets_[state];
+    uint64_t hi = std::min<uint64_t>(edge_offsets_[state + 1], static_cast<uint64_t>(num_edges_));
+    for (uint64_t i = std::min(lo, hi); i < hi; ++i) {
+      const int32_t target = edge_targets_[i];
+      if (target >= 0 && target < num_states()) out->push_back({edge_tokens_[i], target});
+    }
+  } else if (is_leaf(state)) {
+    const int64_t p = state - num_internal_;
+    if (p + 1 < document_end(p)) out->push_back({tokens_[p + 1], state + 1});
+  }
+}
+
+}  // namespace refdec

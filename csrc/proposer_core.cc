@@ -1,0 +1,63 @@
+#include "proposer_core.h"
+
+#include <stdexcept>
+#include <string>
+
+namespace refdec {
+
+void ProposerCore::set_context(SuffixAutomaton* sam, float weight, float half_len, int32_t source_id) {
+  context_ = sam;
+  context_params_.view = sam;
+  context_params_.weight = weight;
+  context_params_.half_len = half_len;
+  context_params_.source_id = source_id;
+}
+
+void ProposerCore::add_matcher_source(const AutomatonView* view, float weight, float half_len, int32_t source_id) {
+  MatchedSource m{Matcher(view), DraftSource{}};
+  m.params.view = view;
+  m.params.weight = weight;
+  m.params.half_len = half_len;
+  m.params.source_id = source_id;
+  matched_.push_back(m);
+}
+
+void ProposerCore::feed(const int32_t* tokens, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) {
+    if (tokens[i] < 0)
+      throw std::invalid_argument("token ids must be >= 0; tokens[" + std::to_string(i) + "] = " +
+                                  std::to_string(tokens[i]));
+  }
+  // Step 1. The context automaton grows by the tokens (one open document).
+  if (context_ != nullptr) context_->extend_many(tokens, n);
+  // Step 2. Each matcher follows the same stream.
+  for (MatchedSource& m : matched_) m.matcher.advance_many(tokens, n);
+}
+
+void ProposerCore::propose(int32_t max_nodes, DraftResult* out) {
+  // Step 1. Snapshot every source's current match.
+  sources_.clear();
+  if (context_ != nullptr) {
+    DraftSource s = context_params_;
+    s.state = context_->match_state();
+    s.match_len = context_->length(s.state);
+    sources_.push_back(s);
+  }
+  for (const MatchedSource& m : matched_) {
+    DraftSource s = m.params;
+    s.state = m.matcher.state();
+    s.match_len = m.matcher.match_length();
+    sources_.push_back(s);
+  }
+  // Step 2. One best-first tree over all of them.
+  builder_.build(sources_, max_nodes, max_depth_, out);
+}
+
+std::vector<std::pair<int32_t, int32_t>> ProposerCore::match_lengths() const {
+  std::vector<std::pair<int32_t, int32_t>> out;
+  if (context_ != nullptr) out.emplace_back(context_params_.source_id, context_->length(context_->match_state()));
+  for (const MatchedSource& m : matched_) out.emplace_back(m.params.source_id, m.matcher.match_length());
+  return out;
+}
+
+}  // namespace refdec

@@ -1,0 +1,56 @@
+// Per-request drafting state: the live-context automaton plus matchers over
+// other automata, combined into one draft tree per step.
+#ifndef REFDEC_PROPOSER_CORE_H_
+#define REFDEC_PROPOSER_CORE_H_
+
+#include <cstdint>
+#include <vector>
+
+#include "automaton_view.h"
+#include "draft_tree.h"
+#include "matcher.h"
+#include "suffix_automaton.h"
+
+namespace refdec {
+
+// Holds the sources of one request. The context source is a SuffixAutomaton
+// that feed() extends (its match is link(last): the longest suffix of the
+// context that occurred before with a continuation); every other source is a
+// Matcher that feed() advances. Automata are not owned and must outlive the
+// core. Not thread-safe (one per request).
+class ProposerCore {
+ public:
+  explicit ProposerCore(int32_t max_depth) : max_depth_(max_depth) {}
+
+  // Sets the live-context source (at most one).
+  void set_context(SuffixAutomaton* sam, float weight, float half_len, int32_t source_id);
+  // Adds a source matched against the context stream.
+  void add_matcher_source(const AutomatonView* view, float weight, float half_len, int32_t source_id);
+  // Appends tokens to the context: extends the context automaton and advances
+  // every matcher; O(n) amortised. Throws std::invalid_argument naming the
+  // first negative token.
+  void feed(const int32_t* tokens, int64_t n);
+  // Best-first draft tree of at most max_nodes nodes.
+  void propose(int32_t max_nodes, DraftResult* out);
+  // (source_id, match length) per source.
+  std::vector<std::pair<int32_t, int32_t>> match_lengths() const;
+  int32_t max_depth() const { return max_depth_; }
+
+ private:
+  // A matched source.
+  struct MatchedSource {
+    Matcher matcher;   // position in the source's automaton
+    DraftSource params;  // weight, half_len, source_id (view/state/match_len filled per call)
+  };
+
+  int32_t max_depth_;                      // deepest node of a draft
+  SuffixAutomaton* context_ = nullptr;     // live context automaton (not owned), or null
+  DraftSource context_params_;             // its weight, half_len, source_id
+  std::vector<MatchedSource> matched_;     // other sources
+  std::vector<DraftSource> sources_;       // scratch for the builder
+  DraftTreeBuilder builder_;               // scratch buffers
+};
+
+}  // namespace refdec
+
+#endif  // REFDEC_PROPOSER_CORE_H_

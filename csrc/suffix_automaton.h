@@ -1,0 +1,122 @@
+// Mutable generalised suffix automaton over int32 token ids.
+#ifndef REFDEC_SUFFIX_AUTOMATON_H_
+#define REFDEC_SUFFIX_AUTOMATON_H_
+
+#include <cstdint>
+#include <vector>
+
+#include "automaton_view.h"
+
+namespace refdec {
+
+// A generalised suffix automaton (one automaton over many documents; a match
+// or a continuation never crosses a document boundary) that grows online.
+//
+// Build: add_document(tokens), or start_document() then extend(token) per
+// token (the live decoding context is one open document that keeps growing).
+// Transitions live in one open-addressing hash table keyed by (state, token);
+// each state also keeps a singly linked list of its edges for cloning and
+// enumeration.
+//
+// Occurrence counts: extend() on an automaton whose counts are up to date
+// walks the suffix-link chain of the new state and adds one occurrence to
+// each state on it (at most kMaxCountWalk steps; a longer chain marks the
+// counts stale). add_document() marks them stale. count() recomputes stale
+// counts in one O(states) pass (counting sort by length).
+class SuffixAutomaton : public AutomatonView {
+ public:
+  // Longest suffix-link walk extend() does to keep counts current.
+  static constexpr int kMaxCountWalk = 64;
+  // Largest number of tokens (positions are int32).
+  static constexpr int64_t kMaxTokens = (int64_t{1} << 31) - 2;
+
+  SuffixAutomaton();
+
+  // Starts a new document: the next extend() continues nothing before it.
+  void start_document();
+  // Appends one token (>= 0) to the current document.
+  void extend(int32_t token);
+  // start_document() then extend() over tokens[0..n); throws
+  // std::invalid_argument naming the first negative token.
+  void add_document(const int32_t* tokens, int64_t n);
+  // Appends tokens to the current document (incremental counts kept).
+  void extend_many(const int32_t* tokens, int64_t n);
+  // Reserves room for about n more tokens.
+  void reserve(int64_t n);
+
+  // State of the whole current document (the longest string ending here).
+  int32_t last() const { return last_; }
+  // Longest suffix of the current document that also ended earlier:
+  // link(last()); kRoot when the document is empty.
+  int32_t match_state() const;
+  // Number of transitions.
+  int64_t num_edges() const { return static_cast<int64_t>(edge_token_.size()); }
+  // Makes count() answers current (no-op when already current).
+  void ensure_counts() const;
+
+  // AutomatonView.
+  int64_t num_states() const override { return static_cast<int64_t>(len_.size()); }
+  int32_t transition(int32_t state, int32_t token) const override;
+  int32_t link(int32_t state) const override;
+  int32_t length(int32_t state) const override;
+  int64_t count(int32_t state) const override;
+  int64_t unique_end_pos(int32_t state) const override;
+  void children(int32_t state, std::vector<Edge>* out) const override;
+  int64_t num_tokens() const override { return static_cast<int64_t>(tokens_.size()); }
+  int32_t token_at(int64_t token_pos) const override;
+  int64_t num_documents() const override { return static_cast<int64_t>(doc_begin_.size()); }
+  int64_t document_begin(int64_t doc_idx) const override;
+  int64_t document_end(int64_t token_pos) const override;
+  const int32_t* token_data() const override { return tokens_.data(); }
+
+  // Raw per-state arrays, for freezing.
+  const std::vector<int32_t>& lengths() const { return len_; }
+  const std::vector<int32_t>& links() const { return link_; }
+  const std::vector<int32_t>& end_positions() const { return end_pos_; }
+  const std::vector<uint32_t>& counts() const { ensure_counts(); return count_; }
+  const std::vector<int64_t>& document_begins() const { return doc_begin_; }
+  // Edge list of a state: first edge index (-1 = none), then edge_next().
+  int32_t first_edge(int32_t state) const { return head_[state]; }
+  int32_t edge_next(int32_t edge) const { return edge_next_[edge]; }
+  int32_t edge_token(int32_t edge) const { return edge_token_[edge]; }
+  int32_t edge_target(int32_t edge) const { return edge_target_[edge]; }
+
+ private:
+  int32_t new_state(int32_t len, int32_t link, int32_t end_pos);
+  int32_t clone_state(int32_t q, int32_t len);
+  void redirect(int32_t p, int32_t token, int32_t from, int32_t to);
+  void add_edge(int32_t state, int32_t token, int32_t target);
+  int32_t find_edge(int32_t state, int32_t token) const;
+  void grow_table();
+  void bump_counts(int32_t state);
+  bool valid(int32_t state) const { return state >= 0 && state < static_cast<int32_t>(len_.size()); }
+
+  // Per state.
+  std::vector<int32_t> len_;       // length of the longest string
+  std::vector<int32_t> link_;      // suffix link, kNoState for the root
+  std::vector<int32_t> end_pos_;   // one end position (exact when count == 1)
+  std::vector<int32_t> head_;      // first edge index, -1 when none
+  std::vector<uint32_t> own_;      // occurrences ending exactly here (documents' prefixes)
+  mutable std::vector<uint32_t> count_;  // occurrence counts (valid when counts_valid_)
+  mutable bool counts_valid_ = true;     // false: count_ must be recomputed
+
+  // Per edge.
+  std::vector<int32_t> edge_token_;   // label
+  std::vector<int32_t> edge_target_;  // target state
+  std::vector<int32_t> edge_next_;    // next edge of the same source state, -1 = end
+
+  // Hash table (state, token) -> edge index; open addressing, linear probing.
+  std::vector<uint64_t> table_key_;   // kEmptyKey for an empty slot
+  std::vector<int32_t> table_edge_;   // edge index of the slot
+  uint64_t table_mask_ = 0;           // capacity - 1 (capacity a power of two)
+  int table_shift_ = 64;              // 64 - log2(capacity), for the multiplicative hash
+
+  // Token stream.
+  std::vector<int32_t> tokens_;     // all documents concatenated
+  std::vector<int64_t> doc_begin_;  // first token_pos of each document
+  int32_t last_ = kRoot;            // state of the current document's whole prefix
+};
+
+}  // namespace refdec
+
+#endif  // REFDEC_SUFFIX_AUTOMATON_H_

@@ -1,0 +1,358 @@
+"""Token indexes: a frozen corpus index on disk and the live context index.
+
+Both are suffix automata over int32 token ids (C++ core ``refdec._C``):
+
+* :class:`CorpusIndex` -- built once from many documents, saved to one file
+  and memory-mapped on load (no copy; milliseconds even for 100M tokens).
+  A match or a continuation never crosses a document boundary.
+* :class:`ContextIndex` -- the growing context of one request (prompt plus
+  accepted tokens), one open document extended in O(1) amortised per token.
+
+Queries (on both):
+
+* ``match_length(tokens) -> int``: length of the longest suffix of ``tokens``
+  that occurs in the index.
+* ``count(tokens) -> int``: occurrences of ``tokens`` as a contiguous run inside
+  one document; ``count([])`` is the number of token positions, ``len(index)``.
+* ``next_tokens(tokens, k) -> list[(token, count)]``: up to ``k`` tokens that
+  follow occurrences of ``tokens``, most frequent first, ties by smaller id.
+* ``continuation(tokens, length) -> int32 array``: the tokens that follow one
+  occurrence of ``tokens`` (the most frequent branch at each step), at most
+  ``length``, never crossing a document end; empty when ``tokens`` does not
+  occur or only ends documents.
+
+Token ids must be in ``[0, 2**31)``, else ``ValueError`` naming the value; ids
+at or above the index's ``vocab_size`` are simply not found.
+
+Thread-safety: a :class:`CorpusIndex` that is frozen (loaded, or built and not
+being grown) is read-only and answers concurrent queries from several threads;
+the C++ calls release the GIL. ``add_documents`` must not run concurrently with
+anything else on the same index. A :class:`ContextIndex` belongs to one request
+(its occurrence counts are updated lazily on query) -- do not share one.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import secrets
+from collections.abc import Iterable
+from pathlib import Path
+
+import numpy as np
+
+from refdec import _C
+
+__all__ = ["IndexFormatError", "tokenizer_fingerprint", "CorpusIndex", "ContextIndex"]
+
+_MAX_TOKEN = 2**31 - 1
+
+
+class IndexFormatError(ValueError):
+    """An index file is not valid: foreign (bad magic), truncated, from another
+    format version, internally inconsistent, or built with another tokenizer."""
+
+
+_C._set_format_error_class(IndexFormatError)
+
+
+def tokenizer_fingerprint(tokenizer) -> str:
+    """sha256 hex (64 chars) of the tokenizer's sorted vocabulary (token, id) items
+    and its special tokens; stable across processes and machines."""
+    vocab = sorted(tokenizer.get_vocab().items(), key=lambda item: (item[1], item[0]))
+    special = sorted(str(t) for t in getattr(tokenizer, "all_special_tokens", []) or [])
+    payload = json.dumps({"vocab": vocab, "special": special}, ensure_ascii=False, separators=(",", ":"))
+    return hashlib.sha256(payload.encode("utf-8")).hexdigest()
+
+
+def _as_tokens(tokens, name: str = "tokens") -> np.ndarray:
+    """Validates token ids and returns them as a C-contiguous int32 array of shape (n,)."""
+    if isinstance(tokens, np.ndarray) and tokens.dtype == np.int32 and tokens.ndim == 1:
+        if tokens.size and int(tokens.min()) < 0:
+            bad = int(np.nonzero(tokens < 0)[0][0])
+            raise ValueError(f"{name} must be token ids in [0, 2**31); {name}[{bad}] = {int(tokens[bad])}")
+        return np.ascontiguousarray(tokens)
+    if isinstance(tokens, (str, bytes)):
+        raise ValueError(f"{name} must be a sequence of token ids, got {type(tokens).__name__}")
+    arr = np.asarray(tokens)
+    if arr.size == 0:
+        return np.zeros(0, dtype=np.int32)
+    if arr.ndim != 1:
+        raise ValueError(f"{name} must be 1-D, got shape {arr.shape}")
+    if arr.dtype == object:
+        try:
+            arr = np.array([int(t) for t in arr.tolist()], dtype=np.int64)
+        except (TypeError, ValueError, OverflowError):
+            raise ValueError(f"{name} must contain integer token ids, got {arr[:5].tolist()!r}") from None
+    if arr.dtype.kind not in "iu":
+        raise ValueError(f"{name} must contain integer token ids, got dtype {arr.dtype}")
+    bad_mask = (arr < 0) | (arr > _MAX_TOKEN)
+    if bad_mask.any():
+        bad = int(np.nonzero(bad_mask)[0][0])
+        raise ValueError(f"{name} must be token ids in [0, 2**31); {name}[{bad}] = {int(arr[bad])}")
+    return np.ascontiguousarray(arr, dtype=np.int32)
+
+
+def _check_k(value, name: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 0:
+        raise ValueError(f"{name} must be a non-negative integer, got {value!r}")
+    return int(value)
+
+
+class _Queries:
+    """The four queries over ``self._view()`` (an ``_C.AutomatonView``)."""
+
+    def _view(self):  # pragma: no cover - overridden
+        raise NotImplementedError
+
+    def match_length(self, tokens) -> int:
+        """Length of the longest suffix of ``tokens`` that occurs in the index."""
+        return int(self._view().match_length(_as_tokens(tokens)))
+
+    def count(self, tokens) -> int:
+        """Occurrences of ``tokens`` inside one document; ``count([]) == len(self)``."""
+        return int(self._view().count(_as_tokens(tokens)))
+
+    def next_tokens(self, tokens, k: int) -> list[tuple[int, int]]:
+        """Up to ``k`` (token, count) pairs following ``tokens``; most frequent first, ties by smaller token."""
+        return [(int(t), int(c)) for t, c in self._view().next_tokens(_as_tokens(tokens), _check_k(k, "k"))]
+
+    def continuation(self, tokens, length: int) -> np.ndarray:
+        """int32 array of shape (<= length,): tokens that follow one occurrence of ``tokens``."""
+        return self._view().continuation(_as_tokens(tokens), _check_k(length, "length"))
+
+
+def _tokenize_documents(documents, tokenizer, vocab_size: int, show_progress: bool):
+    """Yields int32 arrays, one per document."""
+    iterator = documents
+    if show_progress:
+        try:
+            from tqdm.auto import tqdm
+
+            total = len(documents) if hasattr(documents, "__len__") else None
+            iterator = tqdm(documents, total=total, desc="indexing", unit="doc")
+        except ImportError:  # pragma: no cover - tqdm is a dependency
+            pass
+    for doc_idx, doc in enumerate(iterator):
+        if isinstance(doc, str):
+            if tokenizer is None:
+                raise ValueError(
+                    f"documents[{doc_idx}] is a str but no tokenizer was given: pass tokenizer=... "
+                    "or give token id sequences"
+                )
+            ids = tokenizer(doc, add_special_tokens=False)["input_ids"]
+        else:
+            ids = doc
+        arr = _as_tokens(ids, f"documents[{doc_idx}]")
+        if vocab_size and arr.size and int(arr.max()) >= vocab_size:
+            bad = int(np.nonzero(arr >= vocab_size)[0][0])
+            raise ValueError(
+                f"documents[{doc_idx}][{bad}] = {int(arr[bad])} is not below the vocabulary size {vocab_size}"
+            )
+        yield arr
+
+
+class CorpusIndex(_Queries):
+    """A corpus of documents indexed by a suffix automaton, frozen into one
+    memory-mappable file.
+
+    Build with :meth:`build` (and grow with :meth:`add_documents`), then
+    :meth:`save`; open with :meth:`load`. See the module docstring for the
+    queries and thread-safety.
+    """
+
+    def __init__(self, *, _sam=None, _frozen=None, fingerprint: str | None = None, vocab_size: int = 0,
+                 path: str | None = None) -> None:
+        self._sam = _sam          # _C.SuffixAutomaton while the index can grow (built), else None
+        self._frozen = _frozen    # _C.FrozenIndex answering queries (None while stale)
+        self._fingerprint = fingerprint or None
+        self._vocab_size = int(vocab_size or 0)
+        self._path = path
+
+    # ------------------------------------------------------------------ build / load
+
+    @classmethod
+    def build(cls, documents: Iterable, tokenizer=None, *, show_progress: bool = True,
+              vocab_size: int | None = None) -> "CorpusIndex":
+        """Indexes ``documents``: str (tokenised with ``tokenizer``,
+        ``add_special_tokens=False``) or sequences / int arrays of token ids.
+        ``vocab_size`` defaults to ``len(tokenizer)`` (0 = unknown)."""
+        if vocab_size is None:
+            vocab_size = len(tokenizer) if tokenizer is not None else 0
+        if isinstance(vocab_size, bool) or not isinstance(vocab_size, (int, np.integer)) or not (
+                0 <= vocab_size <= _MAX_TOKEN + 1):
+            raise ValueError(f"vocab_size must be an integer in [0, 2**31], got {vocab_size!r}")
+        if isinstance(documents, (str, bytes)):
+            raise ValueError("documents must be an iterable of documents, got a single str")
+        fingerprint = tokenizer_fingerprint(tokenizer) if tokenizer is not None else None
+        index = cls(_sam=_C.SuffixAutomaton(), fingerprint=fingerprint, vocab_size=int(vocab_size))
+        index._add(documents, tokenizer, show_progress)
+        return index
+
+    def add_documents(self, documents: Iterable, tokenizer=None, *, show_progress: bool = False) -> None:
+        """Adds documents to an index built in this process (a loaded index is read-only)."""
+        if self._sam is None:
+            raise ValueError(
+                f"cannot add documents to an index loaded from {self._path!r}: a loaded index is frozen; "
+                "rebuild it with CorpusIndex.build"
+            )
+        if isinstance(documents, (str, bytes)):
+            raise ValueError("documents must be an iterable of documents, got a single str")
+        if tokenizer is not None and self._fingerprint is not None:
+            fp = tokenizer_fingerprint(tokenizer)
+            if fp != self._fingerprint:
+                raise ValueError(f"tokenizer fingerprint {fp} differs from the index's {self._fingerprint}")
+        self._add(documents, tokenizer, show_progress)
+
+    def _add(self, documents, tokenizer, show_progress: bool) -> None:
+        for arr in _tokenize_documents(documents, tokenizer, self._vocab_size, show_progress):
+            self._sam.add_document(arr)
+        self._frozen = None
+
+    @classmethod
+    def load(cls, path, tokenizer=None) -> "CorpusIndex":
+        """Memory-maps an index file (no copy). Raises IndexFormatError for an
+        invalid file, or when ``tokenizer``'s fingerprint differs from the one
+        stored in the file (a file without a fingerprint is accepted)."""
+        path = os.fspath(path)
+        frozen = _C.FrozenIndex.load(path)
+        stored = frozen.fingerprint or None
+        if tokenizer is not None and stored is not None:
+            fp = tokenizer_fingerprint(tokenizer)
+            if fp != stored:
+                raise IndexFormatError(
+                    f"index file {path!r} was built with tokenizer fingerprint {stored}, "
+                    f"but the given tokenizer has fingerprint {fp}"
+                )
+        return cls(_frozen=frozen, fingerprint=stored, vocab_size=frozen.vocab_size, path=path)
+
+    def save(self, path) -> None:
+        """Writes the index to ``path`` atomically (temporary file, fsync, rename)."""
+        path = os.fspath(path)
+        frozen = self._frozen_index()
+        tmp = f"{path}.tmp-{os.getpid()}-{secrets.token_hex(4)}"
+        try:
+            with open(tmp, "wb") as f:
+                f.write(frozen.buffer())
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, path)
+        except BaseException:
+            try:
+                os.unlink(tmp)
+            except FileNotFoundError:
+                pass
+            raise
+        self._path = path
+
+    def verify(self) -> bool:
+        """Recomputes the body checksum; False when the file is corrupt."""
+        return bool(self._frozen_index().verify())
+
+    # ------------------------------------------------------------------ properties
+
+    def _frozen_index(self):
+        if self._frozen is None:
+            self._frozen = _C.FrozenIndex.freeze(self._sam, self._fingerprint or "", self._vocab_size)
+        return self._frozen
+
+    def _view(self):
+        return self._frozen_index()
+
+    def __len__(self) -> int:
+        """Tokens indexed."""
+        return int(self._sam.num_tokens if self._sam is not None else self._frozen.num_tokens)
+
+    @property
+    def num_documents(self) -> int:
+        return int(self._sam.num_documents if self._sam is not None else self._frozen.num_documents)
+
+    @property
+    def num_states(self) -> int:
+        """States of the frozen automaton (internal states + one leaf id per token)."""
+        return int(self._frozen_index().num_states)
+
+    @property
+    def vocab_size(self) -> int:
+        """Vocabulary size the index was built for (0 = unknown)."""
+        return self._vocab_size
+
+    @property
+    def fingerprint(self) -> str | None:
+        """Tokenizer fingerprint (64 hex chars), None when built from ids without a tokenizer."""
+        return self._fingerprint
+
+    @property
+    def path(self) -> str | None:
+        """File the index was loaded from or last saved to, or None."""
+        return self._path
+
+    @property
+    def nbytes(self) -> int:
+        """Size in bytes of the frozen image (= the file size)."""
+        return int(self._frozen_index().nbytes)
+
+    @property
+    def is_frozen(self) -> bool:
+        """True for a loaded index (read-only)."""
+        return self._sam is None
+
+    def document(self, doc_idx: int) -> np.ndarray:
+        """int32 array: the tokens of document ``doc_idx``."""
+        if isinstance(doc_idx, bool) or not isinstance(doc_idx, (int, np.integer)):
+            raise ValueError(f"doc_idx must be an integer, got {doc_idx!r}")
+        n = self.num_documents
+        if doc_idx < 0:
+            doc_idx += n
+        if not 0 <= doc_idx < n:
+            raise ValueError(f"doc_idx must be in [0, {n}), got {doc_idx}")
+        view = self._sam if self._sam is not None else self._frozen
+        return view.document(int(doc_idx))
+
+    def __repr__(self) -> str:
+        where = f"path={self._path!r}" if self._path else ("in memory" if self._sam is not None else "")
+        fp = (self._fingerprint[:12] + "…") if self._fingerprint else None
+        return (f"CorpusIndex({len(self)} tokens, {self.num_documents} documents, vocab_size={self._vocab_size}, "
+                f"fingerprint={fp}, {where})")
+
+
+class ContextIndex(_Queries):
+    """The live context of one request: one document that grows by
+    :meth:`extend` in O(1) amortised per token. Not thread-safe."""
+
+    def __init__(self, tokens=None) -> None:
+        self._sam = _C.SuffixAutomaton()
+        self._sam.start_document()
+        if tokens is not None:
+            self._sam.extend_many(_as_tokens(tokens))
+
+    def _view(self):
+        return self._sam
+
+    def extend(self, tokens) -> None:
+        """Appends tokens (an int, or a sequence / int array of token ids)."""
+        if isinstance(tokens, (int, np.integer)) and not isinstance(tokens, bool):
+            tokens = [tokens]
+        self._sam.extend_many(_as_tokens(tokens))
+
+    def __len__(self) -> int:
+        return int(self._sam.num_tokens)
+
+    def tokens(self) -> np.ndarray:
+        """int32 array: the whole context."""
+        return self._sam.tokens()
+
+    def match_state(self) -> tuple[int, int]:
+        """(state, length): the longest suffix of the context that occurred
+        earlier with a continuation (``link(last)`` of the automaton)."""
+        state = int(self._sam.match_state())
+        return state, int(self._sam.length(state))
+
+    @property
+    def current_match_length(self) -> int:
+        """Length of that suffix (0: the last token never occurred before)."""
+        return self.match_state()[1]
+
+    def __repr__(self) -> str:
+        return f"ContextIndex({len(self)} tokens, current_match_length={self.current_match_length})"

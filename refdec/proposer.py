@@ -1,0 +1,149 @@
+"""The proposer: what the decoding loop calls once per step.
+
+Three sources continue the current context (prompt + accepted tokens):
+
+* ``context``   -- the live context itself (:class:`~refdec.index.ContextIndex`):
+  repeated spans, loops, the original file in an edit prompt.
+* ``reference`` -- per-request reference documents (one automaton over them).
+* ``corpus``    -- a frozen :class:`~refdec.index.CorpusIndex`.
+
+Each source keeps the longest suffix of the context that occurs in it
+(O(1) amortised per accepted token). :meth:`Proposer.propose` makes ONE C++
+call that expands the most probable continuations of all sources best-first
+into a merged trie (see ``csrc/draft_tree.h``):
+
+    child score = parent score * count(child) / sum of the parent's children counts
+    root score of a source = weight * L / (L + half_len), L = its match length
+    a node reached by several sources: 1 - prod(1 - score_s)
+
+``source_ids`` index ``Proposer.source_names`` (always all three names, so ids
+are stable whether or not a source is present).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from refdec import _C
+from refdec.index import ContextIndex, CorpusIndex, _as_tokens
+from refdec.tree import DraftTree
+
+__all__ = ["Proposer", "SourceParams"]
+
+
+@dataclass(frozen=True)
+class SourceParams:
+    """Per-source confidence: ``weight * L / (L + half_len)`` for a match of length L."""
+
+    weight: float = 1.0
+    half_len: float = 2.0
+
+
+DEFAULT_PARAMS = {
+    "context": SourceParams(1.0, 2.0),
+    "reference": SourceParams(1.0, 2.0),
+    "corpus": SourceParams(0.9, 4.0),
+}
+
+
+def _make_tree(token_ids, parents, scores, source_ids, source_names) -> DraftTree:
+    """DraftTree from arrays the C++ builder already guarantees valid
+    (int32/float32, 1-D, one length, -1 <= parents[i] < i, tokens >= 0),
+    skipping DraftTree's re-validation (it costs more than the whole build)."""
+    tree = object.__new__(DraftTree)
+    object.__setattr__(tree, "token_ids", token_ids)
+    object.__setattr__(tree, "parents", parents)
+    object.__setattr__(tree, "scores", scores)
+    object.__setattr__(tree, "source_ids", source_ids)
+    object.__setattr__(tree, "source_names", source_names)
+    return tree
+
+
+class Proposer:
+    """Per-request draft proposer over the live context, references and a corpus index.
+
+    Usage (one request)::
+
+        proposer = Proposer(index, references, max_depth=64)
+        proposer.start(prompt_ids)              # int32 [prompt_len]
+        while ...:
+            tree = proposer.propose(max_nodes)  # DraftTree, <= max_nodes nodes, maybe empty
+            ...verify...
+            proposer.accept(accepted_and_bonus) # int32 [k]
+
+    Not thread-safe: one Proposer per concurrent request (the CorpusIndex may be shared).
+    """
+
+    source_names: tuple[str, ...] = ("context", "reference", "corpus")
+
+    def __init__(self, index: CorpusIndex | None = None, references: list[np.ndarray] | None = None, *,
+                 max_depth: int = 64, params: dict[str, SourceParams] | None = None) -> None:
+        if index is not None and not isinstance(index, CorpusIndex):
+            raise ValueError(f"index must be a refdec.CorpusIndex or None, got {type(index).__name__}")
+        if isinstance(max_depth, bool) or not isinstance(max_depth, (int, np.integer)) or max_depth < 1:
+            raise ValueError(f"max_depth must be a positive integer, got {max_depth!r}")
+        self.index = index
+        self.max_depth = int(max_depth)
+        self.params = dict(DEFAULT_PARAMS)
+        if params:
+            unknown = set(params) - set(self.source_names)
+            if unknown:
+                raise ValueError(f"params has unknown source names {sorted(unknown)}; known: {self.source_names}")
+            self.params.update(params)
+        self._references = [_as_tokens(r, f"references[{i}]") for i, r in enumerate(references or [])]
+        self._context: ContextIndex | None = None
+        self._reference_sam = None
+        self._core = None
+
+    def start(self, prompt_ids: np.ndarray) -> None:
+        """New request: indexes the prompt (live context) and the references, positions the matchers."""
+        prompt = _as_tokens(prompt_ids, "prompt_ids")
+        core = _C.ProposerCore(self.max_depth)
+        self._context = ContextIndex()
+        p = self.params["context"]
+        core.set_context(self._context._sam, p.weight, p.half_len, 0)
+        self._reference_sam = None
+        if self._references:
+            sam = _C.SuffixAutomaton()
+            for ref in self._references:
+                sam.add_document(ref)
+            self._reference_sam = sam
+            p = self.params["reference"]
+            core.add_matcher_source(sam, p.weight, p.half_len, 1)
+        if self.index is not None:
+            p = self.params["corpus"]
+            core.add_matcher_source(self.index._frozen_index(), p.weight, p.half_len, 2)
+        core.feed(prompt)
+        self._core = core
+
+    def _require_started(self):
+        if self._core is None:
+            raise ValueError("Proposer.start(prompt_ids) must be called before propose/accept")
+        return self._core
+
+    def propose(self, max_nodes: int) -> DraftTree:
+        """Best-first draft tree of at most ``max_nodes`` nodes continuing the context (may be empty)."""
+        core = self._require_started()
+        if isinstance(max_nodes, bool) or not isinstance(max_nodes, (int, np.integer)) or max_nodes < 0:
+            raise ValueError(f"max_nodes must be a non-negative integer, got {max_nodes!r}")
+        token_ids, parents, scores, source_ids = core.propose(int(max_nodes))
+        return _make_tree(token_ids, parents, scores, source_ids, self.source_names)
+
+    def accept(self, tokens: np.ndarray) -> None:
+        """Appends the tokens emitted this step (accepted + bonus): O(len(tokens)) amortised."""
+        self._require_started().feed(_as_tokens(tokens))
+
+    def last_match_lengths(self) -> dict[str, int]:
+        """Current match length per source name (0 for an absent source)."""
+        out = dict.fromkeys(self.source_names, 0)
+        if self._core is not None:
+            for source_id, length in self._core.match_lengths():
+                out[self.source_names[source_id]] = int(length)
+        return out
+
+    @property
+    def context(self) -> ContextIndex | None:
+        """The live context index of the current request."""
+        return self._context
