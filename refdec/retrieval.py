@@ -404,7 +404,7 @@ class DocumentSignatures:
 
     def save(self, path: PathLike) -> None:
         """Write to ``path`` atomically (temporary file in the same folder, then ``os.replace``)."""
-        payload = memoryview(np.ascontiguousarray(self.matrix, dtype="<u4")).cast("B")
+        payload = np.ascontiguousarray(self.matrix, dtype="<u4").tobytes()
         fields = (_MAGIC, _VERSION, self.ngram, self.num_perm, self.seed, len(self), zlib.crc32(payload))
         header = _HEADER.pack(*fields, zlib.crc32(_HEADER_FIELDS.pack(*fields)))
         _atomic_write(path, [header, payload])
@@ -444,8 +444,7 @@ class DocumentSignatures:
                 f"{path}: truncated or corrupted signature file ({len(data)} bytes, expected {expected_size} "
                 f"for {f_num_docs} docs x {f_num_perm} permutations)"
             )
-        payload = memoryview(data)[_HEADER.size :]
-        if zlib.crc32(payload) != crc:
+        if zlib.crc32(memoryview(data)[_HEADER.size :]) != crc:
             raise ValueError(f"{path}: corrupted signature file (payload checksum mismatch)")
         for name, want, got in (
             ("num_perm", num_perm, f_num_perm),
@@ -568,54 +567,86 @@ def deduplicate(
 class Retriever:
     """Top-k most similar documents (exact shingle Jaccard) for a query token sequence.
 
-    Candidates come from a ``MinHashLSHForest`` over the signatures; they are
-    re-ranked by exact Jaccard over shingle sets, computed from the document
-    tokens returned by ``fetch(doc_idx)`` (the corpus index supplies
-    ``index.document``) and kept in a bounded LRU cache. When the forest yields
-    fewer than k documents that share a shingle with the query, a linear scan
-    of the signature matrix (estimated Jaccard) supplies more candidates.
+    Step 1 proposes candidates from the MinHash signatures, step 2 re-ranks them
+    by exact Jaccard over shingle sets, computed from the tokens ``fetch(doc_idx)``
+    returns (the corpus index supplies ``index.document``) and kept in a bounded
+    LRU cache. Candidate generation (``candidates``):
+
+    * ``"forest"``: a datasketch ``MinHashLSHForest`` (rebuilt from the
+      signatures, never serialised) is asked for ``oversample * want`` keys, which
+      are ranked by MinHash-estimated Jaccard and cut to ``want``. When fewer than
+      k of them share a shingle with the query, the signature scan tops up.
+    * ``"scan"``: MinHash-estimated Jaccard of the query against every
+      signature (one vectorised comparison of the uint32 matrix), best ``want``.
+    * ``"auto"`` (default): ``"scan"`` up to ``scan_limit`` documents, else ``"forest"``.
+
+    Why a scan at all: the forest's top-k query walks prefix lengths down and stops
+    as soon as it holds enough keys, so at short prefixes it returns an arbitrary
+    subset of a large tie and can miss the best document (measured in
+    ``benchmarks/retrieval_bench.py``), while the scan is exact in its estimate
+    and takes about a millisecond on 5,000 documents. Jaccard of a short prompt
+    with a long document is small, which is where banded LSH recall is worst.
 
     Args:
         signatures: the documents' ``DocumentSignatures``; ``doc_idx`` is the row.
         fetch: ``fetch(doc_idx) -> int32 [length]`` tokens of a document.
-        trees: number of LSH Forest prefix trees (``l``); must divide into num_perm.
-        candidates_per_k: the forest is asked for ``max(candidates_per_k * k, min_candidates)``.
+        candidates: ``"auto"``, ``"scan"`` or ``"forest"``.
+        trees: number of LSH Forest prefix trees (``l``), <= num_perm.
+        candidates_per_k, min_candidates: ``want = max(candidates_per_k * k, min_candidates, k)``
+            candidates are re-ranked exactly.
+        oversample: the forest is asked for ``oversample * want`` keys.
+        scan_limit: the largest corpus ``"auto"`` scans.
         cache_size: number of documents whose shingle sets are cached.
     """
+
+    _MODES = ("auto", "scan", "forest")
 
     def __init__(
         self,
         signatures: DocumentSignatures,
         fetch: Callable[[int], np.ndarray],
         *,
+        candidates: str = "auto",
         trees: int = 8,
         candidates_per_k: int = 4,
         min_candidates: int = 32,
+        oversample: int = 4,
+        scan_limit: int = 200_000,
         cache_size: int = 4096,
     ) -> None:
         if not isinstance(signatures, DocumentSignatures):
             raise ValueError(f"signatures must be a DocumentSignatures, got {type(signatures).__name__}")
         if not callable(fetch):
             raise ValueError(f"fetch must be callable (doc_idx -> int32 tokens), got {type(fetch).__name__}")
-        for name, value in (("trees", trees), ("candidates_per_k", candidates_per_k), ("cache_size", cache_size)):
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"{name} must be a positive int, got {value!r}")
-        if isinstance(min_candidates, bool) or not isinstance(min_candidates, int) or min_candidates < 0:
-            raise ValueError(f"min_candidates must be an int >= 0, got {min_candidates!r}")
+        if candidates not in self._MODES:
+            raise ValueError(f"candidates must be one of {self._MODES}, got {candidates!r}")
+        for name, value, low in (
+            ("trees", trees, 1),
+            ("candidates_per_k", candidates_per_k, 1),
+            ("min_candidates", min_candidates, 0),
+            ("oversample", oversample, 1),
+            ("scan_limit", scan_limit, 0),
+            ("cache_size", cache_size, 1),
+        ):
+            if isinstance(value, bool) or not isinstance(value, int) or value < low:
+                raise ValueError(f"{name} must be an int >= {low}, got {value!r}")
         if trees > signatures.num_perm:
             raise ValueError(f"trees must be <= num_perm ({signatures.num_perm}), got {trees}")
         self.signatures = signatures
         self.fetch = fetch
+        self.mode = candidates if candidates != "auto" else ("scan" if len(signatures) <= scan_limit else "forest")
         self.candidates_per_k = candidates_per_k
         self.min_candidates = min_candidates
+        self.oversample = oversample
         self.cache_size = cache_size
         self._cache: OrderedDict[int, np.ndarray] = OrderedDict()
-        self._empty = np.all(signatures.matrix == _EMPTY, axis=1)  # bool [num_docs]: documents without shingles
-        # Step 1. the forest, rebuilt from the signatures (it is not serialised).
-        self.forest = MinHashLSHForest(num_perm=signatures.num_perm, l=trees)
-        for doc_idx in np.flatnonzero(~self._empty).tolist():
-            self.forest.add(doc_idx, signatures.minhash(doc_idx))
-        self.forest.index()
+        self._nonempty = ~np.all(signatures.matrix == _EMPTY, axis=1)  # bool [num_docs]: has shingles
+        self.forest: MinHashLSHForest | None = None
+        if self.mode == "forest":
+            self.forest = MinHashLSHForest(num_perm=signatures.num_perm, l=trees)
+            for doc_idx in np.flatnonzero(self._nonempty).tolist():
+                self.forest.add(doc_idx, signatures.minhash(doc_idx))
+            self.forest.index()
 
     @classmethod
     def from_documents(
@@ -627,7 +658,7 @@ class Retriever:
         ngram: int = DEFAULT_NGRAM,
         **kwargs,
     ) -> Retriever:
-        """A retriever over an in-memory list of int32 [length] documents."""
+        """A retriever over an in-memory list of int32 [length] documents (``kwargs`` as in ``__init__``)."""
         sigs = DocumentSignatures.from_documents(documents, num_perm=num_perm, seed=seed, ngram=ngram)
         return cls(sigs, documents.__getitem__, **kwargs)
 
@@ -636,16 +667,18 @@ class Retriever:
         self.signatures.save(path)
 
     @classmethod
-    def load(cls, path: PathLike, fetch: Callable[[int], np.ndarray], *, num_docs: int | None = None, **kwargs) -> Retriever:
-        """Load signatures from ``path`` and rebuild the forest; ``num_docs`` (the index's
-        document count) is checked when given. Raises ValueError naming ``path`` on a bad file."""
+    def load(
+        cls, path: PathLike, fetch: Callable[[int], np.ndarray], *, num_docs: int | None = None, **kwargs
+    ) -> Retriever:
+        """Load signatures from ``path`` (the forest, if used, is rebuilt); ``num_docs`` (the
+        index's document count) is checked when given. Raises ValueError naming ``path`` on a bad file."""
         return cls(DocumentSignatures.load(path, num_docs=num_docs), fetch, **kwargs)
 
     def __len__(self) -> int:
         return len(self.signatures)
 
     def __repr__(self) -> str:
-        return f"Retriever({self.signatures!r}, trees={self.forest.l})"
+        return f"Retriever({self.signatures!r}, candidates={self.mode!r})"
 
     def _doc_shingles(self, doc_idx: int) -> np.ndarray:
         hs = self._cache.get(doc_idx)
@@ -657,6 +690,18 @@ class Retriever:
         if len(self._cache) > self.cache_size:
             self._cache.popitem(last=False)
         return hs
+
+    def _best_by_estimate(self, q_sig: np.ndarray, doc_ids: np.ndarray, want: int) -> list[int]:
+        """The ``want`` documents among ``doc_ids`` (int64 [m]) with the most MinHash values equal to
+        the query's (at least one), by count descending then doc_idx ascending."""
+        doc_ids = doc_ids[self._nonempty[doc_ids]]
+        counts = np.count_nonzero(self.signatures.matrix[doc_ids] == q_sig[None, :], axis=1)
+        doc_ids, counts = doc_ids[counts > 0], counts[counts > 0]
+        key = counts.astype(np.int64) * (len(self) + 1) - doc_ids  # unique: count desc, doc_idx asc
+        if key.size > want:
+            top = np.argpartition(-key, want - 1)[:want]
+            doc_ids, key = doc_ids[top], key[top]
+        return doc_ids[np.argsort(-key)].tolist()
 
     def top_k(self, query_tokens, k: int) -> list[tuple[int, float]]:
         """The k documents most similar to ``query_tokens``.
@@ -680,25 +725,22 @@ class Retriever:
             raise ValueError("query_tokens must not be empty")
         q_hashes = _shingle_hashes(query, self.signatures.ngram)
         q_sig = self.signatures._signature_of(q_hashes)
+        want = max(self.candidates_per_k * k, self.min_candidates, k)
         scores: dict[int, float] = {}
 
-        def score(doc_ids) -> None:
+        def score(doc_ids: list[int]) -> None:
             for doc_idx in doc_ids:
                 if doc_idx not in scores:
                     scores[doc_idx] = _exact_jaccard(q_hashes, self._doc_shingles(doc_idx))
 
-        # Step 1. LSH Forest candidates, re-ranked exactly.
-        if len(self.forest.keys):
-            want = max(self.candidates_per_k * k, self.min_candidates, k)
+        # Step 1. candidates: LSH Forest keys ranked by estimate, or the best estimates overall.
+        if self.forest is not None and self.forest.keys:
             q_mh = LeanMinHash(seed=self.signatures.seed, hashvalues=q_sig, scheme="affine32")
-            score(sorted(self.forest.query(q_mh, want)))
-        # Step 2. too few matching documents: linear scan of the signatures.
-        if sum(1 for s in scores.values() if s > 0.0) < k:
-            est = self.signatures.estimate(q_sig)
-            est[self._empty] = 0.0
-            order = np.lexsort((np.arange(est.size), -est))  # estimate desc, doc_idx asc
-            order = order[est[order] > 0.0]
-            fresh = [int(i) for i in order.tolist() if int(i) not in scores]
-            score(fresh[: max(self.candidates_per_k * k, self.min_candidates, k)])
+            keys = np.array(sorted(self.forest.query(q_mh, self.oversample * want)), dtype=np.int64)
+            score(self._best_by_estimate(q_sig, keys, want))
+        # Step 2. scan mode, or the forest left fewer than k matches: scan every signature.
+        if self.forest is None or sum(1 for s in scores.values() if s > 0.0) < k:
+            score(self._best_by_estimate(q_sig, np.arange(len(self), dtype=np.int64), want))
+        # Step 3. exact re-ranking.
         ranked = sorted(((d, s) for d, s in scores.items() if s > 0.0), key=lambda ds: (-ds[1], ds[0]))
         return [(int(d), float(s)) for d, s in ranked[:k]]
