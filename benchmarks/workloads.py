@@ -1,0 +1,258 @@
+"""Workloads for the model-free drafting simulator.
+
+A workload is a list of ``Case``: the prompt tokens, the true output tokens the
+drafter has to predict, the per-request reference documents (the file being
+edited) and, optionally, the name of a corpus index shared by all cases.
+
+    edits          shared/data/edits-click.jsonl: prompt = original file + commit
+                   message (``edit_prompt``), references = [original file],
+                   output = the updated file.
+    humaneval      shared/data/humaneval.jsonl.gz: prompt = the HumanEval prompt,
+                   output = its canonical solution, corpus = Python stdlib sources.
+    summarization, rag
+                   shared/data/specbench-question.jsonl (by ``category``), output =
+                   Gemma 3 270M's greedy continuation (``benchmarks/make_outputs.py``).
+    mtbench        shared/data/mtbench-question.jsonl first turns, same outputs cache.
+
+Token ids are cached under ``benchmarks/cache/`` (git-ignored); the data is read
+from ``shared/data`` at run time (``$REFDEC_DATA`` overrides) and never copied.
+"""
+
+from __future__ import annotations
+
+import gzip
+import hashlib
+import json
+import os
+import sysconfig
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+BENCH_DIR = Path(__file__).resolve().parent
+CACHE_DIR = BENCH_DIR / "cache"
+OUTPUTS_DIR = CACHE_DIR / "outputs"
+
+# Chat-model outputs: categories of specbench / mtbench whose true output is the
+# default model's greedy continuation.
+GENERATED_WORKLOADS = ("summarization", "rag", "mtbench")
+ALL_WORKLOADS = ("edits", "humaneval", "summarization", "rag", "mtbench")
+
+
+def data_dir() -> Path:
+    """``$REFDEC_DATA`` or ``<repo>/../shared/data``."""
+    env = os.environ.get("REFDEC_DATA")
+    if env:
+        return Path(env)
+    return Path(__file__).resolve().parents[2] / "shared" / "data"
+
+
+@dataclass
+class Case:
+    """One simulated request.
+
+    prompt      int32 array of shape (L,): the prompt tokens (BOS included).
+    output      int32 array of shape (m,): the true continuation to be drafted.
+    references  list of int32 arrays: per-request reference documents.
+    name        a short label for diagnostics.
+    """
+
+    prompt: np.ndarray
+    output: np.ndarray
+    references: list = field(default_factory=list)
+    name: str = ""
+
+
+@dataclass
+class Workload:
+    name: str
+    cases: list
+    corpus: str | None = None  # name of a shared corpus index (see ``corpus_index``)
+
+
+# ---------------------------------------------------------------- templates
+
+def edit_prompt(before: str, message: str, path: str = "") -> str:
+    """The edit prompt: the original file, the requested change, then the header
+    after which the model writes the updated file. ``refdec edit`` uses the same
+    shape."""
+    name = f" {path}" if path else ""
+    return (
+        f"Original file{name}:\n```\n{before}```\n\n"
+        f"Change: {message.strip()}\n\n"
+        f"The same file{name} after the change:\n```\n"
+    )
+
+
+def chat_prompt(question: str) -> str:
+    """Gemma 3's turn format around one user message (the default model's
+    tokenizer has no chat template; these are its <start_of_turn> tokens)."""
+    return f"<start_of_turn>user\n{question}<end_of_turn>\n<start_of_turn>model\n"
+
+
+# ---------------------------------------------------------------- tokenising
+
+_TOKENIZER = None
+
+
+def tokenizer():
+    global _TOKENIZER
+    if _TOKENIZER is None:
+        from refdec.models import load_tokenizer
+
+        _TOKENIZER = load_tokenizer()
+    return _TOKENIZER
+
+
+def _key(*parts: str) -> str:
+    h = hashlib.sha256()
+    for p in parts:
+        h.update(p.encode("utf-8"))
+        h.update(b"\0")
+    return h.hexdigest()[:20]
+
+
+def prompt_key(prompt_text: str) -> str:
+    """Cache key of a generated output: a hash of the prompt text."""
+    return _key("prompt", prompt_text)
+
+
+def encode(text: str, *, bos: bool) -> np.ndarray:
+    ids = tokenizer()(text, add_special_tokens=bos).input_ids
+    return np.asarray(ids, dtype=np.int32)
+
+
+def _cached_token_lists(name: str, texts: list) -> list:
+    """Encode ``texts`` (pairs (text, bos)) once; cache the ids as JSON."""
+    key = _key(name, *(f"{int(b)}{t}" for t, b in texts))
+    path = CACHE_DIR / "tokens" / f"{name}-{key}.json"
+    if path.exists():
+        lists = json.loads(path.read_text())
+    else:
+        lists = [encode(t, bos=b).tolist() for t, b in texts]
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(lists))
+        os.replace(tmp, path)
+    return [np.asarray(x, dtype=np.int32) for x in lists]
+
+
+# ---------------------------------------------------------------- raw rows
+
+def edit_rows() -> list:
+    path = data_dir() / "edits-click.jsonl"
+    with open(path, encoding="utf-8") as f:
+        return [json.loads(line) for line in f if line.strip()]
+
+
+def humaneval_rows() -> list:
+    with gzip.open(data_dir() / "humaneval.jsonl.gz", "rt", encoding="utf-8") as f:
+        return [json.loads(line) for line in f if line.strip()]
+
+
+def chat_questions(category: str, limit: int | None = None) -> list:
+    """First-turn questions of a specbench category, or of mtbench (``"mtbench"``)."""
+    if category == "mtbench":
+        path = data_dir() / "mtbench-question.jsonl"
+        rows = [json.loads(l) for l in open(path, encoding="utf-8") if l.strip()]
+    else:
+        path = data_dir() / "specbench-question.jsonl"
+        rows = [json.loads(l) for l in open(path, encoding="utf-8") if l.strip()]
+        rows = [r for r in rows if r["category"] == category]
+    questions = [r["turns"][0] for r in rows]
+    return questions[:limit] if limit else questions
+
+
+# ---------------------------------------------------------------- workloads
+
+def load_edits(limit: int | None = None) -> Workload:
+    rows = edit_rows()[:limit] if limit else edit_rows()
+    texts = []
+    for r in rows:
+        texts.append((edit_prompt(r["before"], r["message"], r["path"]), True))
+        texts.append((r["before"], False))
+        texts.append((r["after"], False))
+    ids = _cached_token_lists("edits", texts)
+    cases = [
+        Case(prompt=ids[3 * i], references=[ids[3 * i + 1]], output=ids[3 * i + 2],
+             name=f"{r['path']}@{r['commit'][:8]}")
+        for i, r in enumerate(rows)
+    ]
+    return Workload("edits", cases)
+
+
+def load_humaneval(limit: int | None = None) -> Workload:
+    rows = humaneval_rows()[:limit] if limit else humaneval_rows()
+    texts = []
+    for r in rows:
+        texts.append((r["prompt"], True))
+        texts.append((r["canonical_solution"], False))
+    ids = _cached_token_lists("humaneval", texts)
+    cases = [Case(prompt=ids[2 * i], output=ids[2 * i + 1], name=r["task_id"])
+             for i, r in enumerate(rows)]
+    return Workload("humaneval", cases, corpus="stdlib")
+
+
+def load_generated(category: str, limit: int | None = None) -> Workload:
+    """Chat prompts whose outputs ``make_outputs.py`` has cached; the cases
+    without a cached output are skipped."""
+    cases = []
+    for i, q in enumerate(chat_questions(category)):
+        text = chat_prompt(q)
+        path = OUTPUTS_DIR / f"{prompt_key(text)}.json"
+        if not path.exists():
+            continue
+        rec = json.loads(path.read_text())
+        cases.append(Case(prompt=np.asarray(rec["prompt_ids"], dtype=np.int32),
+                          output=np.asarray(rec["output_ids"], dtype=np.int32),
+                          name=f"{category}/{i}"))
+        if limit and len(cases) >= limit:
+            break
+    return Workload(category, cases)
+
+
+def load_workload(name: str, limit: int | None = None) -> Workload:
+    if name == "edits":
+        return load_edits(limit)
+    if name == "humaneval":
+        return load_humaneval(limit)
+    if name in GENERATED_WORKLOADS:
+        return load_generated(name, limit)
+    raise ValueError(f"unknown workload {name!r}; expected one of {ALL_WORKLOADS}")
+
+
+# ---------------------------------------------------------------- corpora
+
+def stdlib_documents() -> list:
+    """(relative path, text) of the Python standard library's *.py files,
+    site-packages and test suites excluded, sorted by path."""
+    root = Path(sysconfig.get_paths()["stdlib"])
+    docs = []
+    for p in sorted(root.rglob("*.py")):
+        rel = p.relative_to(root).as_posix()
+        if rel.startswith(("site-packages/", "test/", "idlelib/idle_test/")) or "/tests/" in rel:
+            continue
+        try:
+            docs.append((rel, p.read_text(encoding="utf-8")))
+        except (UnicodeDecodeError, OSError):
+            continue
+    return docs
+
+
+def corpus_index(name: str, *, show_progress: bool = False):
+    """The ``refdec.CorpusIndex`` named ``name``, built once and cached under
+    benchmarks/cache/."""
+    import refdec
+
+    if name != "stdlib":
+        raise ValueError(f"unknown corpus {name!r}; expected 'stdlib'")
+    path = CACHE_DIR / "stdlib.refdec"
+    if path.exists():
+        return refdec.CorpusIndex.load(str(path))
+    docs = stdlib_documents()
+    ids = _cached_token_lists("stdlib", [(text, False) for _, text in docs])
+    index = refdec.CorpusIndex.build(ids, show_progress=show_progress)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    index.save(str(path))
+    return refdec.CorpusIndex.load(str(path))
