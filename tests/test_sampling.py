@@ -1,0 +1,155 @@
+"""Sampling is lossless: same seed → the same tokens as non-speculative sampling,
+and the sampled distribution is the model's (processed) softmax."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from transformers import LogitsProcessorList, TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
+
+import refdec.decoding as decoding
+from refdec.sampling import gumbel_row, process_logits
+from tiny_models import lookup_factory, repetitive_prompts, tiny_llama
+
+SETTINGS = [
+    dict(temperature=1.0),
+    dict(temperature=0.7, top_k=8),
+    dict(temperature=1.3, top_p=0.8),
+    dict(temperature=0.5, top_k=20, top_p=0.9),
+]
+
+
+def chi_square_p_value(counts: np.ndarray, probs: np.ndarray, min_expected: float = 5.0) -> float:
+    """Pearson chi-square goodness of fit; bins with small expectation are pooled."""
+    expected = probs * counts.sum()
+    order = np.argsort(expected)
+    obs_bins, exp_bins, acc_o, acc_e = [], [], 0.0, 0.0
+    for i in order:
+        acc_o += counts[i]
+        acc_e += expected[i]
+        if acc_e >= min_expected:
+            obs_bins.append(acc_o)
+            exp_bins.append(acc_e)
+            acc_o = acc_e = 0.0
+    if acc_e > 0 or acc_o > 0:
+        obs_bins[-1] += acc_o
+        exp_bins[-1] += acc_e
+    obs, exp = np.array(obs_bins), np.array(exp_bins)
+    stat = float(((obs - exp) ** 2 / exp).sum())
+    df = len(obs) - 1
+    if df <= 0:
+        return 1.0
+    return float(torch.special.gammaincc(torch.tensor(df / 2, dtype=torch.float64),
+                                         torch.tensor(stat / 2, dtype=torch.float64)))
+
+
+@pytest.mark.parametrize("setting", SETTINGS, ids=lambda s: "-".join(f"{k}{v}" for k, v in s.items()))
+def test_same_seed_gives_the_tokens_of_plain_sampling(family_model, setting):
+    name, model = family_model
+    accepted = rejected = 0
+    for i, prompt in enumerate(repetitive_prompts(6, seed=21)):
+        seed = 1000 + i
+        plain = decoding.generate(model, prompt, max_new_tokens=40, do_sample=True, seed=seed, eos_token_id=[],
+                                  max_draft_tokens=0, **setting)
+        # a reference holding the sampled continuation with a few corrupted tokens: drafts from it are
+        # accepted up to each corruption, so acceptance and rejection both happen whatever the model
+        sampled = plain.sequences[0].tolist()
+        reference = sampled[len(prompt) - 3:]
+        for j in range(6, len(reference), 9):
+            reference[j] = (reference[j] + 1) % 96
+        for max_draft, shape, refs in [(4, "chain", None), (16, "wide", None), (64, "tree", [reference]),
+                                       (8, "chain", [reference])]:
+            out = decoding.generate(model, prompt, max_new_tokens=40, do_sample=True, seed=seed, eos_token_id=[],
+                                    references=refs, max_draft_tokens=max_draft, proposer_factory=lookup_factory(shape),
+                                    **setting)
+            assert out.sequences.tolist() == plain.sequences.tolist(), (name, setting, max_draft, shape)
+            assert out.stats.seed == seed
+            accepted += out.stats.accepted_tokens
+            rejected += out.stats.proposed_tokens - out.stats.accepted_tokens
+    assert accepted > 20 and rejected > 20, (accepted, rejected)
+
+
+def test_different_seeds_give_different_samples():
+    model = tiny_llama(scale=1.0)
+    prompt = repetitive_prompts(1, seed=3)[0]
+    outs = {tuple(decoding.generate(model, prompt, max_new_tokens=8, do_sample=True, seed=s,
+                                    max_draft_tokens=0, eos_token_id=[]).sequences[0].tolist()) for s in range(6)}
+    assert len(outs) > 1
+
+
+def test_seed_none_draws_a_seed_and_records_it_so_the_run_replays():
+    model = tiny_llama(scale=1.0)
+    prompt = repetitive_prompts(1, seed=3)[0]
+    first = decoding.generate(model, prompt, max_new_tokens=10, do_sample=True, max_draft_tokens=0, eos_token_id=[])
+    assert first.stats.seed is not None
+    again = decoding.generate(model, prompt, max_new_tokens=10, do_sample=True, seed=first.stats.seed,
+                              max_draft_tokens=16, eos_token_id=[], proposer_factory=lookup_factory("tree"))
+    assert again.sequences.tolist() == first.sequences.tolist()
+
+
+def test_process_logits_matches_transformers_warpers():
+    torch.manual_seed(0)
+    logits = torch.randn(5, 96, dtype=torch.float64) * 3
+    logits[0, :10] = 1.0  # ties at the top-k threshold
+    for s in SETTINGS:
+        procs = LogitsProcessorList()
+        procs.append(TemperatureLogitsWarper(s["temperature"]))
+        if "top_k" in s:
+            procs.append(TopKLogitsWarper(s["top_k"]))
+        if "top_p" in s:
+            procs.append(TopPLogitsWarper(s["top_p"]))
+        want = procs(torch.zeros(5, 1, dtype=torch.long), logits.clone())
+        got = process_logits(logits, s["temperature"], s.get("top_k"), s.get("top_p"))
+        assert torch.equal(torch.isinf(got), torch.isinf(want))
+        torch.testing.assert_close(got[~torch.isinf(got)], want[~torch.isinf(want)], rtol=0, atol=0)
+
+
+def test_gumbel_noise_is_a_pure_function_of_seed_position_and_index():
+    a = gumbel_row(7, 123, 1000)
+    assert torch.equal(a, gumbel_row(7, 123, 1000))
+    assert not torch.equal(a, gumbel_row(7, 124, 1000))
+    assert not torch.equal(a, gumbel_row(8, 123, 1000))
+    assert torch.equal(gumbel_row(7, 123, 64), a[:64])  # independent of the vocabulary size
+
+
+def test_gumbel_noise_is_standard_gumbel():
+    g = gumbel_row(3, 5, 200_000)
+    u = torch.exp(-torch.exp(-g))  # Gumbel CDF → uniform
+    counts = np.histogram(u.numpy(), bins=50, range=(0, 1))[0]
+    assert chi_square_p_value(counts, np.full(50, 1 / 50)) > 1e-3
+    assert abs(float(g.mean()) - 0.5772156649) < 0.01
+
+
+@pytest.mark.parametrize("setting", SETTINGS, ids=lambda s: "-".join(f"{k}{v}" for k, v in s.items()))
+def test_first_token_distribution_over_seeds_is_the_processed_softmax(setting):
+    """Chi-square over 3000 fixed seeds: plain and speculative sampling draw from softmax(process(logits))."""
+    model = tiny_llama(seed=4, scale=6.0)  # a peaked distribution (top token ~0.12)
+    prompt = [1, 5, 9, 12, 5, 9]
+    with torch.no_grad():
+        logits = model(input_ids=torch.tensor([prompt])).logits[0, -1:].to(torch.float64)
+    probs = torch.softmax(process_logits(logits, setting["temperature"], setting.get("top_k"),
+                                         setting.get("top_p")), dim=-1)[0].numpy()
+    n = 3000
+    counts = np.zeros(probs.shape[0])
+    decoder = decoding.SpeculativeDecoder(model, proposer_factory=lookup_factory("tree"))
+    for s in range(n):
+        out = decoder.generate(prompt, max_new_tokens=1, do_sample=True, seed=s, max_draft_tokens=0,
+                               eos_token_id=[], **setting)
+        counts[out.sequences[0, -1].item()] += 1
+    assert counts[probs == 0].sum() == 0  # filtered tokens are never drawn
+    assert chi_square_p_value(counts, probs) > 1e-3
+    # the test has power: the same counts reject the distribution at a doubled temperature
+    wrong = torch.softmax(process_logits(logits, setting["temperature"] * 2.0, setting.get("top_k"),
+                                         setting.get("top_p")), dim=-1)[0].numpy()
+    assert chi_square_p_value(counts, np.where(probs > 0, wrong, 0) / wrong[probs > 0].sum()) < 1e-3
+    # the speculative path draws the same tokens (checked on a subset of seeds, where drafts exist)
+    for s in range(0, n, 100):
+        a = decoder.generate(prompt, max_new_tokens=6, do_sample=True, seed=s, max_draft_tokens=0,
+                             eos_token_id=[], **setting)
+        b = decoder.generate(prompt, max_new_tokens=6, do_sample=True, seed=s, max_draft_tokens=8,
+                             eos_token_id=[], **setting)
+        assert a.sequences.tolist() == b.sequences.tolist()
+        assert int(a.sequences[0, len(prompt)]) == int(
+            decoder.generate(prompt, max_new_tokens=1, do_sample=True, seed=s, max_draft_tokens=0,
+                             eos_token_id=[], **setting).sequences[0, -1])
