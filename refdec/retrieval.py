@@ -596,7 +596,7 @@ class Retriever:
             candidates are re-ranked exactly.
         oversample: the forest is asked for ``oversample * want`` keys.
         scan_limit: the largest corpus ``"auto"`` scans.
-        cache_size: number of documents whose shingle sets are cached.
+        cache_bytes: bound on the memory of cached shingle sets (8 bytes per shingle).
     """
 
     _MODES = ("auto", "scan", "forest")
@@ -612,7 +612,7 @@ class Retriever:
         min_candidates: int = 32,
         oversample: int = 4,
         scan_limit: int = 200_000,
-        cache_size: int = 4096,
+        cache_bytes: int = 64 << 20,
     ) -> None:
         if not isinstance(signatures, DocumentSignatures):
             raise ValueError(f"signatures must be a DocumentSignatures, got {type(signatures).__name__}")
@@ -626,7 +626,7 @@ class Retriever:
             ("min_candidates", min_candidates, 0),
             ("oversample", oversample, 1),
             ("scan_limit", scan_limit, 0),
-            ("cache_size", cache_size, 1),
+            ("cache_bytes", cache_bytes, 0),
         ):
             if isinstance(value, bool) or not isinstance(value, int) or value < low:
                 raise ValueError(f"{name} must be an int >= {low}, got {value!r}")
@@ -638,8 +638,9 @@ class Retriever:
         self.candidates_per_k = candidates_per_k
         self.min_candidates = min_candidates
         self.oversample = oversample
-        self.cache_size = cache_size
-        self._cache: OrderedDict[int, np.ndarray] = OrderedDict()
+        self.cache_bytes = cache_bytes
+        self._cache: OrderedDict[int, np.ndarray] = OrderedDict()  # doc_idx -> shingle set, LRU order
+        self._cached_bytes = 0
         self._nonempty = ~np.all(signatures.matrix == _EMPTY, axis=1)  # bool [num_docs]: has shingles
         self.forest: MinHashLSHForest | None = None
         if self.mode == "forest":
@@ -687,9 +688,15 @@ class Retriever:
             return hs
         hs = _shingle_hashes(_as_tokens(self.fetch(doc_idx), f"fetch({doc_idx})"), self.signatures.ngram)
         self._cache[doc_idx] = hs
-        if len(self._cache) > self.cache_size:
-            self._cache.popitem(last=False)
+        self._cached_bytes += hs.nbytes
+        while self._cached_bytes > self.cache_bytes and self._cache:
+            self._cached_bytes -= self._cache.popitem(last=False)[1].nbytes
         return hs
+
+    def clear_cache(self) -> None:
+        """Forget the cached shingle sets (e.g. after the documents behind ``fetch`` changed)."""
+        self._cache.clear()
+        self._cached_bytes = 0
 
     def _best_by_estimate(self, q_sig: np.ndarray, doc_ids: np.ndarray, want: int) -> list[int]:
         """The ``want`` documents among ``doc_ids`` (int64 [m]) with the most MinHash values equal to

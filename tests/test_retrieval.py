@@ -297,10 +297,13 @@ def test_retriever_fetches_tokens_through_the_callback(corpus):
         calls.append(doc_idx)
         return corpus[doc_idx]
 
-    r = Retriever(DocumentSignatures.from_documents(corpus), fetch, cache_size=4)
-    r.top_k(corpus[0][:100], k=3)
-    r.top_k(corpus[0][:100], k=3)
-    assert calls and len(r._cache) <= 4
+    r = Retriever(DocumentSignatures.from_documents(corpus), fetch, cache_bytes=40_000)
+    first = r.top_k(corpus[0][:100], k=3)
+    fetched = len(calls)
+    assert fetched >= 3 and r.top_k(corpus[0][:100], k=3) == first
+    assert 0 < r._cached_bytes <= 40_000 and r._cached_bytes == sum(h.nbytes for h in r._cache.values())
+    r.clear_cache()
+    assert r._cached_bytes == 0 and r.top_k(corpus[0][:100], k=3) == first and len(calls) > fetched
 
 
 # ---------------------------------------------------------------------------

@@ -1,0 +1,191 @@
+"""Benchmark refdec.retrieval on ~5,000 real source files (this Python's stdlib, then site-packages).
+
+Measures: signature build throughput, deduplicate time and how much it drops,
+signature save/load, Retriever construction (the LSH Forest rebuild), top_k
+latency per request for both candidate modes, and candidate quality: how often
+the source document of a query is in the top-k, and recall of the true top-k
+(exact Jaccard against every document, computed by brute force for a sample).
+
+Tokenizer: a regex splitting words, single punctuation marks and whitespace
+runs, mapped to ids in order of first appearance. A BPE tokenizer gives
+shorter ids per word but the same kind of n-gram statistics.
+
+    .venv/bin/python benchmarks/retrieval_bench.py [--docs 5000] [--max-tokens 4096] [--json out.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import statistics
+import sys
+import sysconfig
+import tempfile
+import time
+
+import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # run from a checkout
+
+from refdec.retrieval import (
+    DocumentSignatures,
+    Retriever,
+    _exact_jaccard,
+    deduplicate,
+    shingles,
+    signature_path,
+)
+
+_TOKEN = re.compile(r"\w+|[^\w\s]|\s+")
+
+
+def load_corpus(num_docs: int, max_tokens: int) -> tuple[list[np.ndarray], list[str]]:
+    paths = []
+    for root in (sysconfig.get_paths()["stdlib"], sysconfig.get_paths()["purelib"]):
+        for folder, dirs, files in os.walk(root):
+            dirs[:] = sorted(d for d in dirs if d not in ("site-packages", "__pycache__"))
+            paths.extend(os.path.join(folder, f) for f in sorted(files) if f.endswith(".py"))
+    vocab: dict[str, int] = {}
+    docs, names = [], []
+    for path in paths:
+        if len(docs) == num_docs:
+            break
+        try:
+            with open(path, encoding="utf-8") as f:
+                text = f.read()
+        except (UnicodeDecodeError, OSError):
+            continue
+        ids = [vocab.setdefault(tok, len(vocab)) for tok in _TOKEN.findall(text)[:max_tokens]]
+        if ids:
+            docs.append(np.array(ids, dtype=np.int32))
+            names.append(path)
+    return docs, names
+
+
+def percentiles(samples_s: list[float]) -> str:
+    ms = sorted(1e3 * s for s in samples_s)
+    p = lambda q: ms[min(len(ms) - 1, int(q * len(ms)))]  # noqa: E731
+    return f"p50 {p(0.5):.2f} ms  p95 {p(0.95):.2f} ms  max {ms[-1]:.2f} ms"
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--docs", type=int, default=5000)
+    ap.add_argument("--max-tokens", type=int, default=4096, help="tokens kept per file")
+    ap.add_argument("--queries", type=int, default=300)
+    ap.add_argument("--exact-queries", type=int, default=30, help="queries checked against brute-force top-k")
+    ap.add_argument("--k", type=int, default=5)
+    ap.add_argument("--json", help="write the numbers here")
+    args = ap.parse_args()
+    out: dict[str, object] = {}
+
+    docs, _names = load_corpus(args.docs, args.max_tokens)
+    total = int(sum(d.size for d in docs))
+    print(f"corpus: {len(docs)} .py files (stdlib, site-packages), {total:,} tokens (<= {args.max_tokens} per file)")
+    out.update(num_docs=len(docs), num_tokens=total)
+
+    t = time.perf_counter()
+    sigs = DocumentSignatures.from_documents(docs)
+    dt = time.perf_counter() - t
+    print(f"signatures: {dt:.2f} s  ({total / dt / 1e6:.2f} M tokens/s, num_perm={sigs.num_perm}, ngram={sigs.ngram})")
+    out["signatures_s"] = dt
+
+    for threshold in (0.9, 0.7):
+        t = time.perf_counter()
+        kept, dropped = deduplicate(docs, threshold, signatures=sigs)
+        dt = time.perf_counter() - t
+        print(f"deduplicate(threshold={threshold}) with signatures: {dt:.2f} s, dropped {dropped} of {len(docs)}")
+        out[f"dedup_{threshold}_s"], out[f"dedup_{threshold}_dropped"] = dt, int(dropped)
+    t = time.perf_counter()
+    deduplicate(docs, 0.9)
+    dt = time.perf_counter() - t
+    print(f"deduplicate(threshold=0.9) from tokens (signatures included): {dt:.2f} s")
+    out["dedup_from_tokens_s"] = dt
+
+    with tempfile.TemporaryDirectory() as tmp:
+        path = signature_path(os.path.join(tmp, "corpus.refdec"))
+        t = time.perf_counter()
+        sigs.save(path)
+        t_save = time.perf_counter() - t
+        t = time.perf_counter()
+        DocumentSignatures.load(path, num_docs=len(docs))
+        t_load = time.perf_counter() - t
+        size = os.path.getsize(path)
+    print(f"signature file: {size / 2**20:.2f} MiB, save {1e3 * t_save:.1f} ms, load (checksummed) {1e3 * t_load:.1f} ms")
+    out.update(sig_file_bytes=size, save_s=t_save, load_s=t_load)
+
+    retrievers = {}
+    for mode in ("scan", "forest"):
+        t = time.perf_counter()
+        retrievers[mode] = Retriever(sigs, docs.__getitem__, candidates=mode)
+        dt = time.perf_counter() - t
+        print(f"Retriever(candidates={mode!r}) construction (forest rebuild for 'forest'): {1e3 * dt:.1f} ms")
+        out[f"build_{mode}_s"] = dt
+    retrievers["scan16"] = Retriever(sigs, docs.__getitem__, candidates="scan", min_candidates=16, candidates_per_k=3)
+
+    # Queries: a 30-50 % slice of document j (files shorter than 64 tokens skipped), and a
+    # 256-token window, closer to a prompt that quotes part of a long file.
+    rng = np.random.default_rng(0)
+    eligible = [i for i, d in enumerate(docs) if d.size >= 64]
+    queries = []
+    for qi in range(args.queries):
+        j = int(rng.choice(eligible))
+        doc = docs[j]
+        length = int(round(rng.uniform(0.3, 0.5) * doc.size)) if qi % 2 == 0 else min(256, doc.size)
+        start = int(rng.integers(0, doc.size - length + 1))
+        queries.append((j, doc[start : start + length], "slice" if qi % 2 == 0 else "window256"))
+
+    for mode, r in retrievers.items():
+        # cold: shingle sets of the candidates hashed per request; warm: second pass, all cached.
+        for label in ("cold", "warm"):
+            times, hits = [], {"slice": [0, 0], "window256": [0, 0]}
+            for j, q, kind in queries:
+                if label == "cold":
+                    r.clear_cache()
+                t = time.perf_counter()
+                res = r.top_k(q, args.k)
+                times.append(time.perf_counter() - t)
+                hits[kind][0] += j in [d for d, _ in res]
+                hits[kind][1] += 1
+            hit_txt = ", ".join(f"{kind} {h}/{n}" for kind, (h, n) in hits.items())
+            print(f"top_k(k={args.k}) {mode:6s} {label}: {percentiles(times)}; source doc in top-k: {hit_txt}")
+            out[f"top_k_{mode}_{label}_ms"] = {
+                "p50": 1e3 * statistics.median(times),
+                "p95": 1e3 * sorted(times)[int(0.95 * len(times))],
+            }
+            out[f"hits_{mode}"] = hits
+
+    # Recall of the true top-k (brute force exact Jaccard over every document).
+    doc_shingles = [shingles(d) for d in docs]
+    recall = {mode: [] for mode in retrievers}
+    top1 = {mode: 0 for mode in retrievers}
+    shortfall = {mode: [] for mode in retrievers}  # sum of true top-k scores minus sum of returned
+    for j, q, _ in queries[: args.exact_queries]:
+        qh = shingles(q)
+        exact = np.array([_exact_jaccard(qh, h) for h in doc_shingles])
+        order = np.lexsort((np.arange(exact.size), -exact))
+        truth = [int(i) for i in order[: args.k] if exact[i] > 0]
+        kth = exact[truth[-1]] if truth else 0.0
+        for mode, r in retrievers.items():
+            got = r.top_k(q, args.k)
+            # a returned doc tied with the k-th true score counts as correct
+            recall[mode].append(sum(1 for d, s in got if s >= kth - 1e-12) / max(1, len(truth)))
+            top1[mode] += int(bool(got) and bool(truth) and got[0][1] >= exact[truth[0]] - 1e-12)
+            shortfall[mode].append(float(exact[truth].sum()) - sum(s for _, s in got))
+    for mode, vals in recall.items():
+        print(
+            f"vs brute force ({len(vals)} queries): {mode:6s} recall of exact top-{args.k} {np.mean(vals):.3f}, "
+            f"top-1 correct {top1[mode]}/{len(vals)}, "
+            f"mean (sum of true top-{args.k} Jaccard - sum returned) {np.mean(shortfall[mode]):.4f}"
+        )
+        out[f"recall_{mode}"], out[f"top1_{mode}"] = float(np.mean(vals)), top1[mode]
+
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(out, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
