@@ -11,13 +11,20 @@ import pytest
 import torch
 
 import refdec.decoding as decoding
+from refdec.index import CorpusIndex
 from tiny_models import lookup_factory, repetitive_prompts
 
 NEW_TOKENS = 40
 N_PROMPTS = 20
 
-# (max_draft_tokens, stand-in tree shape)
-CONFIGS = [(0, "chain"), (1, "chain"), (4, "tree"), (16, "wide"), (64, "tree"), (64, "chain"), ("auto", "wide")]
+# (max_draft_tokens, proposer): "cxx" = refdec.proposer.Proposer (the C++ core), else a shape of the
+# pure-Python stand-in (tests/tiny_models.py) that makes chains, two-branch and four-branch trees
+CONFIGS = [(0, "cxx"), (1, "cxx"), (4, "cxx"), (16, "cxx"), (64, "cxx"), ("auto", "cxx"),
+           (4, "tree"), (16, "wide"), (64, "chain")]
+
+
+def factory(kind):
+    return None if kind == "cxx" else lookup_factory(kind)
 
 _reference_cache: dict = {}
 
@@ -37,7 +44,7 @@ def test_greedy_matches_generate_for_all_prompts_and_tree_shapes(family_model):
     prompts = repetitive_prompts(N_PROMPTS, seed=11)
     accepted = rejected = 0
     for max_draft, shape in CONFIGS:
-        decoder = decoding.SpeculativeDecoder(model, proposer_factory=lookup_factory(shape))
+        decoder = decoding.SpeculativeDecoder(model, proposer_factory=factory(shape))
         for prompt in prompts:
             want = hf_greedy(model, prompt)
             out = decoder.generate(prompt, max_new_tokens=NEW_TOKENS, eos_token_id=[],
@@ -61,8 +68,7 @@ def test_greedy_matches_generate_with_eos_inside_a_run(family_model):
         free = hf_greedy(model, prompt)
         eos = free[len(prompt) + 12]  # a token the model really emits
         want = hf_greedy(model, prompt, eos_token_id=eos)
-        out = decoding.generate(model, prompt, max_new_tokens=NEW_TOKENS, eos_token_id=eos, max_draft_tokens=16,
-                                proposer_factory=lookup_factory("tree"))
+        out = decoding.generate(model, prompt, max_new_tokens=NEW_TOKENS, eos_token_id=eos, max_draft_tokens=16)
         assert out.sequences[0].tolist() == want
         stopped_early += len(want) < len(prompt) + NEW_TOKENS
     assert stopped_early == len(prompts)
@@ -73,20 +79,54 @@ def test_greedy_short_generations_match(family_model, max_new_tokens):
     name, model = family_model
     for prompt in repetitive_prompts(3, seed=2):
         want = hf_greedy(model, prompt, max_new_tokens=max_new_tokens)
-        out = decoding.generate(model, prompt, max_new_tokens=max_new_tokens, eos_token_id=[], max_draft_tokens=64,
-                                proposer_factory=lookup_factory("chain"))
+        out = decoding.generate(model, prompt, max_new_tokens=max_new_tokens, eos_token_id=[], max_draft_tokens=64)
         assert out.sequences[0].tolist() == want
 
 
-def test_references_holding_the_continuation_are_accepted_in_long_runs(family_model):
-    """A reference that contains the true greedy continuation gives long accepted runs, same tokens."""
+@pytest.mark.parametrize("kind", ["cxx", "tree"])
+def test_references_holding_the_continuation_are_accepted_in_long_runs(family_model, kind):
+    """A reference that contains the true greedy continuation (a few tokens corrupted) gives long
+    accepted runs from the reference source; the output is still exactly generate's."""
     name, model = family_model
     for prompt in repetitive_prompts(4, seed=8):
         want = hf_greedy(model, prompt)
         reference = want[len(prompt) - 3:]  # the last prompt tokens, then the continuation
+        for j in range(15, len(reference), 16):
+            reference[j] = (reference[j] + 1) % 96
         out = decoding.generate(model, prompt, references=[reference], max_new_tokens=NEW_TOKENS, eos_token_id=[],
-                                max_draft_tokens=64, proposer_factory=lookup_factory("tree"))
+                                max_draft_tokens=64, proposer_factory=factory(kind))
         assert out.sequences[0].tolist() == want
         assert out.stats.tokens_per_pass > 2.0
-        assert out.stats.accepted_by_source.get("references", 0) > 0 or \
-            out.stats.accepted_by_source.get("context", 0) > 0
+        assert out.stats.accepted_by_source.get("reference", 0) > 10
+        assert out.stats.proposed_tokens > out.stats.accepted_tokens
+
+
+def test_text_references_are_tokenized_with_the_tokenizer(family_model, tiny_tokenizer):
+    name, model = family_model
+    prompt = repetitive_prompts(1, seed=9)[0]
+    want = hf_greedy(model, prompt)
+    text = tiny_tokenizer.decode(want[len(prompt) - 3:])
+    out = decoding.generate(model, prompt, tokenizer=tiny_tokenizer, references=[text], max_new_tokens=NEW_TOKENS,
+                            eos_token_id=[], max_draft_tokens=64)
+    assert out.sequences[0].tolist() == want
+    assert out.stats.accepted_by_source.get("reference", 0) > 10
+
+
+def test_drafts_from_a_corpus_index_built_from_token_lists(family_model):
+    """A CorpusIndex over (corrupted) greedy outputs of some prompts drives drafts for them."""
+    name, model = family_model
+    prompts = repetitive_prompts(6, seed=13)
+    documents = []
+    for prompt in prompts[:4]:
+        doc = hf_greedy(model, prompt)[len(prompt) - 4:]
+        for j in range(11, len(doc), 13):
+            doc[j] = (doc[j] + 7) % 96
+        documents.append(doc)
+    index = CorpusIndex.build(documents, vocab_size=96, show_progress=False)
+    decoder = decoding.SpeculativeDecoder(model, index=index)
+    from_corpus = 0
+    for prompt in prompts:
+        out = decoder.generate(prompt, max_new_tokens=NEW_TOKENS, eos_token_id=[], max_draft_tokens=32)
+        assert out.sequences[0].tolist() == hf_greedy(model, prompt)
+        from_corpus += out.stats.accepted_by_source.get("corpus", 0)
+    assert from_corpus > 20

@@ -58,10 +58,12 @@ def test_same_seed_gives_the_tokens_of_plain_sampling(family_model, setting):
         reference = sampled[len(prompt) - 3:]
         for j in range(6, len(reference), 9):
             reference[j] = (reference[j] + 1) % 96
-        for max_draft, shape, refs in [(4, "chain", None), (16, "wide", None), (64, "tree", [reference]),
-                                       (8, "chain", [reference])]:
+        # "cxx": refdec.proposer.Proposer; other shapes: the pure-Python stand-in
+        for max_draft, shape, refs in [(4, "cxx", None), (16, "wide", None), (64, "tree", [reference]),
+                                       (8, "cxx", [reference]), ("auto", "cxx", [reference])]:
+            factory = None if shape == "cxx" else lookup_factory(shape)
             out = decoding.generate(model, prompt, max_new_tokens=40, do_sample=True, seed=seed, eos_token_id=[],
-                                    references=refs, max_draft_tokens=max_draft, proposer_factory=lookup_factory(shape),
+                                    references=refs, max_draft_tokens=max_draft, proposer_factory=factory,
                                     **setting)
             assert out.sequences.tolist() == plain.sequences.tolist(), (name, setting, max_draft, shape)
             assert out.stats.seed == seed
@@ -84,7 +86,7 @@ def test_seed_none_draws_a_seed_and_records_it_so_the_run_replays():
     first = decoding.generate(model, prompt, max_new_tokens=10, do_sample=True, max_draft_tokens=0, eos_token_id=[])
     assert first.stats.seed is not None
     again = decoding.generate(model, prompt, max_new_tokens=10, do_sample=True, seed=first.stats.seed,
-                              max_draft_tokens=16, eos_token_id=[], proposer_factory=lookup_factory("tree"))
+                              max_draft_tokens=16, eos_token_id=[])
     assert again.sequences.tolist() == first.sequences.tolist()
 
 
@@ -132,7 +134,7 @@ def test_first_token_distribution_over_seeds_is_the_processed_softmax(setting):
                                          setting.get("top_p")), dim=-1)[0].numpy()
     n = 3000
     counts = np.zeros(probs.shape[0])
-    decoder = decoding.SpeculativeDecoder(model, proposer_factory=lookup_factory("tree"))
+    decoder = decoding.SpeculativeDecoder(model)
     for s in range(n):
         out = decoder.generate(prompt, max_new_tokens=1, do_sample=True, seed=s, max_draft_tokens=0,
                                eos_token_id=[], **setting)

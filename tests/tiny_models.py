@@ -109,7 +109,7 @@ class PromptLookupProposer:
     branches), "wide" (up to four occurrences as branches).
     """
 
-    source_names = ("context", "references")
+    source_names = ("context", "reference")
 
     def __init__(self, index=None, references=None, *, max_depth: int = 64, max_ngram: int = 3,
                  shape: str = "tree") -> None:
@@ -118,7 +118,7 @@ class PromptLookupProposer:
         self.max_ngram = max_ngram
         self.shape = shape
         self.context: list[int] = []
-        self._match = {"context": 0, "references": 0}
+        self._match = {"context": 0, "reference": 0}
 
     def start(self, prompt_ids: np.ndarray) -> None:
         self.context = [int(t) for t in prompt_ids]
@@ -142,7 +142,7 @@ class PromptLookupProposer:
     def _find(self):
         ctx = self.context
         branches = []  # (source_id, continuation)
-        self._match = {"context": 0, "references": 0}
+        self._match = {"context": 0, "reference": 0}
         for n in range(min(self.max_ngram, len(ctx)), 0, -1):
             suffix = ctx[-n:]
             ends = [e for e in self._occurrences(ctx, suffix, len(ctx) - 1) if e < len(ctx)]
@@ -154,7 +154,7 @@ class PromptLookupProposer:
             for n in range(min(self.max_ngram, len(ctx)), 0, -1):
                 ends = self._occurrences(ref, ctx[-n:], len(ref))
                 if ends:
-                    self._match["references"] = max(self._match["references"], n)
+                    self._match["reference"] = max(self._match["reference"], n)
                     branches.append((1, ref[ends[0]:ends[0] + self.max_depth]))
                     break
         return [b for b in branches if b[1]]
