@@ -290,6 +290,33 @@ def test_auto_scans_up_to_scan_limit_documents_and_uses_the_forest_beyond(corpus
     assert big.mode == "forest" and len(big.forest.keys) == 50
 
 
+def test_containment_ranks_a_long_document_quoting_the_query_above_a_short_partial_match():
+    rng = np.random.default_rng(10)
+    long_doc = rng.permutation(5000)[:2000].astype(np.int32)  # distinct tokens: shingles are unambiguous
+    query = long_doc[500:560]
+    short_doc = np.concatenate([query[:40], rng.integers(6000, 7000, 10)]).astype(np.int32)
+    r = Retriever.from_documents([short_doc, long_doc])
+    by_jaccard = r.top_k(query, k=2)
+    by_containment = r.top_k(query, k=2, score="containment")
+    assert [d for d, _ in by_jaccard] == [0, 1]
+    assert by_containment[0] == (1, 1.0) and by_containment[1] == (0, pytest.approx(38 / 58))
+
+
+def test_containment_ties_are_broken_by_jaccard_then_doc_idx():
+    base = np.arange(100, dtype=np.int32)
+    docs = [np.concatenate([base, np.arange(1000, 1200)]), base.copy(), np.concatenate([base, [7, 7, 7]])]
+    result = Retriever.from_documents(docs).top_k(base[10:50], k=3, score="containment")
+    assert [d for d, _ in result] == [1, 2, 0] and all(s == 1.0 for _, s in result)
+
+
+def test_signature_sizes_count_distinct_shingles(corpus):
+    docs = corpus[:5] + [np.zeros(0, dtype=np.int32), np.array([3], dtype=np.int32)]
+    sigs = DocumentSignatures.from_documents(docs)
+    assert sigs.sizes.dtype == np.uint32 and sigs.sizes.tolist() == [shingles(d).size for d in docs]
+    assert sigs.take([6, 0]).sizes.tolist() == [1, shingles(docs[0]).size]
+    assert np.array_equal(sigs.take([6, 0]).matrix, sigs.matrix[[6, 0]])
+
+
 def test_retriever_fetches_tokens_through_the_callback(corpus):
     calls = []
 
@@ -405,6 +432,11 @@ def test_retriever_round_trips_through_the_sibling_file_of_an_index(tmp_path, co
 def test_top_k_rejects_k_that_is_not_a_positive_int(retriever, k):
     with pytest.raises(ValueError, match="k must be"):
         retriever.top_k(np.array([1, 2, 3], dtype=np.int32), k)
+
+
+def test_top_k_rejects_an_unknown_score(retriever):
+    with pytest.raises(ValueError, match="score must be"):
+        retriever.top_k(np.array([1, 2, 3], dtype=np.int32), 3, score="cosine")
 
 
 def test_top_k_rejects_an_empty_query(retriever):
