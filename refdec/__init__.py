@@ -3,5 +3,6 @@
 from refdec.index import ContextIndex, CorpusIndex, IndexFormatError
 from refdec.proposer import Proposer
 from refdec.tree import DraftTree
+from refdec.decoding import DecodingStats, GenerateOutput, SpeculativeDecoder, generate
 
 __all__ = ["CorpusIndex", "ContextIndex", "IndexFormatError", "DraftTree", "Proposer"]

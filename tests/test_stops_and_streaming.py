@@ -1,0 +1,208 @@
+"""Stops inside accepted runs (eos, stop strings, max_new_tokens), streaming, argument validation."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from transformers import TextIteratorStreamer
+from transformers.generation.streamers import BaseStreamer
+
+import refdec
+import refdec.decoding as decoding
+from tiny_models import repetitive_prompts, tiny_gemma3, tiny_llama
+
+NEW = 40
+
+
+class RecordingStreamer(BaseStreamer):
+    def __init__(self):
+        self.puts: list[list[int]] = []
+        self.first_shape = None
+        self.ended = 0
+
+    def put(self, value):
+        if self.first_shape is None:
+            self.first_shape = tuple(value.shape)
+        self.puts.append(value.reshape(-1).tolist())
+
+    def end(self):
+        self.ended += 1
+
+
+@pytest.fixture(scope="module")
+def llama():
+    return tiny_llama()
+
+
+def hf(model, prompt, **kw):
+    with torch.no_grad():
+        return model.generate(torch.tensor([prompt]), do_sample=False, pad_token_id=0, **kw)[0].tolist()
+
+
+def continuation_reference(model, prompt):
+    """The greedy continuation (with the prompt's last tokens), so drafts are accepted in long runs."""
+    full = hf(model, prompt, max_new_tokens=NEW, eos_token_id=None)
+    return full, full[len(prompt) - 3:]
+
+
+def test_eos_inside_an_accepted_run_stops_there_and_streams_nothing_after(llama):
+    for prompt in repetitive_prompts(5, seed=31):
+        full, ref = continuation_reference(llama, prompt)
+        eos = full[len(prompt) + 9]
+        want = hf(llama, prompt, max_new_tokens=NEW, eos_token_id=eos)
+        streamer = RecordingStreamer()
+        out = refdec.generate(llama, prompt, references=[ref], max_new_tokens=NEW, eos_token_id=eos,
+                              max_draft_tokens=64, streamer=streamer)
+        assert out.sequences[0].tolist() == want
+        assert want[-1] == eos and out.stats.stop_reason == "eos"
+        # the draft held tokens past the eos: the run was cut inside a pass
+        assert out.stats.forward_passes < out.stats.new_tokens
+        assert streamer.puts[0] == prompt and sum(streamer.puts[1:], []) == want[len(prompt):]
+        assert streamer.ended == 1
+
+
+def test_eos_default_comes_from_generation_config(llama):
+    prompt = repetitive_prompts(1, seed=31)[0]
+    full, ref = continuation_reference(llama, prompt)
+    eos = full[len(prompt) + 5]
+    old = llama.generation_config.eos_token_id
+    try:
+        llama.generation_config.eos_token_id = [95, eos]
+        out = refdec.generate(llama, prompt, references=[ref], max_new_tokens=NEW, max_draft_tokens=64)
+    finally:
+        llama.generation_config.eos_token_id = old
+    assert out.sequences[0, -1].item() == eos and out.stats.new_tokens <= 6
+
+
+@pytest.mark.parametrize("max_new_tokens", [1, 3, 7, 12])
+def test_max_new_tokens_cuts_an_accepted_run(llama, max_new_tokens):
+    prompt = repetitive_prompts(1, seed=32)[0]
+    full, ref = continuation_reference(llama, prompt)
+    streamer = RecordingStreamer()
+    out = refdec.generate(llama, prompt, references=[ref], max_new_tokens=max_new_tokens, eos_token_id=[],
+                          max_draft_tokens=64, streamer=streamer)
+    assert out.sequences[0].tolist() == full[: len(prompt) + max_new_tokens]
+    assert out.stats.new_tokens == max_new_tokens and out.stats.stop_reason == "max_new_tokens"
+    assert sum(streamer.puts[1:], []) == full[len(prompt): len(prompt) + max_new_tokens]
+    assert out.stats.forward_passes <= 2
+
+
+def test_stop_strings_match_transformers_stop_string_criteria(tiny_tokenizer):
+    """Stop strings completed inside an accepted run stop exactly where model.generate stops."""
+    for model in (tiny_llama(), tiny_gemma3()):
+        checked = 0
+        for prompt in repetitive_prompts(6, seed=33):
+            full = hf(model, prompt, max_new_tokens=NEW, eos_token_id=None)
+            new = full[len(prompt):]
+            for start, length in [(8, 2), (15, 3), (4, 1)]:
+                stop = tiny_tokenizer.decode(new[start:start + length])
+                if not stop.strip():
+                    continue
+                want = hf(model, prompt, max_new_tokens=NEW, eos_token_id=None, stop_strings=[stop, "never-there"],
+                          tokenizer=tiny_tokenizer)
+                streamer = RecordingStreamer()
+                out = refdec.generate(model, prompt, tokenizer=tiny_tokenizer, references=[full[len(prompt) - 3:]],
+                                      stop_strings=[stop, "never-there"], max_new_tokens=NEW, eos_token_id=[],
+                                      max_draft_tokens=64, streamer=streamer)
+                assert out.sequences[0].tolist() == want, (stop, new)
+                assert sum(streamer.puts[1:], []) == want[len(prompt):]
+                assert out.stats.stop_reason == ("stop_string" if len(want) < len(full) else "max_new_tokens")
+                checked += len(want) < len(full)
+        assert checked >= 6
+
+
+def test_stop_string_split_across_tokens_and_overhanging_the_last_token(tiny_tokenizer):
+    """The token that completes the stop string is emitted, even with extra text after the stop."""
+    checker = decoding._StopChecker(set(), ["xyz"], tiny_tokenizer)
+    ids = tiny_tokenizer("ab xyzw", add_special_tokens=False)["input_ids"]
+    keep, reason = checker.cut(ids, len(ids))
+    assert reason == "stop_string" and tiny_tokenizer.decode(ids[:keep]) == "ab xyz"
+    # a stop string sitting wholly in the prompt does not stop the generation
+    keep, reason = checker.cut(ids, 1)
+    assert reason == "" and keep == 1
+
+
+def test_text_iterator_streamer_yields_the_returned_text(llama, tiny_tokenizer):
+    prompt = repetitive_prompts(1, seed=34)[0]
+    streamer = TextIteratorStreamer(tiny_tokenizer, skip_prompt=True)
+    out = refdec.generate(llama, prompt, max_new_tokens=NEW, eos_token_id=[], max_draft_tokens=16, streamer=streamer)
+    text = "".join(streamer)
+    assert text == tiny_tokenizer.decode(out.sequences[0, len(prompt):])
+
+
+def test_streamer_gets_the_prompt_as_a_batch_first_then_runs(llama):
+    prompt = repetitive_prompts(1, seed=35)[0]
+    streamer = RecordingStreamer()
+    out = refdec.generate(llama, prompt, max_new_tokens=NEW, eos_token_id=[], max_draft_tokens=16, streamer=streamer)
+    assert streamer.first_shape == (1, len(prompt))
+    assert sum(streamer.puts, []) == out.sequences[0].tolist()
+    assert len(streamer.puts) - 1 == out.stats.forward_passes  # one put per pass (accepted run + bonus)
+
+
+def test_max_new_tokens_zero_returns_the_prompt(llama):
+    streamer = RecordingStreamer()
+    out = refdec.generate(llama, torch.tensor([[1, 5, 6]]), max_new_tokens=0, streamer=streamer)
+    assert out.sequences.tolist() == [[1, 5, 6]] and out.stats.new_tokens == 0
+    assert streamer.puts == [[1, 5, 6]] and streamer.ended == 1
+
+
+@pytest.mark.parametrize("input_ids", [[1, 5, 6, 7], torch.tensor([1, 5, 6, 7]), torch.tensor([[1, 5, 6, 7]])])
+def test_input_ids_forms_are_equivalent(llama, input_ids):
+    out = refdec.generate(llama, input_ids, max_new_tokens=5, eos_token_id=[], max_draft_tokens=4)
+    assert out.sequences.shape == (1, 9) and out.sequences.dtype == torch.long
+    assert out.sequences[0, :4].tolist() == [1, 5, 6, 7]
+
+
+def test_speculative_decoder_is_reusable_and_matches_one_shot_generate(llama):
+    decoder = refdec.SpeculativeDecoder(llama)
+    for prompt in repetitive_prompts(3, seed=36):
+        a = decoder.generate(prompt, max_new_tokens=20, eos_token_id=[])
+        b = refdec.generate(llama, prompt, max_new_tokens=20, eos_token_id=[])
+        assert a.sequences.tolist() == b.sequences.tolist()
+
+
+BAD_ARGUMENTS = [
+    (dict(max_new_tokens=-1), r"max_new_tokens must be an int >= 0, got -1"),
+    (dict(max_new_tokens=2.5), r"max_new_tokens .* got 2.5"),
+    (dict(max_draft_tokens=-3), r"max_draft_tokens must be >= 0, got -3"),
+    (dict(max_draft_tokens="many"), r"max_draft_tokens must be an int >= 0 or 'auto', got 'many'"),
+    (dict(max_draft_tokens=1.5), r"max_draft_tokens .* got 1.5"),
+    (dict(do_sample=True, temperature=0.0), r"temperature must be > 0 when do_sample=True, got 0.0"),
+    (dict(do_sample=True, temperature=-1), r"temperature must be > 0 .* got -1"),
+    (dict(do_sample="yes"), r"do_sample must be True or False, got 'yes'"),
+    (dict(top_p=0.0), r"top_p must be None or a number in \(0, 1\], got 0.0"),
+    (dict(top_p=1.5), r"top_p .* got 1.5"),
+    (dict(top_k=0), r"top_k must be None or an int >= 1, got 0"),
+    (dict(seed=-2), r"seed must be None or an int >= 0, got -2"),
+    (dict(eos_token_id="x"), r"eos_token_id must be .* got 'x'"),
+    (dict(stop_strings=["stop"]), r"stop_strings needs a tokenizer"),
+    (dict(stop_strings=[""]), r"stop_strings must be"),
+    (dict(references=["some text"]), r"references\[0\] is a str; text references need tokenizer"),
+    (dict(references="text"), r"references must be a list"),
+]
+
+
+@pytest.mark.parametrize("kwargs, message", BAD_ARGUMENTS, ids=[str(k) for k, _ in BAD_ARGUMENTS])
+def test_bad_arguments_raise_value_errors_naming_them(llama, kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        refdec.generate(llama, [1, 5, 6], **kwargs)
+
+
+@pytest.mark.parametrize("input_ids, message", [
+    (torch.tensor([[1, 2], [3, 4]]), r"batch size 2; batching is not supported yet"),
+    ([], r"input_ids is empty"),
+    (torch.zeros(1, 0, dtype=torch.long), r"input_ids is empty"),
+    (torch.tensor([[1.0, 2.0]]), r"input_ids must hold integer token ids"),
+    ([1, "a"], r"input_ids must be a list of ints; found 'a'"),
+    ([1, 500], r"token id 500, outside the model vocabulary \[0, 96\)"),
+    (list(range(3, 90)) * 6, r"prompt has 522 tokens, more than the model's max_position_embeddings=512"),
+])
+def test_bad_prompts_raise_clear_errors(llama, input_ids, message):
+    with pytest.raises(ValueError, match=message):
+        refdec.generate(llama, input_ids, max_new_tokens=3)
+
+
+def test_generation_stops_at_max_position_embeddings(llama):
+    prompt = list(range(3, 90)) * 5 + list(range(3, 80))  # 512 tokens = max_position_embeddings
+    out = refdec.generate(llama, prompt, max_new_tokens=10, eos_token_id=[], max_draft_tokens=8)
+    assert out.stats.new_tokens == 1 and out.stats.stop_reason == "max_position_embeddings"
