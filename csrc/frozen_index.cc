@@ -178,6 +178,8 @@ std::unique_ptr<FrozenIndex> FrozenIndex::freeze(const SuffixAutomaton& sam, con
 
   // Step 4. Checksum the body, write the header, attach the views.
   h.checksum = body_checksum(base + sizeof(FileHeader), offset - sizeof(FileHeader));
+  h.header_checksum = 0;
+  h.header_checksum = body_checksum(reinterpret_cast<const uint8_t*>(&h), sizeof(FileHeader));
   std::memcpy(base, &h, sizeof(FileHeader));
   out->attach(base, offset, "<in-memory index>");
   return out;
@@ -230,10 +232,21 @@ void FrozenIndex::attach(const uint8_t* base, size_t size, const std::string& na
   if (h.version != kFormatVersion)
     fail("unsupported format version " + std::to_string(h.version) + " (this build reads version " +
          std::to_string(kFormatVersion) + ")");
-  if (h.header_size != sizeof(FileHeader)) fail("bad header size " + std::to_string(h.header_size));
+  if (h.header_size != sizeof(FileHeader))
+    fail("bad header size " + std::to_string(h.header_size) + " (expected " + std::to_string(sizeof(FileHeader)) +
+         ")");
+  {
+    FileHeader zeroed = h;
+    zeroed.header_checksum = 0;
+    if (body_checksum(reinterpret_cast<const uint8_t*>(&zeroed), sizeof(FileHeader)) != h.header_checksum)
+      fail("header checksum mismatch: the header is corrupt");
+  }
+  if (h.reserved0 != 0) fail("reserved header field is not zero");
+  for (uint8_t b : h.padding)
+    if (b != 0) fail("header padding is not zero");
   if (h.file_size != size)
-    fail("truncated or padded: header records " + std::to_string(h.file_size) + " bytes, file has " +
-         std::to_string(size));
+    fail("file size mismatch: header records " + std::to_string(h.file_size) + " bytes, file has " +
+         std::to_string(size) + (size < h.file_size ? " (truncated)" : " (trailing bytes)"));
   // Step 2. Sizes within the id spaces.
   if (h.num_tokens >= (uint64_t{1} << 31) || h.num_internal < 1 ||
       h.num_internal + h.num_tokens >= (uint64_t{1} << 31) || h.num_edges >= (uint64_t{1} << 32) ||

@@ -41,7 +41,8 @@ enum SectionId : int {
 };
 
 // On-disk header (little-endian, 512 bytes, at offset 0). The body is every
-// byte after the header; `checksum` covers it.
+// byte after the header; `checksum` covers it (checked by verify(), O(file)).
+// `header_checksum` covers the header itself and is checked on every load.
 struct FileHeader {
   char magic[8];               // "REFDECIX"
   uint32_t version;            // kFormatVersion
@@ -56,7 +57,8 @@ struct FileHeader {
   uint64_t file_size;          // total bytes of the file
   uint64_t checksum;           // body_checksum() of bytes [header_size, file_size)
   FileSection sections[kNumSections];  // one per SectionId
-  uint8_t padding[512 - 8 - 4 - 4 - 64 - 4 - 4 - 8 * 6 - 16 * kNumSections];  // zero
+  uint64_t header_checksum;    // body_checksum() of the 512 header bytes with this field zeroed
+  uint8_t padding[512 - 8 - 4 - 4 - 64 - 4 - 4 - 8 * 6 - 16 * kNumSections - 8];  // zero
 };
 static_assert(sizeof(FileHeader) == 512, "FileHeader must be 512 bytes");
 

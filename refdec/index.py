@@ -216,6 +216,8 @@ class CorpusIndex(_Queries):
         invalid file, or when ``tokenizer``'s fingerprint differs from the one
         stored in the file (a file without a fingerprint is accepted)."""
         path = os.fspath(path)
+        with open(path, "rb"):  # FileNotFoundError / PermissionError / IsADirectoryError as usual
+            pass
         frozen = _C.FrozenIndex.load(path)
         stored = frozen.fingerprint or None
         if tokenizer is not None and stored is not None:
