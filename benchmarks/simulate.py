@@ -18,6 +18,7 @@ Proposal latency = the time of propose + accept per step (p50 / p99, µs).
 Methods:
     refdec          refdec.Proposer (live context + per-request references + the
                     workload's corpus index, if any)
+    refdec-nocorpus the same without the corpus index (workloads with a corpus)
     prompt-lookup   last earlier occurrence of the trailing 3-, else 2-, else
                     1-gram; one chain of k = budget tokens (DESIGN.md's rule)
     hf-prompt-lookup transformers' prompt_lookup_num_tokens exactly: 2..1-grams,
@@ -45,7 +46,7 @@ import baselines  # noqa: E402
 import workloads  # noqa: E402
 
 OUT_DIR = Path(__file__).resolve().parent / "out"
-DEFAULT_METHODS = ("refdec", "prompt-lookup", "hf-prompt-lookup", "oracle-chain", "arctic")
+DEFAULT_METHODS = ("refdec", "refdec-nocorpus", "prompt-lookup", "hf-prompt-lookup", "oracle-chain", "arctic")
 
 
 # ---------------------------------------------------------------- accounting
@@ -163,12 +164,13 @@ def method_factory(name: str, workload, corpus=None, max_depth: int = 64):
         return lambda case: baselines.PromptLookup(max_ngram=2, occurrence="first")
     if name == "oracle-chain":
         return lambda case: baselines.OracleChain(case.output)
-    if name == "refdec":
-        if not refdec_available():
-            return None
+    if name in ("refdec", "refdec-nocorpus"):
+        if not refdec_available() or (name == "refdec-nocorpus" and workload.corpus is None):
+            return None  # refdec-nocorpus only where the workload has a corpus
         import refdec
 
-        return lambda case: refdec.Proposer(index=corpus, references=list(case.references) or None,
+        index = corpus if name == "refdec" else None
+        return lambda case: refdec.Proposer(index=index, references=list(case.references) or None,
                                             max_depth=max_depth)
     if name == "arctic":
         if not baselines.arctic_available():
@@ -187,9 +189,9 @@ def run(workload_names, methods, budgets, limit=None, progress=True) -> dict:
             print(f"[{wname}] no cases (data or cached outputs missing): skipped", file=sys.stderr)
             continue
         corpus = None
-        if wl.corpus and "refdec" in methods and refdec_available():
+        if wl.corpus and any(m.startswith("refdec") for m in methods) and refdec_available():
             t0 = time.time()
-            corpus = workloads.corpus_index(wl.corpus, show_progress=progress)
+            corpus = workloads.corpus_index(wl.corpus)
             print(f"[{wname}] corpus {wl.corpus} ready in {time.time() - t0:.1f}s", file=sys.stderr)
         results[wname] = {"cases": len(wl.cases),
                           "output_tokens": int(sum(len(c.output) for c in wl.cases)),
@@ -198,7 +200,8 @@ def run(workload_names, methods, budgets, limit=None, progress=True) -> dict:
         for mname in methods:
             make = method_factory(mname, wl, corpus)
             if make is None:
-                print(f"[{wname}] method {mname} unavailable: skipped", file=sys.stderr)
+                if not (mname == "refdec-nocorpus" and wl.corpus is None):
+                    print(f"[{wname}] method {mname} unavailable: skipped", file=sys.stderr)
                 continue
             per_budget = {}
             for budget in budgets:
@@ -212,6 +215,183 @@ def run(workload_names, methods, budgets, limit=None, progress=True) -> dict:
                           f"({time.time() - t0:.1f}s)", file=sys.stderr)
             results[wname]["methods"][mname] = per_budget
     return results
+
+
+# ---------------------------------------------------------------- diagnostics
+
+LOSS_KINDS = ("empty tree", "wrong first token", "wrong branch", "path ended (budget spent on other branches)",
+              "path ended (tree under budget)")
+
+
+def diagnose(workload_name: str, budget: int, limit=None, examples: int = 6, corpus=None) -> dict:
+    """Replays refdec on a workload and, at each of its steps, the oracle chain
+    from the same position: classifies the steps where refdec accepted fewer
+    tokens than the oracle's copied run, and sums the tokens lost per kind.
+
+    Kinds of loss (A = refdec accepted, O = oracle run, both capped at budget):
+        empty tree          refdec proposed nothing
+        wrong first token   no child of the root is the true next token
+        wrong branch        the accepted path's last node has children, none true
+        path ended (...)    the accepted path is a leaf: the draft stopped there,
+                            with the budget spent on other branches or not
+    """
+    import refdec
+
+    wl = workloads.load_workload(workload_name, limit)
+    if corpus is None and wl.corpus:
+        corpus = workloads.corpus_index(wl.corpus)
+    lost = dict.fromkeys(LOSS_KINDS, 0)
+    count = dict.fromkeys(LOSS_KINDS, 0)
+    match_hist = {kind: [] for kind in LOSS_KINDS}
+    samples = []
+    peer_better, peer_worse = [0, 0], [0, 0]
+    rank_hist = dict.fromkeys(RANK_BUCKETS, 0)
+    root_kids = []
+    total_steps = total_tokens = refdec_acc = oracle_acc = 0
+    for case in wl.cases:
+        truth = np.asarray(case.output, dtype=np.int32)
+        truth_list = truth.tolist()
+        prop = refdec.Proposer(index=corpus, references=list(case.references) or None, max_depth=64)
+        oracle = baselines.OracleChain(truth)
+        peer = baselines.CursorLookup()
+        prop.start(case.prompt)
+        oracle.start(case.prompt)
+        peer.start(case.prompt)
+        pos = 0
+        while pos < len(truth_list):
+            matches = prop.last_match_lengths()
+            tree = prop.propose(budget)
+            o_len, o_src = oracle.match_length(budget)
+            acc = accepted_length(tree, truth_list, pos)
+            peer_acc = accepted_length(peer.propose(budget), truth_list, pos)
+            if peer_acc > acc:
+                peer_better[0] += 1
+                peer_better[1] += peer_acc - acc
+            elif peer_acc < acc:
+                peer_worse[0] += 1
+                peer_worse[1] += acc - peer_acc
+            total_steps += 1
+            refdec_acc += acc
+            oracle_acc += o_len
+            if acc < o_len:
+                if len(tree) == 0:
+                    kind = LOSS_KINDS[0]
+                elif acc == 0:
+                    kind = LOSS_KINDS[1]
+                else:
+                    # the deepest node on the accepted path: does it have children?
+                    node = _path_end(tree, truth_list, pos, acc)
+                    has_children = bool((tree.parents == node).any())
+                    if has_children:
+                        kind = LOSS_KINDS[2]
+                    elif len(tree) >= budget:
+                        kind = LOSS_KINDS[3]
+                    else:
+                        kind = LOSS_KINDS[4]
+                if kind == LOSS_KINDS[1]:
+                    rank_hist[_true_token_rank(prop, truth_list[pos])] += 1
+                    root_kids.append(int((tree.parents < 0).sum()))
+                lost[kind] += o_len - acc
+                count[kind] += 1
+                match_hist[kind].append(max(matches.values()))
+                if len(samples) < 400:
+                    samples.append({"case": case.name, "pos": pos, "kind": kind, "accepted": acc,
+                                    "oracle": o_len, "nodes": len(tree), "matches": matches,
+                                    "context_tail": np.concatenate([case.prompt, truth[:pos]])[-12:].tolist(),
+                                    "truth": truth_list[pos:pos + o_len],
+                                    "best_path": _best_path(tree),
+                                    "oracle_src": o_src})
+            adv = min(acc + 1, len(truth_list) - pos)
+            prop.accept(truth[pos:pos + adv])
+            oracle.accept(truth[pos:pos + adv])
+            peer.accept(truth[pos:pos + adv])
+            pos += adv
+        total_tokens += len(truth_list)
+    return {"workload": workload_name, "budget": budget, "steps": total_steps, "tokens": total_tokens,
+            "refdec_accepted": refdec_acc, "oracle_accepted_same_positions": oracle_acc,
+            "lost_tokens": lost, "loss_steps": count,
+            "wrong_first_token_rank": rank_hist,
+            "wrong_first_token_root_children_median": float(np.median(root_kids)) if root_kids else None,
+            "cursor_lookup_better": {"steps": peer_better[0], "tokens": peer_better[1]},
+            "cursor_lookup_worse": {"steps": peer_worse[0], "tokens": peer_worse[1]},
+            "median_max_match_len": {k: float(np.median(v)) if v else None for k, v in match_hist.items()},
+            "samples": samples}
+
+
+RANK_BUCKETS = ("1", "2", "3-4", "5-8", "9-16", ">16", "only after backing off to a shorter suffix", "never seen")
+
+
+def _true_token_rank(prop, true_token: int) -> str:
+    """Rank bucket of the true next token among the continuations of the
+    context's longest matched suffix (by count, as the proposer ranks them)."""
+    ctx = prop.context
+    tokens = ctx.tokens()
+    length = ctx.current_match_length
+    nxt = [t for t, _ in ctx.next_tokens(tokens[len(tokens) - length:], 100000)] if length else []
+    if true_token in nxt:
+        r = nxt.index(true_token) + 1
+        for bucket, hi in (("1", 1), ("2", 2), ("3-4", 4), ("5-8", 8), ("9-16", 16)):
+            if r <= hi:
+                return bucket
+        return ">16"
+    for shorter in range(length - 1, 0, -1):
+        if true_token in [t for t, _ in ctx.next_tokens(tokens[len(tokens) - shorter:], 100000)]:
+            return RANK_BUCKETS[6]
+    return RANK_BUCKETS[7]
+
+
+def _path_end(tree, truth, pos, acc) -> int:
+    """Node index at depth ``acc`` on the accepted path (-1 for the root)."""
+    node = -1
+    tokens, parents = tree.token_ids.tolist(), tree.parents.tolist()
+    for d in range(acc):
+        node = next(i for i in range(len(tokens)) if parents[i] == node and tokens[i] == truth[pos + d])
+    return node
+
+
+def _best_path(tree) -> list:
+    """Tokens of the root path to the highest-scoring deepest node (the draft's main line)."""
+    if len(tree) == 0:
+        return []
+    depths = tree.depths()
+    # the main line: follow the best-scored child from the root
+    tokens, parents, scores = tree.token_ids.tolist(), tree.parents.tolist(), tree.scores.tolist()
+    path, node = [], -1
+    while True:
+        kids = [i for i in range(len(tokens)) if parents[i] == node]
+        if not kids:
+            return path
+        node = max(kids, key=lambda i: (scores[i], depths[i]))
+        path.append(tokens[node])
+
+
+def print_diagnosis(d: dict, n_examples: int = 8) -> None:
+    tok = workloads.tokenizer()
+    print(f"\n## refdec vs oracle chain on {d['workload']} at k={d['budget']} (refdec's trajectory)")
+    print(f"steps {d['steps']}, output tokens {d['tokens']}, draft tokens accepted: refdec "
+          f"{d['refdec_accepted']}, oracle from the same positions {d['oracle_accepted_same_positions']}")
+    print("| loss kind | steps | tokens lost | median longest match len |\n|---|---|---|---|")
+    for kind in LOSS_KINDS:
+        print(f"| {kind} | {d['loss_steps'][kind]} | {d['lost_tokens'][kind]} | "
+              f"{d['median_max_match_len'][kind]} |")
+    print(f"\nwrong first token: rank of the true token among the continuations of the context's longest "
+          f"matched suffix (root children in the tree: median {d['wrong_first_token_root_children_median']}):")
+    print("  " + ", ".join(f"{k}: {v}" for k, v in d["wrong_first_token_rank"].items()))
+    print(f"\nCursorLookup (nearest-to-cursor occurrence, one chain) on the same positions: accepts more "
+          f"on {d['cursor_lookup_better']['steps']} steps (+{d['cursor_lookup_better']['tokens']} tokens), "
+          f"fewer on {d['cursor_lookup_worse']['steps']} steps (-{d['cursor_lookup_worse']['tokens']} tokens)")
+    shown = dict.fromkeys(LOSS_KINDS, 0)
+    print("\nexamples (largest losses first):")
+    for s in sorted(d["samples"], key=lambda s: s["accepted"] - s["oracle"]):
+        if shown[s["kind"]] >= max(1, n_examples // 3):
+            continue
+        shown[s["kind"]] += 1
+        dec = lambda ids: tok.decode(ids).replace("\n", "\\n")  # noqa: E731
+        print(f"- [{s['kind']}] {s['case']} pos {s['pos']}: accepted {s['accepted']} vs oracle "
+              f"{s['oracle']}, {s['nodes']} nodes, match lens {s['matches']}\n"
+              f"    context ...{dec(s['context_tail'])!r}\n"
+              f"    truth       {dec(s['truth'][:24])!r}\n"
+              f"    refdec line {dec(s['best_path'][:24])!r}")
 
 
 def markdown(results: dict, budgets) -> str:
@@ -241,6 +421,8 @@ def main(argv=None) -> int:
     ap.add_argument("--quick", action="store_true", help="5 cases per workload, budgets 8,32")
     ap.add_argument("--json", default=None, help="output JSON path (default benchmarks/out/simulate-<time>.json)")
     ap.add_argument("--quiet", action="store_true")
+    ap.add_argument("--diagnose", default=None, metavar="WORKLOAD:BUDGET",
+                    help="classify refdec's losses against the oracle chain (e.g. edits:32) and exit")
     args = ap.parse_args(argv)
 
     import torch
@@ -255,6 +437,14 @@ def main(argv=None) -> int:
     methods = [m for m in args.methods.split(",") if m]
     if not workloads.data_dir().exists():
         print(f"data directory {workloads.data_dir()} not found (set REFDEC_DATA): nothing to do", file=sys.stderr)
+        return 0
+    if args.diagnose:
+        wname, budget = args.diagnose.split(":")
+        d = diagnose(wname, int(budget), limit)
+        print_diagnosis(d)
+        out = Path(args.json) if args.json else OUT_DIR / f"diagnose-{wname}-{budget}.json"
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(json.dumps(d, indent=1))
         return 0
     results = run(wnames, methods, budgets, limit, progress=not args.quiet)
     print(markdown(results, budgets))

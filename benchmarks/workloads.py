@@ -24,6 +24,7 @@ import gzip
 import hashlib
 import json
 import os
+import sys
 import sysconfig
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -249,10 +250,13 @@ def corpus_index(name: str, *, show_progress: bool = False):
         raise ValueError(f"unknown corpus {name!r}; expected 'stdlib'")
     path = CACHE_DIR / "stdlib.refdec"
     if path.exists():
-        return refdec.CorpusIndex.load(str(path))
+        try:
+            return refdec.CorpusIndex.load(str(path), tokenizer())
+        except refdec.IndexFormatError as exc:  # e.g. written by an older format version
+            print(f"rebuilding {path}: {exc}", file=sys.stderr)
     docs = stdlib_documents()
     ids = _cached_token_lists("stdlib", [(text, False) for _, text in docs])
-    index = refdec.CorpusIndex.build(ids, show_progress=show_progress)
+    index = refdec.CorpusIndex.build(ids, tokenizer(), show_progress=show_progress)
     path.parent.mkdir(parents=True, exist_ok=True)
     index.save(str(path))
     return refdec.CorpusIndex.load(str(path))

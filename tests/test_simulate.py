@@ -212,3 +212,30 @@ def test_oracle_rejects_tokens_off_the_true_continuation():
     oracle.start(np.array([1, 2, 3]))
     with pytest.raises(ValueError):
         oracle.accept(np.array([2]))
+
+
+# ---------------------------------------------------------------- refdec through the harness
+
+def test_refdec_proposer_copies_an_output_that_sits_in_the_prompt():
+    refdec = pytest.importorskip("refdec")
+    rng = np.random.default_rng(7)
+    prompt = rng.integers(0, 1000, size=300).astype(np.int32)
+    truth = prompt[100:200].copy()
+    rec = simulate.replay(refdec.Proposer(), prompt, truth, 8)
+    # the first step has a 1-token match at best; then every step copies 8 + 1
+    assert rec.steps <= 2 + -(-len(truth) // 9)
+
+
+def test_cursor_lookup_prefers_the_occurrence_near_the_cursor():
+    # "7 8" occurs three times in the prompt; after copying 1..6 the cursor sits
+    # right before the second "7 8", so that is the one continued (30 31: not the
+    # first, 20 21, nor the last, 40 41)
+    prompt = np.array([7, 8, 20, 21, 0, 1, 2, 3, 4, 5, 6, 7, 8, 30, 31, 9, 7, 8, 40, 41], dtype=np.int32)
+    cl = baselines.CursorLookup(ngrams=(1, 2))
+    cl.start(prompt)
+    cl.accept(np.array([1], dtype=np.int32))
+    cl.propose(5)  # chain 2 3 4 5 6
+    cl.accept(np.array([2, 3, 4, 5, 6, 7], dtype=np.int32))
+    cl.propose(1)
+    cl.accept(np.array([8], dtype=np.int32))
+    assert cl.propose(2).token_ids.tolist() == [30, 31]
