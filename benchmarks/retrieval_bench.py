@@ -152,13 +152,12 @@ def main() -> None:
                 hits[kind][1] += 1
             hit_txt = ", ".join(f"{kind} {h}/{n}" for kind, (h, n) in hits.items())
             print(f"top_k(k={args.k}, {score}) {mode:6s} {label}: {percentiles(times)}; source doc in top-k: {hit_txt}")
-            if score != "jaccard":
-                mode = f"{mode}_{score}"
-            out[f"top_k_{mode}_{label}_ms"] = {
+            name = mode if score == "jaccard" else f"{mode}_{score}"
+            out[f"top_k_{name}_{label}_ms"] = {
                 "p50": 1e3 * statistics.median(times),
                 "p95": 1e3 * sorted(times)[int(0.95 * len(times))],
             }
-            out[f"hits_{mode}"] = hits
+            out[f"hits_{name}"] = hits
 
     # Recall of the true top-k (brute force exact Jaccard over every document).
     doc_shingles = [shingles(d) for d in docs]

@@ -41,6 +41,7 @@ is fixed, so signatures are identical across processes and machines.
 
 from __future__ import annotations
 
+import hashlib
 import os
 import struct
 import tempfile
@@ -74,6 +75,11 @@ DEFAULT_NUM_PERM = 128
 DEFAULT_SEED = 1
 # One MinHash block is at most this many shingle rows x num_perm uint32 (8 MiB at 128).
 _BLOCK_ROWS = 16384
+# Documents are hashed in batches of about this many tokens, so building signatures or
+# de-duplicating never holds more than one batch of shingle sets (8 bytes per shingle).
+_BATCH_TOKENS = 1 << 20
+# Bound on the kept documents' shingle sets deduplicate holds (re-hashed when evicted).
+_DEDUP_CACHE_BYTES = 256 << 20
 _EMPTY = np.uint32(0xFFFFFFFF)  # datasketch's empty-signature value for affine32
 _MAX_TOKEN = np.iinfo(np.int32).max
 
@@ -238,6 +244,52 @@ def _exact_jaccard(x: np.ndarray, y: np.ndarray) -> float:
     return inter / (x.size + y.size - inter)
 
 
+class _ShingleCache:
+    """Shingle sets of documents fetched by index, in an LRU cache bounded in bytes."""
+
+    def __init__(self, fetch: Callable[[int], np.ndarray], ngram: int, max_bytes: int, name: str) -> None:
+        self.fetch, self.ngram, self.max_bytes, self.name = fetch, ngram, max_bytes, name
+        self.sets: OrderedDict[int, np.ndarray] = OrderedDict()  # doc_idx -> shingle set, LRU order
+        self.nbytes = 0
+
+    def get(self, doc_idx: int) -> np.ndarray:
+        hs = self.sets.get(doc_idx)
+        if hs is not None:
+            self.sets.move_to_end(doc_idx)
+            return hs
+        hs = _shingle_hashes(_as_tokens(self.fetch(doc_idx), f"{self.name}({doc_idx})"), self.ngram)
+        self.put(doc_idx, hs)
+        return hs
+
+    def put(self, doc_idx: int, hs: np.ndarray) -> None:
+        if doc_idx in self.sets:
+            self.nbytes -= self.sets.pop(doc_idx).nbytes
+        self.sets[doc_idx] = hs
+        self.nbytes += hs.nbytes
+        while self.nbytes > self.max_bytes and self.sets:
+            self.nbytes -= self.sets.popitem(last=False)[1].nbytes
+
+    def clear(self) -> None:
+        self.sets.clear()
+        self.nbytes = 0
+
+
+def _batches(documents: Sequence):
+    """Yield (first doc_idx, list of validated int32 token arrays) of about ``_BATCH_TOKENS`` tokens each."""
+    max_tokens = _BATCH_TOKENS
+    batch: list[np.ndarray] = []
+    first, tokens = 0, 0
+    for doc_idx in range(len(documents)):
+        arr = _as_tokens(documents[doc_idx], f"documents[{doc_idx}]")
+        batch.append(arr)
+        tokens += arr.shape[0]
+        if tokens >= max_tokens:
+            yield first, batch
+            first, batch, tokens = doc_idx + 1, [], 0
+    if batch:
+        yield first, batch
+
+
 # ---------------------------------------------------------------------------
 # Signatures and their file format
 # ---------------------------------------------------------------------------
@@ -338,12 +390,19 @@ class DocumentSignatures:
         seed: int = DEFAULT_SEED,
         ngram: int = DEFAULT_NGRAM,
     ) -> DocumentSignatures:
-        """Signatures of ``documents`` (a sequence of int32 [length] arrays)."""
+        """Signatures of ``documents`` (a sequence of int32 [length] arrays), hashed in batches
+        of about a million tokens (memory does not grow with the corpus beyond the matrix)."""
         num_perm, seed, ngram = _check_num_perm(num_perm), _check_seed(seed), _check_ngram(ngram)
-        hash_sets = [
-            _shingle_hashes(_as_tokens(doc, f"documents[{doc_idx}]"), ngram) for doc_idx, doc in enumerate(documents)
-        ]
-        return cls.from_shingles(hash_sets, num_perm=num_perm, seed=seed, ngram=ngram)
+        a, b = _permutations(num_perm, seed)
+        matrix = np.empty((len(documents), num_perm), dtype=np.uint32)
+        sizes = np.empty(len(documents), dtype=np.uint32)
+        for first, batch in _batches(documents):
+            hash_sets = [_shingle_hashes(tokens, ngram) for tokens in batch]
+            matrix[first : first + len(batch)] = _signatures(hash_sets, a, b)
+            sizes[first : first + len(batch)] = [hs.shape[0] for hs in hash_sets]
+        sigs = cls(matrix, sizes, num_perm=num_perm, seed=seed, ngram=ngram)
+        sigs._perm = (a, b)
+        return sigs
 
     @classmethod
     def from_shingles(
@@ -521,6 +580,10 @@ def deduplicate(
     Returns:
         (kept_indices int64 [num_kept] ascending, number of dropped documents).
 
+    Memory: documents are hashed in batches of about a million tokens; shingle sets of
+    kept documents are re-hashed from ``documents[i]`` when an LSH candidate needs them
+    (256 MiB LRU), so a corpus larger than memory works through a lazy sequence.
+
     MinHash LSH (bands chosen for >= 99.9 % recall at ``threshold``) proposes
     candidate pairs; each is verified with exact Jaccard, so no document is dropped
     below the threshold. Greedy in document order: a document similar only to a
@@ -536,42 +599,39 @@ def deduplicate(
         num_perm, seed, ngram = signatures.num_perm, signatures.seed, signatures.ngram
     else:
         num_perm, seed, ngram = _check_num_perm(num_perm), _check_seed(seed), _check_ngram(ngram)
+        a, b = _permutations(num_perm, seed)
 
-    # Step 1. exact duplicates by content (tokens and length), and shingle sets.
-    first_by_content: dict[bytes, int] = {}
-    is_exact_dup = np.zeros(num_docs, dtype=bool)
-    hash_sets: list[np.ndarray] = []
-    for doc_idx in range(num_docs):
-        tokens = _as_tokens(documents[doc_idx], f"documents[{doc_idx}]")
-        key = tokens.tobytes()
-        if key in first_by_content:
-            is_exact_dup[doc_idx] = True
-            hash_sets.append(np.zeros(0, dtype=np.uint64))  # not needed again
-            continue
-        first_by_content[key] = doc_idx
-        hash_sets.append(_shingle_hashes(tokens, ngram))
-    del first_by_content
-
-    if signatures is None:
-        signatures = DocumentSignatures.from_shingles(hash_sets, num_perm=num_perm, seed=seed, ngram=ngram)
-
-    # Step 2. greedy pass: query the LSH of kept documents, verify exactly, keep or drop.
     lsh = MinHashLSH(num_perm=num_perm, params=_band_params(threshold, num_perm))
+    # Kept documents' shingle sets: the current batch's are put here, earlier ones re-hashed on demand.
+    kept_sets = _ShingleCache(documents.__getitem__, ngram, _DEDUP_CACHE_BYTES, "documents.__getitem__")
+    first_by_digest: dict[bytes, int] = {}  # content digest -> first document with that content
     keep = np.zeros(num_docs, dtype=bool)
-    for doc_idx in range(num_docs):
-        if is_exact_dup[doc_idx]:
-            continue
-        hs = hash_sets[doc_idx]
-        if hs.size == 0:  # the (first) empty document: nothing to compare, keep it
-            keep[doc_idx] = True
-            continue
-        mh = signatures.minhash(doc_idx)
-        duplicate = any(_exact_jaccard(hs, hash_sets[other]) >= threshold for other in sorted(lsh.query(mh)))
-        if not duplicate:
-            keep[doc_idx] = True
-            lsh.insert(doc_idx, mh, check_duplication=False)
-        else:
-            hash_sets[doc_idx] = np.zeros(0, dtype=np.uint64)  # dropped: free it
+    for first, batch in _batches(documents):
+        # Step 1. exact duplicates: same digest, confirmed token by token.
+        unique: list[tuple[int, np.ndarray]] = []
+        for doc_idx, tokens in enumerate(batch, start=first):
+            digest = hashlib.blake2b(tokens.tobytes(), digest_size=16).digest()
+            earlier = first_by_digest.setdefault(digest, doc_idx)
+            if earlier != doc_idx and np.array_equal(
+                _as_tokens(documents[earlier], f"documents[{earlier}]"), tokens
+            ):
+                continue
+            unique.append((doc_idx, _shingle_hashes(tokens, ngram)))
+        if signatures is None:
+            rows = _signatures([hs for _, hs in unique], a, b)
+        # Step 2. greedy, in document order: LSH candidates among kept documents, verified exactly.
+        for row, (doc_idx, hs) in enumerate(unique):
+            if hs.size == 0:  # the first empty document: nothing to compare, keep it
+                keep[doc_idx] = True
+                continue
+            if signatures is None:
+                mh = LeanMinHash(seed=seed, hashvalues=rows[row], scheme="affine32")
+            else:
+                mh = signatures.minhash(doc_idx)
+            if not any(_exact_jaccard(hs, kept_sets.get(other)) >= threshold for other in sorted(lsh.query(mh))):
+                keep[doc_idx] = True
+                lsh.insert(doc_idx, mh, check_duplication=False)
+                kept_sets.put(doc_idx, hs)
     kept = np.flatnonzero(keep).astype(np.int64)
     return kept, num_docs - int(kept.size)
 
@@ -656,9 +716,7 @@ class Retriever:
         self.candidates_per_k = candidates_per_k
         self.min_candidates = min_candidates
         self.oversample = oversample
-        self.cache_bytes = cache_bytes
-        self._cache: OrderedDict[int, np.ndarray] = OrderedDict()  # doc_idx -> shingle set, LRU order
-        self._cached_bytes = 0
+        self._cache = _ShingleCache(fetch, signatures.ngram, cache_bytes, "fetch")
         self._nonempty = ~np.all(signatures.matrix == _EMPTY, axis=1)  # bool [num_docs]: has shingles
         self.forest: MinHashLSHForest | None = None
         if self.mode == "forest":
@@ -699,22 +757,9 @@ class Retriever:
     def __repr__(self) -> str:
         return f"Retriever({self.signatures!r}, candidates={self.mode!r})"
 
-    def _doc_shingles(self, doc_idx: int) -> np.ndarray:
-        hs = self._cache.get(doc_idx)
-        if hs is not None:
-            self._cache.move_to_end(doc_idx)
-            return hs
-        hs = _shingle_hashes(_as_tokens(self.fetch(doc_idx), f"fetch({doc_idx})"), self.signatures.ngram)
-        self._cache[doc_idx] = hs
-        self._cached_bytes += hs.nbytes
-        while self._cached_bytes > self.cache_bytes and self._cache:
-            self._cached_bytes -= self._cache.popitem(last=False)[1].nbytes
-        return hs
-
     def clear_cache(self) -> None:
         """Forget the cached shingle sets (e.g. after the documents behind ``fetch`` changed)."""
         self._cache.clear()
-        self._cached_bytes = 0
 
     def _best_by_estimate(
         self, q_sig: np.ndarray, doc_ids: np.ndarray | None, want: int, q_size: int | None = None
@@ -780,7 +825,7 @@ class Retriever:
         def rate(doc_ids: list[int]) -> None:
             for doc_idx in doc_ids:
                 if doc_idx not in scores:
-                    d_hashes = self._doc_shingles(doc_idx)
+                    d_hashes = self._cache.get(doc_idx)
                     inter = np.intersect1d(q_hashes, d_hashes, assume_unique=True).size if d_hashes.size else 0
                     jaccard = inter / (q_hashes.size + d_hashes.size - inter)
                     scores[doc_idx] = (inter / q_hashes.size if q_size else jaccard, jaccard)

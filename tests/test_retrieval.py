@@ -120,10 +120,13 @@ def test_signature_of_the_empty_document_is_datasketch_empty_value():
 
 
 def test_signatures_are_identical_in_a_fresh_process(corpus):
+    # Load the module by path: importing the refdec package would pull in torch.
     code = (
-        "import numpy as np, sys; from refdec.retrieval import DocumentSignatures;"
+        "import importlib.util, sys, numpy as np;"
+        f"spec = importlib.util.spec_from_file_location('r', {retrieval.__file__!r});"
+        "m = importlib.util.module_from_spec(spec); spec.loader.exec_module(m);"
         "d = np.arange(1000, dtype=np.int32) % 97;"
-        "sys.stdout.write(DocumentSignatures.from_documents([d]).matrix.tobytes().hex())"
+        "sys.stdout.write(m.DocumentSignatures.from_documents([d]).matrix.tobytes().hex())"
     )
     env = dict(os.environ, PYTHONHASHSEED="123")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, env=env).stdout
@@ -207,6 +210,18 @@ def test_deduplicate_is_deterministic(corpus):
     first = deduplicate(docs, threshold=0.8)
     second = deduplicate(docs, threshold=0.8)
     assert np.array_equal(first[0], second[0]) and first[1] == second[1]
+
+
+def test_batched_hashing_gives_the_same_signatures_and_dedup_result(corpus, monkeypatch):
+    rng = np.random.default_rng(11)
+    docs = corpus[:60] + [scattered_edit(d, 0.01, rng) for d in corpus[:30]] + [corpus[5], corpus[59]]
+    whole_sigs, whole = DocumentSignatures.from_documents(docs), deduplicate(docs, 0.9)
+    monkeypatch.setattr(retrieval, "_BATCH_TOKENS", 700)  # a few documents per batch
+    monkeypatch.setattr(retrieval, "_DEDUP_CACHE_BYTES", 0)  # kept sets re-hashed from documents[i]
+    assert DocumentSignatures.from_documents(docs) == whole_sigs
+    batched = deduplicate(docs, 0.9)
+    assert np.array_equal(batched[0], whole[0]) and batched[1] == whole[1] == 32
+    assert np.array_equal(deduplicate(docs, 0.9, signatures=whole_sigs)[0], whole[0])
 
 
 def test_band_params_recall_at_threshold_is_at_least_999_per_mille():
@@ -328,9 +343,9 @@ def test_retriever_fetches_tokens_through_the_callback(corpus):
     first = r.top_k(corpus[0][:100], k=3)
     fetched = len(calls)
     assert fetched >= 3 and r.top_k(corpus[0][:100], k=3) == first
-    assert 0 < r._cached_bytes <= 40_000 and r._cached_bytes == sum(h.nbytes for h in r._cache.values())
+    assert 0 < r._cache.nbytes <= 40_000 and r._cache.nbytes == sum(h.nbytes for h in r._cache.sets.values())
     r.clear_cache()
-    assert r._cached_bytes == 0 and r.top_k(corpus[0][:100], k=3) == first and len(calls) > fetched
+    assert r._cache.nbytes == 0 and r.top_k(corpus[0][:100], k=3) == first and len(calls) > fetched
 
 
 # ---------------------------------------------------------------------------
