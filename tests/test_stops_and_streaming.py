@@ -206,3 +206,35 @@ def test_generation_stops_at_max_position_embeddings(llama):
     prompt = list(range(3, 90)) * 5 + list(range(3, 80))  # 512 tokens = max_position_embeddings
     out = refdec.generate(llama, prompt, max_new_tokens=10, eos_token_id=[], max_draft_tokens=8)
     assert out.stats.new_tokens == 1 and out.stats.stop_reason == "max_position_embeddings"
+
+
+def test_cli_generate_streams_the_text_and_prints_stats(tmp_path, tiny_tokenizer, capsys):
+    from refdec.cli_generate import register
+    import argparse
+
+    model = tiny_llama()
+    model.save_pretrained(tmp_path / "m")
+    tiny_tokenizer.save_pretrained(tmp_path / "m")
+    ref_file = tmp_path / "ref.txt"
+    ref_file.write_text("abc abc abc", encoding="utf-8")
+    parser = argparse.ArgumentParser(prog="refdec")
+    register(parser.add_subparsers(dest="command", required=True))
+    args = parser.parse_args(["generate", "--prompt", "abc abc ab", "--model", str(tmp_path / "m"),
+                              "--reference", str(ref_file), "--max-new-tokens", "12", "--max-draft-tokens", "8"])
+    assert args.handler(args) == 0
+    captured = capsys.readouterr()
+    loaded = model.to(torch.float32)
+    ids = tiny_tokenizer("abc abc ab", add_special_tokens=True)["input_ids"]
+    out = refdec.generate(loaded, ids, max_new_tokens=12, max_draft_tokens=0)
+    assert captured.out.rstrip("\n") == tiny_tokenizer.decode(out.sequences[0, len(ids):]).rstrip("\n")
+    assert "tokens/pass" in captured.err and "passes" in captured.err
+
+
+def test_cli_rejects_a_bad_max_draft_tokens():
+    from refdec.cli_generate import register
+    import argparse
+
+    parser = argparse.ArgumentParser(prog="refdec")
+    register(parser.add_subparsers(dest="command", required=True))
+    with pytest.raises(SystemExit):
+        parser.parse_args(["generate", "--prompt", "x", "--max-draft-tokens", "-1"])
