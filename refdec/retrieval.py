@@ -14,14 +14,24 @@ Arrays crossing this module's boundary:
                                                            converted if it fits int32)
     shingles(...)                      uint64 [n_unique]  sorted, unique shingle hashes
     DocumentSignatures.matrix          uint32 [num_docs, num_perm]
+    DocumentSignatures.sizes           uint32 [num_docs]  distinct shingles per document
     deduplicate(...)[0]                int64 [num_kept]   kept document indices, ascending
+
+Wiring into a corpus index (doc_idx = position in the index):
+
+    sigs = DocumentSignatures.from_documents(docs)
+    kept, dropped = deduplicate(docs, 0.9, signatures=sigs)    # index only docs[kept]
+    sigs.take(kept).save(signature_path(index_path))            # atomic sibling file
+    ...
+    retriever = Retriever.load(signature_path(index_path), index.document, num_docs=n)
+    retriever.top_k(prompt_ids, k)  # -> [(doc_idx, score)], best first
 
 Shingles. A document is the *set* of its token n-grams (n = ``DEFAULT_NGRAM``
 = 3), each n-gram represented by a 64-bit hash computed with numpy over the
 whole document at once. Why 3: a substituted token destroys the n shingles
 that cover it, so for scattered edits Jaccard ~ (1 - n f) / (1 + n f) at a
 fraction f of changed tokens. With n = 3, a 1 % scattered edit still scores
-~0.94 (a near-duplicate at 0.9), and edits clustered in a few lines (the usual
+~0.94 (a near-duplicate at 0.9; 2 % scattered scores ~0.89 and is kept), and edits clustered in a few lines (the usual
 case for code) cost far fewer shingles; with n = 5 a 1 % scattered edit already
 falls to ~0.90. Below 3, token bigrams of code are dominated by ubiquitous
 pairs (``self .``, ``) :``) and unrelated files look alike. A document shorter
@@ -400,6 +410,7 @@ class DocumentSignatures:
             hash_sets = [_shingle_hashes(tokens, ngram) for tokens in batch]
             matrix[first : first + len(batch)] = _signatures(hash_sets, a, b)
             sizes[first : first + len(batch)] = [hs.shape[0] for hs in hash_sets]
+        matrix.flags.writeable = False  # hand over without a copy
         sigs = cls(matrix, sizes, num_perm=num_perm, seed=seed, ngram=ngram)
         sigs._perm = (a, b)
         return sigs
@@ -409,9 +420,14 @@ class DocumentSignatures:
         cls, hash_sets: Sequence[np.ndarray], *, num_perm: int, seed: int, ngram: int
     ) -> DocumentSignatures:
         """Signatures of already computed shingle sets (each uint64 [n_unique], from ``shingles``)."""
+        for doc_idx, hs in enumerate(hash_sets):
+            if not isinstance(hs, np.ndarray) or hs.dtype != np.uint64 or hs.ndim != 1:
+                raise ValueError(f"hash_sets[{doc_idx}] must be a uint64 [n] array from shingles(), got {hs!r:.60}")
         a, b = _permutations(_check_num_perm(num_perm), _check_seed(seed))
         sizes = np.array([hs.shape[0] for hs in hash_sets], dtype=np.uint32)
-        sigs = cls(_signatures(hash_sets, a, b), sizes, num_perm=num_perm, seed=seed, ngram=ngram)
+        matrix = _signatures(hash_sets, a, b)
+        matrix.flags.writeable = False
+        sigs = cls(matrix, sizes, num_perm=num_perm, seed=seed, ngram=ngram)
         sigs._perm = (a, b)
         return sigs
 

@@ -114,6 +114,13 @@ def test_signatures_are_bit_identical_to_datasketch_minhash_update_batch(corpus)
         assert np.array_equal(sigs.matrix[doc_idx], m.hashvalues), doc_idx
 
 
+def test_from_shingles_equals_from_documents(corpus):
+    sigs = DocumentSignatures.from_shingles([shingles(d) for d in corpus[:10]], num_perm=128, seed=1, ngram=3)
+    assert sigs == DocumentSignatures.from_documents(corpus[:10])
+    with pytest.raises(ValueError, match=r"hash_sets\[0\]"):
+        DocumentSignatures.from_shingles([corpus[0]], num_perm=128, seed=1, ngram=3)
+
+
 def test_signature_of_the_empty_document_is_datasketch_empty_value():
     sigs = DocumentSignatures.from_documents([np.zeros(0, dtype=np.int32)])
     assert np.all(sigs.matrix == MinHash(num_perm=128, scheme="affine32").hashvalues)
