@@ -55,6 +55,7 @@ import hashlib
 import os
 import struct
 import tempfile
+import threading
 import zlib
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
@@ -255,33 +256,40 @@ def _exact_jaccard(x: np.ndarray, y: np.ndarray) -> float:
 
 
 class _ShingleCache:
-    """Shingle sets of documents fetched by index, in an LRU cache bounded in bytes."""
+    """Shingle sets of documents fetched by index, in an LRU cache bounded in bytes.
+
+    Thread-safe: the cache is locked, hashing and ``fetch`` run outside the lock.
+    """
 
     def __init__(self, fetch: Callable[[int], np.ndarray], ngram: int, max_bytes: int, name: str) -> None:
         self.fetch, self.ngram, self.max_bytes, self.name = fetch, ngram, max_bytes, name
         self.sets: OrderedDict[int, np.ndarray] = OrderedDict()  # doc_idx -> shingle set, LRU order
         self.nbytes = 0
+        self._lock = threading.Lock()
 
     def get(self, doc_idx: int) -> np.ndarray:
-        hs = self.sets.get(doc_idx)
-        if hs is not None:
-            self.sets.move_to_end(doc_idx)
-            return hs
+        with self._lock:
+            hs = self.sets.get(doc_idx)
+            if hs is not None:
+                self.sets.move_to_end(doc_idx)
+                return hs
         hs = _shingle_hashes(_as_tokens(self.fetch(doc_idx), f"{self.name}({doc_idx})"), self.ngram)
         self.put(doc_idx, hs)
         return hs
 
     def put(self, doc_idx: int, hs: np.ndarray) -> None:
-        if doc_idx in self.sets:
-            self.nbytes -= self.sets.pop(doc_idx).nbytes
-        self.sets[doc_idx] = hs
-        self.nbytes += hs.nbytes
-        while self.nbytes > self.max_bytes and self.sets:
-            self.nbytes -= self.sets.popitem(last=False)[1].nbytes
+        with self._lock:
+            if doc_idx in self.sets:
+                self.nbytes -= self.sets.pop(doc_idx).nbytes
+            self.sets[doc_idx] = hs
+            self.nbytes += hs.nbytes
+            while self.nbytes > self.max_bytes and self.sets:
+                self.nbytes -= self.sets.popitem(last=False)[1].nbytes
 
     def clear(self) -> None:
-        self.sets.clear()
-        self.nbytes = 0
+        with self._lock:
+            self.sets.clear()
+            self.nbytes = 0
 
 
 def _batches(documents: Sequence):

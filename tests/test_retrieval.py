@@ -9,6 +9,8 @@ import sys
 import numpy as np
 import pytest
 from datasketch import MinHash
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from refdec import retrieval
 from refdec.retrieval import (
@@ -229,6 +231,23 @@ def test_batched_hashing_gives_the_same_signatures_and_dedup_result(corpus, monk
     batched = deduplicate(docs, 0.9)
     assert np.array_equal(batched[0], whole[0]) and batched[1] == whole[1] == 32
     assert np.array_equal(deduplicate(docs, 0.9, signatures=whole_sigs)[0], whole[0])
+
+
+@settings(max_examples=25, deadline=None)
+@given(
+    seed=st.integers(0, 2**32 - 1),
+    copies=st.lists(st.tuples(st.integers(0, 19), st.sampled_from([0.0, 0.01, 0.05, 0.2])), max_size=15),
+    threshold=st.sampled_from([0.5, 0.8, 0.9, 1.0]),
+)
+def test_deduplicating_the_kept_documents_again_drops_nothing(corpus, seed, copies, threshold):
+    rng = np.random.default_rng(seed)
+    docs = corpus[:20] + [scattered_edit(corpus[i], f, rng) for i, f in copies]
+    order = rng.permutation(len(docs))
+    docs = [docs[i] for i in order]
+    kept, dropped = deduplicate(docs, threshold)
+    assert kept.size + dropped == len(docs) and np.all(np.diff(kept) > 0)
+    again, dropped_again = deduplicate([docs[i] for i in kept], threshold)
+    assert dropped_again == 0 and again.tolist() == list(range(kept.size))
 
 
 def test_band_params_recall_at_threshold_is_at_least_999_per_mille():
