@@ -104,10 +104,15 @@ class OracleChain:
     Obviously correct rather than clever: the candidate start positions are
     those holding the continuation's first token; each further token keeps the
     candidates whose next position matches (and lies inside the sequence).
+
+    ``anchor`` > 0 restricts the copy to sources preceded by the context's last
+    ``anchor`` tokens: the bound for a drafter that continues a suffix match of
+    at least that length, with unlimited width (any occurrence, any branch).
     """
 
-    def __init__(self, truth):
+    def __init__(self, truth, anchor: int = 0):
         self.truth = np.asarray(truth, dtype=np.int64)
+        self.anchor = int(anchor)
         self.seq = np.zeros(0, dtype=np.int64)
         self.pos = 0  # output tokens accepted so far
 
@@ -134,6 +139,13 @@ class OracleChain:
         if len(target) == 0:
             return 0, -1
         cand = np.flatnonzero(seq == target[0])
+        if self.anchor:
+            a = self.anchor
+            if self.length < a:
+                return 0, -1
+            cand = cand[cand >= a]
+            for back in range(1, a + 1):
+                cand = cand[seq[cand - back] == seq[self.length - back]]
         if cand.size == 0:
             return 0, -1
         best = 1

@@ -25,6 +25,9 @@ Methods:
                     the first (leftmost) occurrence
     oracle-chain    longest k-capped run of the true continuation found verbatim
                     in prompt + output so far (bound for any copied chain)
+    oracle-suffix1  the same, but copied only from places preceded by the
+                    context's last token: the bound for suffix-match drafting
+                    (match >= 1) with unlimited width
     arctic          ArcticInference SuffixDecodingCache (if importable)
 """
 
@@ -46,7 +49,8 @@ import baselines  # noqa: E402
 import workloads  # noqa: E402
 
 OUT_DIR = Path(__file__).resolve().parent / "out"
-DEFAULT_METHODS = ("refdec", "refdec-nocorpus", "prompt-lookup", "hf-prompt-lookup", "oracle-chain", "arctic")
+DEFAULT_METHODS = ("refdec", "refdec-nocorpus", "prompt-lookup", "hf-prompt-lookup", "oracle-chain",
+                   "oracle-suffix1", "arctic")
 
 
 # ---------------------------------------------------------------- accounting
@@ -164,6 +168,8 @@ def method_factory(name: str, workload, corpus=None, max_depth: int = 64):
         return lambda case: baselines.PromptLookup(max_ngram=2, occurrence="first")
     if name == "oracle-chain":
         return lambda case: baselines.OracleChain(case.output)
+    if name == "oracle-suffix1":
+        return lambda case: baselines.OracleChain(case.output, anchor=1)
     if name in ("refdec", "refdec-nocorpus"):
         if not refdec_available() or (name == "refdec-nocorpus" and workload.corpus is None):
             return None  # refdec-nocorpus only where the workload has a corpus

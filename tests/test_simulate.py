@@ -239,3 +239,14 @@ def test_cursor_lookup_prefers_the_occurrence_near_the_cursor():
     cl.propose(1)
     cl.accept(np.array([8], dtype=np.int32))
     assert cl.propose(2).token_ids.tolist() == [30, 31]
+
+
+def test_anchored_oracle_copies_only_after_the_current_last_token():
+    # 5 6 7 8 occurs after a 1, the context ends in 2: anchor=1 finds nothing
+    truth = np.array([5, 6, 7, 8])
+    free, anchored = baselines.OracleChain(truth), baselines.OracleChain(truth, anchor=1)
+    for o in (free, anchored):
+        o.start(np.array([1, 5, 6, 7, 8, 3, 2]))
+    assert free.match_length(8)[0] == 4 and anchored.match_length(8)[0] == 0
+    anchored.start(np.array([1, 5, 6, 7, 8, 3, 2, 5, 6, 9, 1]))
+    assert anchored.match_length(8)[0] == 4
