@@ -769,11 +769,31 @@ class Retriever:
 
     @classmethod
     def load(
-        cls, path: PathLike, fetch: Callable[[int], np.ndarray], *, num_docs: int | None = None, **kwargs
+        cls,
+        path: PathLike,
+        fetch: Callable[[int], np.ndarray],
+        *,
+        num_docs: int | None = None,
+        spot_checks: int = 3,
+        **kwargs,
     ) -> Retriever:
-        """Load signatures from ``path`` (the forest, if used, is rebuilt); ``num_docs`` (the
-        index's document count) is checked when given. Raises ValueError naming ``path`` on a bad file."""
-        return cls(DocumentSignatures.load(path, num_docs=num_docs), fetch, **kwargs)
+        """Load signatures from ``path`` (the forest, if used, is rebuilt).
+
+        Against a stale sibling file: ``num_docs`` (the index's document count) is checked
+        when given, and the signatures of ``spot_checks`` documents spread over the corpus
+        (first, last, between) are recomputed from ``fetch`` and compared with the file.
+        Raises ValueError naming ``path`` on a bad or stale file."""
+        if isinstance(spot_checks, bool) or not isinstance(spot_checks, int) or spot_checks < 0:
+            raise ValueError(f"spot_checks must be an int >= 0, got {spot_checks!r}")
+        sigs = DocumentSignatures.load(path, num_docs=num_docs)
+        if len(sigs) and spot_checks:
+            for doc_idx in sorted({int(i) for i in np.linspace(0, len(sigs) - 1, spot_checks).round()}):
+                if not np.array_equal(sigs.signature(fetch(doc_idx)), sigs.matrix[doc_idx]):
+                    raise ValueError(
+                        f"{os.fspath(path)}: stale signature file: document {doc_idx} does not match its "
+                        "stored signature (rebuild the signatures for this index)"
+                    )
+        return cls(sigs, fetch, **kwargs)
 
     def __len__(self) -> int:
         return len(self.signatures)

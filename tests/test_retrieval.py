@@ -464,6 +464,15 @@ def test_retriever_round_trips_through_the_sibling_file_of_an_index(tmp_path, co
         Retriever.load(signature_path(index_path), corpus.__getitem__, num_docs=len(corpus) + 1)
 
 
+def test_loading_signatures_of_other_documents_is_caught_as_stale(tmp_path, corpus):
+    path = signature_path(tmp_path / "corpus.refdec")
+    Retriever.from_documents(corpus[:100]).save(path)
+    other = corpus[100:200]  # same count, other content: the index was rebuilt
+    with pytest.raises(ValueError, match=r"corpus\.refdec\.minhash: stale signature file"):
+        Retriever.load(path, other.__getitem__, num_docs=100)
+    assert len(Retriever.load(path, other.__getitem__, num_docs=100, spot_checks=0)) == 100
+
+
 # ---------------------------------------------------------------------------
 # Bad inputs
 # ---------------------------------------------------------------------------
