@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cctype>
 #include <cerrno>
 #include <cstring>
 
@@ -29,6 +30,15 @@ inline uint64_t load64(const uint8_t* p) {
 }
 inline uint64_t round64(uint64_t acc, uint64_t w) { return rotl(acc + w * kP2, 31) * kP1; }
 inline uint64_t merge64(uint64_t h, uint64_t v) { return (h ^ round64(0, v)) * kP1 + kP4; }
+
+// Hex digits, then only zero bytes (an empty fingerprint is valid).
+bool valid_fingerprint(const std::string& f) {
+  size_t i = 0;
+  while (i < f.size() && std::isxdigit(static_cast<unsigned char>(f[i]))) ++i;
+  for (; i < f.size(); ++i)
+    if (f[i] != '\0') return false;
+  return true;
+}
 
 uint64_t align_up(uint64_t x) { return (x + kAlign - 1) / kAlign * kAlign; }
 
@@ -83,13 +93,9 @@ uint64_t body_checksum(const uint8_t* data, size_t size) {
 
 std::unique_ptr<FrozenIndex> FrozenIndex::freeze(const SuffixAutomaton& sam, const std::string& fingerprint,
                                                  uint32_t vocab_size) {
-  if (fingerprint.size() > 64)
-    throw std::invalid_argument("fingerprint must be at most 64 characters, got " +
-                                std::to_string(fingerprint.size()));
+  if (fingerprint.size() > 64 || !valid_fingerprint(fingerprint))
+    throw std::invalid_argument("fingerprint must be at most 64 hex digits, got '" + fingerprint + "'");
   const std::vector<uint32_t>& count = sam.counts();
-  const std::vector<int32_t>& len = sam.lengths();
-  const std::vector<int32_t>& link = sam.links();
-  const std::vector<int32_t>& end_pos = sam.end_positions();
   const int64_t n_states = sam.num_states();
   const int64_t n = sam.num_tokens();
   const int64_t n_docs = sam.num_documents();
@@ -106,9 +112,9 @@ std::unique_ptr<FrozenIndex> FrozenIndex::freeze(const SuffixAutomaton& sam, con
   int64_t n_edges = 0;
   for (int64_t s = 0; s < n_states; ++s) {
     if (s == kRoot || count[s] != 1) {
-      for (int32_t e = sam.first_edge(s); e != -1; e = sam.edge_next(e)) ++n_edges;
+      n_edges += sam.num_children(static_cast<int32_t>(s));
     } else {
-      new_id[s] = static_cast<int32_t>(n_internal + end_pos[s]);
+      new_id[s] = static_cast<int32_t>(n_internal + sam.raw_end_pos(static_cast<int32_t>(s)));
     }
   }
   if (n_edges >= (int64_t{1} << 32)) throw std::invalid_argument("too many transitions to freeze");
@@ -155,18 +161,18 @@ std::unique_ptr<FrozenIndex> FrozenIndex::freeze(const SuffixAutomaton& sam, con
   uint64_t edge_pos = 0;
   for (int64_t s = 0; s < n_states; ++s) {
     const int32_t id = new_id[s];
-    const int32_t l = link[s] == kNoState ? -1 : new_id[link[s]];
+    const int32_t link = sam.link(static_cast<int32_t>(s));
+    const int32_t l = link == kNoState ? -1 : new_id[link];
     if (s != kRoot && count[s] == 1) {
       leaf_link[id - n_internal] = l;
       continue;
     }
-    state_len[id] = len[s];
+    state_len[id] = sam.length(static_cast<int32_t>(s));
     state_link[id] = l;
     state_count[id] = count[s];
     edge_offsets[id] = static_cast<uint32_t>(edge_pos);
-    edges.clear();
-    for (int32_t e = sam.first_edge(s); e != -1; e = sam.edge_next(e))
-      edges.push_back({sam.edge_token(e), new_id[sam.edge_target(e)]});
+    sam.children(static_cast<int32_t>(s), &edges);
+    for (Edge& e : edges) e.target = new_id[e.target];
     std::sort(edges.begin(), edges.end(), [](const Edge& a, const Edge& b) { return a.token < b.token; });
     for (const Edge& e : edges) {
       edge_tokens[edge_pos] = e.token;
@@ -242,6 +248,8 @@ void FrozenIndex::attach(const uint8_t* base, size_t size, const std::string& na
       fail("header checksum mismatch: the header is corrupt");
   }
   if (h.reserved0 != 0) fail("reserved header field is not zero");
+  if (!valid_fingerprint(std::string(h.fingerprint, sizeof(h.fingerprint))))
+    fail("fingerprint is not hex digits followed by zero padding");
   for (uint8_t b : h.padding)
     if (b != 0) fail("header padding is not zero");
   if (h.file_size != size)
@@ -257,16 +265,21 @@ void FrozenIndex::attach(const uint8_t* base, size_t size, const std::string& na
   // Step 3. Each section: expected size, aligned, after the header, inside the file.
   uint64_t counts[kNumSections];
   expected_counts(h, counts);
+  uint64_t previous_end = sizeof(FileHeader);
   for (int i = 0; i < kNumSections; ++i) {
     const FileSection& sec = h.sections[i];
+    const std::string what = std::string("section ") + kSectionName[i];
     if (sec.size != counts[i] * kElemSize[i])
-      fail(std::string("section ") + kSectionName[i] + " has " + std::to_string(sec.size) + " bytes, expected " +
-           std::to_string(counts[i] * kElemSize[i]));
-    if (sec.offset % 8 != 0) fail(std::string("section ") + kSectionName[i] + " is misaligned");
-    if (sec.offset < sizeof(FileHeader) || sec.offset > size || sec.size > size - sec.offset)
-      fail(std::string("section ") + kSectionName[i] + " lies outside the file (offset " +
-           std::to_string(sec.offset) + ", " + std::to_string(sec.size) + " bytes, file " + std::to_string(size) +
-           ")");
+      fail(what + " has " + std::to_string(sec.size) + " bytes, expected " + std::to_string(counts[i] * kElemSize[i]));
+    if (sec.offset % kAlign != 0)
+      fail(what + " offset " + std::to_string(sec.offset) + " is not aligned to " + std::to_string(kAlign) + " bytes");
+    if (sec.offset > size || sec.size > size - sec.offset)
+      fail(what + " lies outside the file (offset " + std::to_string(sec.offset) + ", " + std::to_string(sec.size) +
+           " bytes, file " + std::to_string(size) + ")");
+    if (sec.offset < previous_end)
+      fail(what + " offset " + std::to_string(sec.offset) + " overlaps the header or the previous section (ends at " +
+           std::to_string(previous_end) + ")");
+    previous_end = sec.offset + sec.size;
   }
   base_ = base;
   size_ = size;

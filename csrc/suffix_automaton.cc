@@ -9,113 +9,109 @@ namespace refdec {
 namespace {
 
 constexpr uint64_t kEmptyKey = ~uint64_t{0};
+constexpr uint64_t kHashMul = 0x9E3779B97F4A7C15ull;
 
 inline uint64_t edge_key(int32_t state, int32_t token) {
   return (static_cast<uint64_t>(static_cast<uint32_t>(state)) << 32) | static_cast<uint32_t>(token);
 }
 
+// Reserves room for `needed` elements, growing geometrically (an exact
+// reserve per document would copy the arrays once per document).
+template <typename T>
+void reserve_geometric(std::vector<T>* v, size_t needed) {
+  if (needed > v->capacity()) v->reserve(std::max(needed, v->capacity() * 3 / 2));
+}
+
 }  // namespace
 
 SuffixAutomaton::SuffixAutomaton() {
-  new_state(0, kNoState, -1);
-  table_key_.assign(1024, kEmptyKey);
-  table_edge_.assign(1024, -1);
+  table_.assign(1024, Slot{kEmptyKey, -1, 0});
   table_mask_ = 1023;
   table_shift_ = 64 - 10;
+  new_state(0, kNoState, -1);
 }
 
 int32_t SuffixAutomaton::new_state(int32_t len, int32_t link, int32_t end_pos) {
-  const int32_t id = static_cast<int32_t>(len_.size());
-  len_.push_back(len);
-  link_.push_back(link);
-  end_pos_.push_back(end_pos);
-  head_.push_back(-1);
-  own_.push_back(0);
+  const int32_t id = static_cast<int32_t>(states_.size());
+  states_.push_back(State{len, link, end_pos, -1, 0});
   count_.push_back(0);
   return id;
 }
 
 void SuffixAutomaton::reserve(int64_t n) {
-  const size_t states = len_.size() + 2 * static_cast<size_t>(n);
-  len_.reserve(states);
-  link_.reserve(states);
-  end_pos_.reserve(states);
-  head_.reserve(states);
-  own_.reserve(states);
-  count_.reserve(states);
-  const size_t edges = edge_token_.size() + 3 * static_cast<size_t>(n);
-  edge_token_.reserve(edges);
-  edge_target_.reserve(edges);
-  edge_next_.reserve(edges);
-  tokens_.reserve(tokens_.size() + n);
-  while ((table_mask_ + 1) < 2 * edges) grow_table();
+  const size_t states = states_.size() + 2 * static_cast<size_t>(n);
+  reserve_geometric(&states_, states);
+  reserve_geometric(&count_, states);
+  reserve_geometric(&edges_, edges_.size() + 3 * static_cast<size_t>(n) / 2);
+  reserve_geometric(&tokens_, tokens_.size() + n);
 }
 
-int32_t SuffixAutomaton::find_edge(int32_t state, int32_t token) const {
+const SuffixAutomaton::Slot* SuffixAutomaton::find_slot(int32_t state, int32_t token) const {
   const uint64_t key = edge_key(state, token);
-  uint64_t slot = (key * 0x9E3779B97F4A7C15ull) >> table_shift_;
+  uint64_t i = (key * kHashMul) >> table_shift_;
   while (true) {
-    const uint64_t k = table_key_[slot];
-    if (k == key) return table_edge_[slot];
-    if (k == kEmptyKey) return -1;
-    slot = (slot + 1) & table_mask_;
+    const Slot& slot = table_[i];
+    if (slot.key == key) return &slot;
+    if (slot.key == kEmptyKey) return nullptr;
+    i = (i + 1) & table_mask_;
   }
 }
 
+SuffixAutomaton::Slot* SuffixAutomaton::find_slot(int32_t state, int32_t token) {
+  return const_cast<Slot*>(static_cast<const SuffixAutomaton*>(this)->find_slot(state, token));
+}
+
 void SuffixAutomaton::grow_table() {
-  // Step 1. Double the capacity and rehash every edge from the edge arrays.
-  const uint64_t capacity = (table_mask_ + 1) * 2;
-  table_key_.assign(capacity, kEmptyKey);
-  table_edge_.assign(capacity, -1);
+  // Step 1. Double the capacity; Step 2. reinsert the old slots in order.
+  std::vector<Slot> old;
+  old.swap(table_);
+  const uint64_t capacity = old.size() * 2;
+  table_.assign(capacity, Slot{kEmptyKey, -1, 0});
   table_mask_ = capacity - 1;
   table_shift_ -= 1;
-  // Step 2. Reinsert: the source state of an edge is found by walking each state's list.
-  for (int32_t s = 0; s < static_cast<int32_t>(head_.size()); ++s) {
-    for (int32_t e = head_[s]; e != -1; e = edge_next_[e]) {
-      const uint64_t key = edge_key(s, edge_token_[e]);
-      uint64_t slot = (key * 0x9E3779B97F4A7C15ull) >> table_shift_;
-      while (table_key_[slot] != kEmptyKey) slot = (slot + 1) & table_mask_;
-      table_key_[slot] = key;
-      table_edge_[slot] = e;
-    }
+  for (const Slot& slot : old) {
+    if (slot.key == kEmptyKey) continue;
+    uint64_t i = (slot.key * kHashMul) >> table_shift_;
+    while (table_[i].key != kEmptyKey) i = (i + 1) & table_mask_;
+    table_[i] = slot;
   }
 }
 
 void SuffixAutomaton::add_edge(int32_t state, int32_t token, int32_t target) {
-  if (2 * (edge_token_.size() + 1) > table_mask_ + 1) grow_table();
-  const int32_t e = static_cast<int32_t>(edge_token_.size());
-  edge_token_.push_back(token);
-  edge_target_.push_back(target);
-  edge_next_.push_back(head_[state]);
-  head_[state] = e;
+  if (2 * (edges_.size() + 1) > table_.size()) grow_table();
+  const int32_t e = static_cast<int32_t>(edges_.size());
+  edges_.push_back(EdgeNode{token, states_[state].head});
+  states_[state].head = e;
   const uint64_t key = edge_key(state, token);
-  uint64_t slot = (key * 0x9E3779B97F4A7C15ull) >> table_shift_;
-  while (table_key_[slot] != kEmptyKey) {
-    assert(table_key_[slot] != key);
-    slot = (slot + 1) & table_mask_;
+  uint64_t i = (key * kHashMul) >> table_shift_;
+  while (table_[i].key != kEmptyKey) {
+    assert(table_[i].key != key);
+    i = (i + 1) & table_mask_;
   }
-  table_key_[slot] = key;
-  table_edge_[slot] = e;
+  table_[i] = Slot{key, target, 0};
 }
 
 int32_t SuffixAutomaton::clone_state(int32_t q, int32_t len) {
   // Step 1. The clone takes q's link, an end position of q (the clone's
   // end positions are a superset of q's) and q's occurrence count.
-  const int32_t clone = new_state(len, link_[q], end_pos_[q]);
+  const int32_t clone = new_state(len, states_[q].link, states_[q].end_pos);
   if (counts_valid_) count_[clone] = count_[q];
   // Step 2. Copy q's transitions.
-  for (int32_t e = head_[q]; e != -1; e = edge_next_[e]) add_edge(clone, edge_token_[e], edge_target_[e]);
-  link_[q] = clone;
+  for (int32_t e = states_[q].head; e != -1; e = edges_[e].next) {
+    const int32_t token = edges_[e].token;
+    add_edge(clone, token, find_slot(q, token)->target);
+  }
+  states_[q].link = clone;
   return clone;
 }
 
 void SuffixAutomaton::redirect(int32_t p, int32_t token, int32_t from, int32_t to) {
   // Walk the suffix links from p while (p, token) still leads to `from`.
   while (p != kNoState) {
-    const int32_t e = find_edge(p, token);
-    if (e == -1 || edge_target_[e] != from) break;
-    edge_target_[e] = to;
-    p = link_[p];
+    Slot* slot = find_slot(p, token);
+    if (slot == nullptr || slot->target != from) break;
+    slot->target = to;
+    p = states_[p].link;
   }
 }
 
@@ -124,7 +120,7 @@ void SuffixAutomaton::bump_counts(int32_t state) {
   // and to every state on its suffix-link chain.
   if (!counts_valid_) return;
   int steps = 0;
-  for (int32_t s = state; s != kNoState; s = link_[s]) {
+  for (int32_t s = state; s != kNoState; s = states_[s].link) {
     if (++steps > kMaxCountWalk) {
       counts_valid_ = false;
       return;
@@ -146,47 +142,47 @@ void SuffixAutomaton::extend(int32_t token) {
   const int32_t pos = static_cast<int32_t>(tokens_.size());
   tokens_.push_back(token);
   const int32_t last = last_;
+  const int32_t last_len = states_[last].len;
 
   // Step 1. Generalised construction: the string last+token already exists
   // (it occurred in an earlier document). Reuse its state, or split it.
-  const int32_t existing = find_edge(last, token);
-  if (existing != -1) {
-    const int32_t q = edge_target_[existing];
-    if (len_[q] == len_[last] + 1) {
+  if (const Slot* existing = find_slot(last, token)) {
+    const int32_t q = existing->target;
+    if (states_[q].len == last_len + 1) {
       last_ = q;
     } else {
-      const int32_t clone = clone_state(q, len_[last] + 1);
+      const int32_t clone = clone_state(q, last_len + 1);
       redirect(last, token, q, clone);
       last_ = clone;
     }
-    ++own_[last_];
+    ++states_[last_].own;
     bump_counts(last_);
     return;
   }
 
   // Step 2. New state for the whole new prefix; add transitions from the
   // suffix-link chain of `last` until one already has `token`.
-  const int32_t cur = new_state(len_[last] + 1, kNoState, pos);
-  own_[cur] = 1;
+  const int32_t cur = new_state(last_len + 1, kNoState, pos);
+  states_[cur].own = 1;
   int32_t p = last;
-  int32_t e = -1;
-  while (p != kNoState && (e = find_edge(p, token)) == -1) {
+  const Slot* slot = nullptr;
+  while (p != kNoState && (slot = find_slot(p, token)) == nullptr) {
     add_edge(p, token, cur);
-    p = link_[p];
+    p = states_[p].link;
   }
 
   // Step 3. Set the suffix link of the new state, cloning q when (p, token)
   // reaches a state whose longest string is longer than len(p)+1.
   if (p == kNoState) {
-    link_[cur] = kRoot;
+    states_[cur].link = kRoot;
   } else {
-    const int32_t q = edge_target_[e];
-    if (len_[p] + 1 == len_[q]) {
-      link_[cur] = q;
+    const int32_t q = slot->target;
+    if (states_[p].len + 1 == states_[q].len) {
+      states_[cur].link = q;
     } else {
-      const int32_t clone = clone_state(q, len_[p] + 1);
+      const int32_t clone = clone_state(q, states_[p].len + 1);
       redirect(p, token, q, clone);
-      link_[cur] = clone;
+      states_[cur].link = clone;
     }
   }
   last_ = cur;
@@ -219,37 +215,39 @@ void SuffixAutomaton::extend_many(const int32_t* tokens, int64_t n) {
 void SuffixAutomaton::ensure_counts() const {
   if (counts_valid_) return;
   // Step 1. Counting sort of the states by length.
-  const size_t n_states = len_.size();
+  const size_t n_states = states_.size();
   int32_t max_len = 0;
-  for (int32_t l : len_) max_len = std::max(max_len, l);
+  for (const State& s : states_) max_len = std::max(max_len, s.len);
   std::vector<int32_t> bucket(static_cast<size_t>(max_len) + 2, 0);
-  for (int32_t l : len_) ++bucket[l + 1];
+  for (const State& s : states_) ++bucket[s.len + 1];
   for (size_t i = 1; i < bucket.size(); ++i) bucket[i] += bucket[i - 1];
   std::vector<int32_t> order(n_states);
-  for (size_t s = 0; s < n_states; ++s) order[bucket[len_[s]]++] = static_cast<int32_t>(s);
+  for (size_t s = 0; s < n_states; ++s) order[bucket[states_[s].len]++] = static_cast<int32_t>(s);
   // Step 2. In decreasing length, add each state's count into its link.
-  count_.assign(own_.begin(), own_.end());
+  count_.resize(n_states);
+  for (size_t s = 0; s < n_states; ++s) count_[s] = states_[s].own;
   for (size_t i = n_states; i-- > 1;) {
     const int32_t s = order[i];
-    if (link_[s] != kNoState) count_[link_[s]] += count_[s];
+    const int32_t l = states_[s].link;
+    if (l != kNoState) count_[l] += count_[s];
   }
   counts_valid_ = true;
 }
 
 int32_t SuffixAutomaton::match_state() const {
   if (last_ == kRoot) return kRoot;
-  return link_[last_];
+  return states_[last_].link;
 }
 
 int32_t SuffixAutomaton::transition(int32_t state, int32_t token) const {
   if (!valid(state) || token < 0) return kNoState;
-  const int32_t e = find_edge(state, token);
-  return e == -1 ? kNoState : edge_target_[e];
+  const Slot* slot = find_slot(state, token);
+  return slot == nullptr ? kNoState : slot->target;
 }
 
-int32_t SuffixAutomaton::link(int32_t state) const { return valid(state) ? link_[state] : kNoState; }
+int32_t SuffixAutomaton::link(int32_t state) const { return valid(state) ? states_[state].link : kNoState; }
 
-int32_t SuffixAutomaton::length(int32_t state) const { return valid(state) ? len_[state] : 0; }
+int32_t SuffixAutomaton::length(int32_t state) const { return valid(state) ? states_[state].len : 0; }
 
 int64_t SuffixAutomaton::count(int32_t state) const {
   if (!valid(state)) return 0;
@@ -259,13 +257,23 @@ int64_t SuffixAutomaton::count(int32_t state) const {
 
 int64_t SuffixAutomaton::unique_end_pos(int32_t state) const {
   if (count(state) != 1) return -1;
-  return end_pos_[state];
+  return states_[state].end_pos;
+}
+
+int32_t SuffixAutomaton::num_children(int32_t state) const {
+  int32_t n = 0;
+  if (valid(state))
+    for (int32_t e = states_[state].head; e != -1; e = edges_[e].next) ++n;
+  return n;
 }
 
 void SuffixAutomaton::children(int32_t state, std::vector<Edge>* out) const {
   out->clear();
   if (!valid(state)) return;
-  for (int32_t e = head_[state]; e != -1; e = edge_next_[e]) out->push_back({edge_token_[e], edge_target_[e]});
+  for (int32_t e = states_[state].head; e != -1; e = edges_[e].next) {
+    const int32_t token = edges_[e].token;
+    out->push_back({token, find_slot(state, token)->target});
+  }
 }
 
 int32_t SuffixAutomaton::token_at(int64_t token_pos) const {

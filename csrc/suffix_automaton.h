@@ -14,9 +14,9 @@ namespace refdec {
 //
 // Build: add_document(tokens), or start_document() then extend(token) per
 // token (the live decoding context is one open document that keeps growing).
-// Transitions live in one open-addressing hash table keyed by (state, token);
-// each state also keeps a singly linked list of its edges for cloning and
-// enumeration.
+// Transitions live in one open-addressing hash table (state, token) -> target;
+// each state also keeps a singly linked list of its edge labels for cloning
+// and enumeration.
 //
 // Occurrence counts: extend() on an automaton whose counts are up to date
 // walks the suffix-link chain of the new state and adds one occurrence to
@@ -50,12 +50,12 @@ class SuffixAutomaton : public AutomatonView {
   // link(last()); kRoot when the document is empty.
   int32_t match_state() const;
   // Number of transitions.
-  int64_t num_edges() const { return static_cast<int64_t>(edge_token_.size()); }
+  int64_t num_edges() const { return static_cast<int64_t>(edges_.size()); }
   // Makes count() answers current (no-op when already current).
   void ensure_counts() const;
 
   // AutomatonView.
-  int64_t num_states() const override { return static_cast<int64_t>(len_.size()); }
+  int64_t num_states() const override { return static_cast<int64_t>(states_.size()); }
   int32_t transition(int32_t state, int32_t token) const override;
   int32_t link(int32_t state) const override;
   int32_t length(int32_t state) const override;
@@ -69,52 +69,57 @@ class SuffixAutomaton : public AutomatonView {
   int64_t document_end(int64_t token_pos) const override;
   const int32_t* token_data() const override { return tokens_.data(); }
 
-  // Raw per-state arrays, for freezing.
-  const std::vector<int32_t>& lengths() const { return len_; }
-  const std::vector<int32_t>& links() const { return link_; }
-  const std::vector<int32_t>& end_positions() const { return end_pos_; }
-  const std::vector<uint32_t>& counts() const { ensure_counts(); return count_; }
-  const std::vector<int64_t>& document_begins() const { return doc_begin_; }
-  // Edge list of a state: first edge index (-1 = none), then edge_next().
-  int32_t first_edge(int32_t state) const { return head_[state]; }
-  int32_t edge_next(int32_t edge) const { return edge_next_[edge]; }
-  int32_t edge_token(int32_t edge) const { return edge_token_[edge]; }
-  int32_t edge_target(int32_t edge) const { return edge_target_[edge]; }
+  // Raw per-state fields, for freezing (state must be valid).
+  int32_t raw_end_pos(int32_t state) const { return states_[state].end_pos; }
+  const std::vector<uint32_t>& counts() const {
+    ensure_counts();
+    return count_;
+  }
+  // Number of transitions of a state.
+  int32_t num_children(int32_t state) const;
 
  private:
+  // Per-state record (one cache line holds three).
+  struct State {
+    int32_t len;      // length of the longest string
+    int32_t link;     // suffix link, kNoState for the root
+    int32_t end_pos;  // one end position (exact when count == 1)
+    int32_t head;     // first edge of the state's edge list, -1 when none
+    uint32_t own;     // occurrences ending exactly here (prefixes of documents)
+  };
+  // Edge list node; the target lives in the hash table slot.
+  struct EdgeNode {
+    int32_t token;  // label
+    int32_t next;   // next edge of the same source state, -1 = end
+  };
+  // Hash table slot: (state, token) -> target.
+  struct Slot {
+    uint64_t key;    // kEmptyKey for an empty slot
+    int32_t target;  // target state
+    int32_t pad;     // unused
+  };
+
   int32_t new_state(int32_t len, int32_t link, int32_t end_pos);
   int32_t clone_state(int32_t q, int32_t len);
   void redirect(int32_t p, int32_t token, int32_t from, int32_t to);
   void add_edge(int32_t state, int32_t token, int32_t target);
-  int32_t find_edge(int32_t state, int32_t token) const;
+  // Slot holding (state, token), or nullptr.
+  Slot* find_slot(int32_t state, int32_t token);
+  const Slot* find_slot(int32_t state, int32_t token) const;
   void grow_table();
   void bump_counts(int32_t state);
-  bool valid(int32_t state) const { return state >= 0 && state < static_cast<int32_t>(len_.size()); }
+  bool valid(int32_t state) const { return state >= 0 && state < static_cast<int32_t>(states_.size()); }
 
-  // Per state.
-  std::vector<int32_t> len_;       // length of the longest string
-  std::vector<int32_t> link_;      // suffix link, kNoState for the root
-  std::vector<int32_t> end_pos_;   // one end position (exact when count == 1)
-  std::vector<int32_t> head_;      // first edge index, -1 when none
-  std::vector<uint32_t> own_;      // occurrences ending exactly here (documents' prefixes)
+  std::vector<State> states_;            // per state
   mutable std::vector<uint32_t> count_;  // occurrence counts (valid when counts_valid_)
   mutable bool counts_valid_ = true;     // false: count_ must be recomputed
-
-  // Per edge.
-  std::vector<int32_t> edge_token_;   // label
-  std::vector<int32_t> edge_target_;  // target state
-  std::vector<int32_t> edge_next_;    // next edge of the same source state, -1 = end
-
-  // Hash table (state, token) -> edge index; open addressing, linear probing.
-  std::vector<uint64_t> table_key_;   // kEmptyKey for an empty slot
-  std::vector<int32_t> table_edge_;   // edge index of the slot
-  uint64_t table_mask_ = 0;           // capacity - 1 (capacity a power of two)
-  int table_shift_ = 64;              // 64 - log2(capacity), for the multiplicative hash
-
-  // Token stream.
-  std::vector<int32_t> tokens_;     // all documents concatenated
-  std::vector<int64_t> doc_begin_;  // first token_pos of each document
-  int32_t last_ = kRoot;            // state of the current document's whole prefix
+  std::vector<EdgeNode> edges_;          // per edge
+  std::vector<Slot> table_;              // open addressing, linear probing, power-of-two size
+  uint64_t table_mask_ = 0;              // table_.size() - 1
+  int table_shift_ = 64;                 // 64 - log2(table_.size()), for the multiplicative hash
+  std::vector<int32_t> tokens_;          // all documents concatenated
+  std::vector<int64_t> doc_begin_;       // first token_pos of each document
+  int32_t last_ = kRoot;                 // state of the current document's whole prefix
 };
 
 }  // namespace refdec
