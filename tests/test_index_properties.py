@@ -31,8 +31,10 @@ ID_RANGES = {
     "near_int32_max": lambda a: INT32_MAX - a + 1,
 }
 
-FAST = settings(deadline=None, max_examples=120, suppress_health_check=[HealthCheck.too_slow])
-SLOW = settings(deadline=None, max_examples=60, suppress_health_check=[HealthCheck.too_slow])
+# REFDEC_HYPOTHESIS_SCALE=20 multiplies the examples for a longer bug hunt.
+_SCALE = max(1, int(os.environ.get("REFDEC_HYPOTHESIS_SCALE", "1")))
+FAST = settings(deadline=None, max_examples=120 * _SCALE, suppress_health_check=[HealthCheck.too_slow])
+SLOW = settings(deadline=None, max_examples=60 * _SCALE, suppress_health_check=[HealthCheck.too_slow])
 
 
 @st.composite
