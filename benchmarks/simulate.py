@@ -229,10 +229,13 @@ LOSS_KINDS = ("empty tree", "wrong first token", "wrong branch", "path ended (bu
               "path ended (tree under budget)")
 
 
-def diagnose(workload_name: str, budget: int, limit=None, examples: int = 6, corpus=None) -> dict:
+def diagnose(workload_name: str, budget: int, limit=None, corpus=None, anchor: int = 0) -> dict:
     """Replays refdec on a workload and, at each of its steps, the oracle chain
     from the same position: classifies the steps where refdec accepted fewer
     tokens than the oracle's copied run, and sums the tokens lost per kind.
+
+    ``anchor`` = 1 compares against oracle-suffix1 (the reachable bound for
+    suffix-match drafting) instead of the free oracle chain.
 
     Kinds of loss (A = refdec accepted, O = oracle run, both capped at budget):
         empty tree          refdec proposed nothing
@@ -258,7 +261,7 @@ def diagnose(workload_name: str, budget: int, limit=None, examples: int = 6, cor
         truth = np.asarray(case.output, dtype=np.int32)
         truth_list = truth.tolist()
         prop = refdec.Proposer(index=corpus, references=list(case.references) or None, max_depth=64)
-        oracle = baselines.OracleChain(truth)
+        oracle = baselines.OracleChain(truth, anchor=anchor)
         peer = baselines.CursorLookup()
         prop.start(case.prompt)
         oracle.start(case.prompt)
@@ -313,7 +316,8 @@ def diagnose(workload_name: str, budget: int, limit=None, examples: int = 6, cor
             peer.accept(truth[pos:pos + adv])
             pos += adv
         total_tokens += len(truth_list)
-    return {"workload": workload_name, "budget": budget, "steps": total_steps, "tokens": total_tokens,
+    return {"workload": workload_name, "budget": budget, "oracle": "oracle-suffix1" if anchor else "oracle-chain",
+            "steps": total_steps, "tokens": total_tokens,
             "refdec_accepted": refdec_acc, "oracle_accepted_same_positions": oracle_acc,
             "lost_tokens": lost, "loss_steps": count,
             "wrong_first_token_rank": rank_hist,
@@ -373,7 +377,7 @@ def _best_path(tree) -> list:
 
 def print_diagnosis(d: dict, n_examples: int = 8) -> None:
     tok = workloads.tokenizer()
-    print(f"\n## refdec vs oracle chain on {d['workload']} at k={d['budget']} (refdec's trajectory)")
+    print(f"\n## refdec vs {d['oracle']} on {d['workload']} at k={d['budget']} (refdec's trajectory)")
     print(f"steps {d['steps']}, output tokens {d['tokens']}, draft tokens accepted: refdec "
           f"{d['refdec_accepted']}, oracle from the same positions {d['oracle_accepted_same_positions']}")
     print("| loss kind | steps | tokens lost | median longest match len |\n|---|---|---|---|")
@@ -427,8 +431,9 @@ def main(argv=None) -> int:
     ap.add_argument("--quick", action="store_true", help="5 cases per workload, budgets 8,32")
     ap.add_argument("--json", default=None, help="output JSON path (default benchmarks/out/simulate-<time>.json)")
     ap.add_argument("--quiet", action="store_true")
-    ap.add_argument("--diagnose", default=None, metavar="WORKLOAD:BUDGET",
-                    help="classify refdec's losses against the oracle chain (e.g. edits:32) and exit")
+    ap.add_argument("--diagnose", default=None, metavar="WORKLOAD:BUDGET[:ANCHOR]",
+                    help="classify refdec's losses against the oracle chain (e.g. edits:32), or with ANCHOR=1 "
+                         "against oracle-suffix1 (edits:32:1), and exit")
     args = ap.parse_args(argv)
 
     import torch
@@ -445,10 +450,10 @@ def main(argv=None) -> int:
         print(f"data directory {workloads.data_dir()} not found (set REFDEC_DATA): nothing to do", file=sys.stderr)
         return 0
     if args.diagnose:
-        wname, budget = args.diagnose.split(":")
-        d = diagnose(wname, int(budget), limit)
+        wname, budget, *rest = args.diagnose.split(":")
+        d = diagnose(wname, int(budget), limit, anchor=int(rest[0]) if rest else 0)
         print_diagnosis(d)
-        out = Path(args.json) if args.json else OUT_DIR / f"diagnose-{wname}-{budget}.json"
+        out = Path(args.json) if args.json else OUT_DIR / f"diagnose-{wname}-{budget}{'-suffix1' if rest else ''}.json"
         out.parent.mkdir(parents=True, exist_ok=True)
         out.write_text(json.dumps(d, indent=1))
         return 0
