@@ -1,0 +1,204 @@
+"""Hand-drawn draft trees: what Proposer.propose returns in named situations.
+
+Trees are drawn root-down; the root is the last context token (not a node).
+Default confidences: context and reference weight 1.0, half_len 2 (a match of
+length L scores L / (L + 2)); corpus weight 0.9, half_len 4.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from refdec import CorpusIndex, DraftTree, Proposer
+from refdec import _C
+
+CONTEXT, REFERENCE, CORPUS = 0, 1, 2
+
+
+def arr(tokens):
+    return np.asarray(tokens, dtype=np.int32)
+
+
+def assert_tree(tree, token_ids, parents, source_ids=None, scores=None):
+    assert isinstance(tree, DraftTree)
+    assert tree.token_ids.dtype == np.int32 and tree.parents.dtype == np.int32
+    assert tree.scores.dtype == np.float32 and tree.source_ids.dtype == np.int32
+    assert tree.token_ids.tolist() == token_ids
+    assert tree.parents.tolist() == parents
+    if source_ids is not None:
+        assert tree.source_ids.tolist() == source_ids
+    if scores is not None:
+        np.testing.assert_allclose(tree.scores, scores, rtol=1e-6)
+    assert tree.source_names == ("context", "reference", "corpus")
+
+
+# Prompt 5 6 7 8 9 5 6: the suffix "5 6" (L=2) occurred at the start.
+#
+#   root(6) ── 7 ── 8 ── 9 ── 5 ── 6
+#
+REPEAT_PROMPT = [5, 6, 7, 8, 9, 5, 6]
+REPEAT_TOKENS = [7, 8, 9, 5, 6]
+REPEAT_PARENTS = [-1, 0, 1, 2, 3]
+
+
+def test_a_repeated_span_in_the_prompt_gives_a_chain_that_continues_it():
+    proposer = Proposer()
+    proposer.start(arr(REPEAT_PROMPT))
+    tree = proposer.propose(32)
+    assert_tree(tree, REPEAT_TOKENS, REPEAT_PARENTS, [CONTEXT] * 5, [0.5] * 5)
+    assert proposer.last_match_lengths() == {"context": 2, "reference": 0, "corpus": 0}
+
+
+def test_accept_extends_the_context_and_advances_the_match():
+    # After accepting 7 8 the suffix "5 6 7 8" (L=4) matches:
+    #
+    #   root(8) ── 9 ── 5 ── 6 ── 7 ── 8
+    #
+    proposer = Proposer()
+    proposer.start(arr(REPEAT_PROMPT))
+    proposer.accept(arr([7, 8]))
+    tree = proposer.propose(32)
+    assert_tree(tree, [9, 5, 6, 7, 8], [-1, 0, 1, 2, 3], scores=[4 / 6] * 5)
+    assert proposer.last_match_lengths()["context"] == 4
+    assert len(proposer.context) == 9
+
+
+# Context 1 2 3 4 9 1 2 (match "1 2", L=2) and reference 7 1 2 3 5 (match "1 2", L=2):
+#
+#   root(2) ── 3 ─┬─ 4 ── 9 ── 1 ── 2      node 0 "3": both sources, 1 - (1 - .5)(1 - .5) = .75
+#                 └─ 5                     node 5 "5": reference only
+#
+MERGE_TOKENS = [3, 4, 9, 1, 2, 5]
+MERGE_PARENTS = [-1, 0, 1, 2, 3, 0]
+MERGE_SOURCES = [CONTEXT, CONTEXT, CONTEXT, CONTEXT, CONTEXT, REFERENCE]
+MERGE_SCORES = [0.75, 0.5, 0.5, 0.5, 0.5, 0.5]
+
+
+def test_two_sources_merge_a_common_prefix_into_one_node():
+    proposer = Proposer(references=[arr([7, 1, 2, 3, 5])])
+    proposer.start(arr([1, 2, 3, 4, 9, 1, 2]))
+    tree = proposer.propose(32)
+    assert_tree(tree, MERGE_TOKENS, MERGE_PARENTS, MERGE_SOURCES, MERGE_SCORES)
+    assert proposer.last_match_lengths() == {"context": 2, "reference": 2, "corpus": 0}
+
+
+def test_a_unique_continuation_goes_deep_up_to_max_depth():
+    # 0 1 ... 99 0 1: the match "0 1" continues uniquely for 100 tokens.
+    prompt = list(range(100)) + [0, 1]
+    for max_depth, expected in [(64, 64), (10, 10), (500, 100)]:
+        proposer = Proposer(max_depth=max_depth)
+        proposer.start(arr(prompt))
+        tree = proposer.propose(1000)
+        assert tree.token_ids.tolist() == (list(range(2, 100)) + [0, 1])[:expected]
+        assert tree.parents.tolist() == list(range(-1, expected - 1))
+
+
+# Context 1 2 1 2 1 3 1: the suffix "1" (L=1, confidence 1/3) was followed by
+# 2 twice and 3 once (the final "1" has no continuation and is not counted):
+#
+#   root(1) ─┬─ 2 (2/9) ── 1 (2/9)
+#            └─ 3 (1/9)
+#
+def test_branch_scores_are_count_ratios_of_the_children():
+    proposer = Proposer()
+    proposer.start(arr([1, 2, 1, 2, 1, 3, 1]))
+    tree = proposer.propose(2)
+    assert_tree(tree, [2, 1], [-1, 0], scores=[2 / 9, 2 / 9])
+    tree = proposer.propose(64)
+    assert tree.token_ids[:2].tolist() == [2, 1]
+    assert 3 in tree.token_ids[tree.parents == -1].tolist()
+    assert np.all(np.diff(tree.scores) <= 1e-7)  # best-first: non-increasing scores
+
+
+def test_max_nodes_is_respected_and_the_order_is_topological():
+    # "1 x" for 100 different x, then "1": the match "1" has 100 children.
+    prompt = [t for x in range(100) for t in (1, 1000 + x)] + [1]
+    proposer = Proposer(max_depth=16)
+    proposer.start(arr(prompt))
+    for max_nodes in (0, 1, 3, 17, 64):
+        tree = proposer.propose(max_nodes)
+        assert len(tree) == max_nodes
+        assert np.all(tree.parents < np.arange(len(tree)))
+        assert tree.depths().max(initial=0) <= 16
+
+
+def test_empty_tree_when_nothing_matches():
+    proposer = Proposer(references=[arr([9, 9, 9])])
+    proposer.start(arr([1, 2, 3]))
+    tree = proposer.propose(32)
+    assert len(tree) == 0
+    assert proposer.last_match_lengths() == {"context": 0, "reference": 0, "corpus": 0}
+
+
+# Corpus documents 10 11 12 13 and 10 11 12 14; prompt ends with 10 11 (L=2,
+# confidence 0.9 * 2/6 = 0.3):
+#
+#   root(11) ── 12 ─┬─ 13      each leaf 0.15
+#                   └─ 14
+#
+def test_corpus_source_branches_by_counts():
+    index = CorpusIndex.build([[10, 11, 12, 13], [10, 11, 12, 14]], show_progress=False)
+    proposer = Proposer(index)
+    proposer.start(arr([1, 10, 11]))
+    tree = proposer.propose(32)
+    assert_tree(tree, [12, 13, 14], [-1, 0, 0], [CORPUS] * 3, [0.3, 0.15, 0.15])
+    assert proposer.last_match_lengths()["corpus"] == 2
+
+
+def test_a_loaded_corpus_proposes_the_same_tree(tmp_path):
+    built = CorpusIndex.build([[10, 11, 12, 13], [10, 11, 12, 14]], show_progress=False)
+    built.save(tmp_path / "c.refdec")
+    loaded = CorpusIndex.load(tmp_path / "c.refdec")
+    trees = []
+    for index in (built, loaded):
+        proposer = Proposer(index)
+        proposer.start(arr([1, 10, 11]))
+        trees.append(proposer.propose(32))
+    assert trees[0].token_ids.tolist() == trees[1].token_ids.tolist()
+    assert trees[0].parents.tolist() == trees[1].parents.tolist()
+
+
+def test_propose_before_start_raises_value_error():
+    with pytest.raises(ValueError, match="start"):
+        Proposer().propose(4)
+
+
+@pytest.mark.parametrize("bad", [-1, 1.5, None])
+def test_bad_max_nodes_raises_value_error_naming_it(bad):
+    proposer = Proposer()
+    proposer.start(arr([1, 2]))
+    with pytest.raises(ValueError, match="max_nodes"):
+        proposer.propose(bad)
+
+
+def test_negative_accepted_token_raises_value_error_naming_it():
+    proposer = Proposer()
+    proposer.start(arr([1, 2]))
+    with pytest.raises(ValueError, match="-5"):
+        proposer.accept(np.array([3, -5]))
+
+
+def test_start_resets_the_request():
+    proposer = Proposer()
+    proposer.start(arr(REPEAT_PROMPT))
+    proposer.start(arr([1, 2, 3]))
+    assert len(proposer.propose(8)) == 0
+    assert len(proposer.context) == 3
+
+
+def test_build_draft_combines_sources_explicitly():
+    # The low-level builder used by ProposerCore, driven directly:
+    #   automaton over 1 2 3 | 1 2 4, matched at "1 2" (L=2, weight 1, half_len 0: confidence 1):
+    #
+    #   root ─┬─ 3 (0.5)
+    #         └─ 4 (0.5)
+    sam = _C.SuffixAutomaton()
+    sam.add_document(arr([1, 2, 3]))
+    sam.add_document(arr([1, 2, 4]))
+    state = sam.find_state(arr([1, 2]))
+    token_ids, parents, scores, source_ids = _C.build_draft([(sam, state, 2, 1.0, 0.0, 7)], 8, 4)
+    assert token_ids.tolist() == [3, 4]
+    assert parents.tolist() == [-1, -1]
+    np.testing.assert_allclose(scores, [0.5, 0.5])
+    assert source_ids.tolist() == [7, 7]
