@@ -55,19 +55,19 @@ DEFAULT_METHODS = ("refdec", "refdec-nocorpus", "prompt-lookup", "hf-prompt-look
 
 # ---------------------------------------------------------------- accounting
 
-def accepted_length(tree, truth: list, pos: int) -> int:
-    """Length of the longest root path of ``tree`` whose tokens equal
-    ``truth[pos:]`` (``truth`` a list of ints). Parents precede children, so one
-    forward pass suffices."""
+def accepted_path(tree, truth: list, pos: int) -> tuple:
+    """(length, node_idx) of the longest root path of ``tree`` whose tokens
+    equal ``truth[pos:]`` (``truth`` a list of ints); node_idx = -1 when none.
+    Parents precede children, so one forward pass suffices."""
     n = len(tree)
     remaining = len(truth) - pos
     if n == 0 or remaining <= 0:
-        return 0
+        return 0, -1
     tokens = tree.token_ids.tolist()
     parents = tree.parents.tolist()
     depth = [0] * n
     on_path = [False] * n
-    best = 0
+    best, best_node = 0, -1
     for node_idx in range(n):
         parent = parents[node_idx]
         if parent < 0:
@@ -78,8 +78,23 @@ def accepted_length(tree, truth: list, pos: int) -> int:
         if parent_ok and d <= remaining and tokens[node_idx] == truth[pos + d - 1]:
             on_path[node_idx] = True
             if d > best:
-                best = d
-    return best
+                best, best_node = d, node_idx
+    return best, best_node
+
+
+def accepted_length(tree, truth: list, pos: int) -> int:
+    """Length of the longest root path of ``tree`` matching ``truth[pos:]``."""
+    return accepted_path(tree, truth, pos)[0]
+
+
+def _count_sources(tree, node_idx: int, counts: dict) -> None:
+    """Adds the accepted path ending at ``node_idx`` to ``counts`` by source name."""
+    names = tree.source_names
+    while node_idx >= 0:
+        sid = int(tree.source_ids[node_idx])
+        name = names[sid] if 0 <= sid < len(names) else str(sid)
+        counts[name] = counts.get(name, 0) + 1
+        node_idx = int(tree.parents[node_idx])
 
 
 @dataclass
@@ -90,6 +105,7 @@ class Replay:
     advanced   int list [steps]: output tokens emitted per step (>= 1)
     nodes      int list [steps]: tree size proposed per step
     latency_ns int list [steps]: propose + accept time per step
+    by_source  accepted draft tokens per source name (DraftTree.source_names)
     """
 
     output_tokens: int
@@ -97,6 +113,7 @@ class Replay:
     advanced: list = field(default_factory=list)
     nodes: list = field(default_factory=list)
     latency_ns: list = field(default_factory=list)
+    by_source: dict = field(default_factory=dict)
 
     @property
     def steps(self) -> int:
@@ -119,7 +136,9 @@ def replay(proposer, prompt, output, budget: int) -> Replay:
         t1 = time.perf_counter_ns()
         if len(tree) > budget:
             raise ValueError(f"{type(proposer).__name__} proposed {len(tree)} nodes over the budget {budget}")
-        acc = accepted_length(tree, truth_list, pos)
+        acc, node = accepted_path(tree, truth_list, pos)
+        if node >= 0:
+            _count_sources(tree, node, rec.by_source)
         adv = min(acc + 1, m - pos)
         t2 = time.perf_counter_ns()
         proposer.accept(truth[pos:pos + adv])
@@ -137,7 +156,12 @@ def summarize(replays: list) -> dict:
     steps = sum(r.steps for r in replays)
     lat = np.concatenate([np.asarray(r.latency_ns, dtype=np.int64) for r in replays]) if replays else np.zeros(0)
     nodes = np.concatenate([np.asarray(r.nodes) for r in replays]) if replays else np.zeros(0)
+    by_source = {}
+    for r in replays:
+        for k, v in r.by_source.items():
+            by_source[k] = by_source.get(k, 0) + v
     return {
+        "accepted_by_source": by_source,
         "cases": len(replays),
         "output_tokens": tokens,
         "steps": steps,
