@@ -281,6 +281,7 @@ PYBIND11_MODULE(_C, m) {
              return draft_to_numpy(r);
            },
            py::arg("max_nodes"))
+      .def("set_backoff", &ProposerCore::set_backoff, py::arg("backoff"), py::arg("min_backoff_len"))
       .def("match_lengths", &ProposerCore::match_lengths);
 
   m.attr("FORMAT_VERSION") = kFormatVersion;

@@ -91,11 +91,13 @@ void DraftTreeBuilder::expand(const std::vector<DraftSource>& sources, int32_t n
   }
   if (proposals_.empty()) return;
 
-  // Step 2. Group equal tokens across sources into one candidate:
-  // score = 1 - prod(1 - score_s); best source = largest score_s.
+  // Step 2. Group equal tokens across sources into one candidate: max over
+  // the entries of one source_id, then 1 - prod(1 - score) over source_ids;
+  // best source = the source_id with the largest score.
   if (n_entries > 1) {
-    std::sort(proposals_.begin(), proposals_.end(), [](const Proposal& a, const Proposal& b) {
-      return a.token != b.token ? a.token < b.token : a.entry.source < b.entry.source;
+    std::sort(proposals_.begin(), proposals_.end(), [&sources](const Proposal& a, const Proposal& b) {
+      if (a.token != b.token) return a.token < b.token;
+      return sources[a.entry.source].source_id < sources[b.entry.source].source_id;
     });
   }
   grouped_.clear();
@@ -104,17 +106,25 @@ void DraftTreeBuilder::expand(const std::vector<DraftSource>& sources, int32_t n
     float miss = 1.0f;
     float best = -1.0f;
     int32_t best_source = 0;
+    int32_t n_source_ids = 0;
     while (j < proposals_.size() && proposals_[j].token == proposals_[i].token) {
-      const Entry& e = proposals_[j].entry;
-      miss *= 1.0f - e.score;
-      if (e.score > best) {
-        best = e.score;
-        best_source = sources[e.source].source_id;
+      ++n_source_ids;
+      // One source_id: the max of its entries.
+      const int32_t source_id = sources[proposals_[j].entry.source].source_id;
+      float source_best = 0.0f;
+      while (j < proposals_.size() && proposals_[j].token == proposals_[i].token &&
+             sources[proposals_[j].entry.source].source_id == source_id) {
+        source_best = std::max(source_best, proposals_[j].entry.score);
+        ++j;
       }
-      ++j;
+      miss *= 1.0f - source_best;
+      if (source_best > best) {
+        best = source_best;
+        best_source = source_id;
+      }
     }
     Candidate c;
-    c.score = n_entries > 1 ? 1.0f - miss : best;
+    c.score = n_source_ids == 1 ? best : 1.0f - miss;
     c.depth = depth + 1;
     c.seq = 0;
     c.parent = node;

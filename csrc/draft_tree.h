@@ -42,8 +42,11 @@ struct DraftResult {
 // A child's per-source score = parent's per-source score *
 // count(child state) / sum of the counts of the parent state's children
 // (the children sum, not count(parent): the live context's match state also
-// counts its final occurrence, which has no continuation). A node's score
-// combines its sources as 1 - prod(1 - score_s). Equal tokens proposed by
+// counts its final occurrence, which has no continuation). Several
+// DraftSources may share a source_id (one automaton matched at several
+// suffix lengths: the longest match and shorter back-off states); a node's
+// score takes the max over the entries of one source_id and combines
+// distinct source_ids as 1 - prod(1 - score_s). Equal tokens proposed by
 // several sources share one node. Ties prefer the deeper node, so a chain of
 // unique continuations (score ratio 1) is followed to max_depth first.
 class DraftTreeBuilder {
@@ -51,7 +54,7 @@ class DraftTreeBuilder {
   // Largest number of children scanned per (source, state); a state with
   // more children proposes none of them (such states have low-information,
   // near-root matches).
-  static constexpr size_t kMaxFanout = 4096;
+  static constexpr size_t kMaxFanout = 256;
 
   void build(const std::vector<DraftSource>& sources, int32_t max_nodes, int32_t max_depth, DraftResult* out);
 

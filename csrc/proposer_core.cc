@@ -41,16 +41,32 @@ void ProposerCore::propose(int32_t max_nodes, DraftResult* out) {
     DraftSource s = context_params_;
     s.state = context_->match_state();
     s.match_len = context_->length(s.state);
-    sources_.push_back(s);
+    push_source(s);
   }
   for (const MatchedSource& m : matched_) {
     DraftSource s = m.params;
     s.state = m.matcher.state();
     s.match_len = m.matcher.match_length();
-    sources_.push_back(s);
+    push_source(s);
   }
   // Step 2. One best-first tree over all of them.
   builder_.build(sources_, max_nodes, max_depth_, out);
+}
+
+void ProposerCore::push_source(DraftSource s) {
+  if (s.match_len <= 0) return;
+  sources_.push_back(s);
+  // Shorter suffixes of the match: the suffix-link chain (strictly shorter
+  // lengths; the bound also guards against a corrupted automaton).
+  for (int32_t i = 0; i < backoff_; ++i) {
+    const int32_t l = s.view->link(s.state);
+    if (l == kNoState || l == kRoot) break;
+    const int32_t len = s.view->length(l);
+    if (len < min_backoff_len_ || len >= s.match_len) break;
+    s.state = l;
+    s.match_len = len;
+    sources_.push_back(s);
+  }
 }
 
 std::vector<std::pair<int32_t, int32_t>> ProposerCore::match_lengths() const {

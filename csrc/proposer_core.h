@@ -30,6 +30,13 @@ class ProposerCore {
   // every matcher; O(n) amortised. Throws std::invalid_argument naming the
   // first negative token.
   void feed(const int32_t* tokens, int64_t n);
+  // Also expand up to `backoff` shorter suffix matches of each source (the
+  // suffix links of its match state, down to length min_backoff_len), each
+  // scored by its own match length. 0 = only the longest match.
+  void set_backoff(int32_t backoff, int32_t min_backoff_len) {
+    backoff_ = backoff;
+    min_backoff_len_ = min_backoff_len;
+  }
   // Best-first draft tree of at most max_nodes nodes.
   void propose(int32_t max_nodes, DraftResult* out);
   // (source_id, match length) per source.
@@ -43,7 +50,12 @@ class ProposerCore {
     DraftSource params;  // weight, half_len, source_id (view/state/match_len filled per call)
   };
 
+  // Appends the source and its back-off states to sources_.
+  void push_source(DraftSource s);
+
   int32_t max_depth_;                      // deepest node of a draft
+  int32_t backoff_ = 0;                    // shorter suffix states expanded per source
+  int32_t min_backoff_len_ = 1;            // shortest back-off match length
   SuffixAutomaton* context_ = nullptr;     // live context automaton (not owned), or null
   DraftSource context_params_;             // its weight, half_len, source_id
   std::vector<MatchedSource> matched_;     // other sources

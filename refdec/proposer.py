@@ -79,13 +79,16 @@ class Proposer:
     source_names: tuple[str, ...] = ("context", "reference", "corpus")
 
     def __init__(self, index: CorpusIndex | None = None, references: list[np.ndarray] | None = None, *,
-                 max_depth: int = 64, params: dict[str, SourceParams] | None = None) -> None:
+                 max_depth: int = 64, params: dict[str, SourceParams] | None = None,
+                 backoff: int = 0, min_backoff_len: int = 1) -> None:
         if index is not None and not isinstance(index, CorpusIndex):
             raise ValueError(f"index must be a refdec.CorpusIndex or None, got {type(index).__name__}")
         if isinstance(max_depth, bool) or not isinstance(max_depth, (int, np.integer)) or max_depth < 1:
             raise ValueError(f"max_depth must be a positive integer, got {max_depth!r}")
         self.index = index
         self.max_depth = int(max_depth)
+        self.backoff = int(backoff)
+        self.min_backoff_len = int(min_backoff_len)
         self.params = dict(DEFAULT_PARAMS)
         if params:
             unknown = set(params) - set(self.source_names)
@@ -101,6 +104,7 @@ class Proposer:
         """New request: indexes the prompt (live context) and the references, positions the matchers."""
         prompt = _as_tokens(prompt_ids, "prompt_ids")
         core = _C.ProposerCore(self.max_depth)
+        core.set_backoff(self.backoff, self.min_backoff_len)
         self._context = ContextIndex()
         p = self.params["context"]
         core.set_context(self._context._sam, p.weight, p.half_len, 0)

@@ -202,3 +202,22 @@ def test_build_draft_combines_sources_explicitly():
     assert parents.tolist() == [-1, -1]
     np.testing.assert_allclose(scores, [0.5, 0.5])
     assert source_ids.tolist() == [7, 7]
+
+
+# Context 1 2 3 9 2 4 1 2: the longest match "1 2" (L=2) continues with 3 only;
+# with back-off the shorter match "2" (L=1, confidence 1/3) adds its other
+# continuation 4 (1/3 * 1/2). Same source: a node takes the max of its entries.
+#
+#   backoff=0:  root(2) ── 3 (.5) ── 9 (.5)
+#
+#   backoff=1:  root(2) ─┬─ 3 (.5) ── 9 (.5)
+#                        └─ 4 (1/6)
+#
+def test_backoff_adds_the_continuations_of_a_shorter_match():
+    prompt = arr([1, 2, 3, 9, 2, 4, 1, 2])
+    plain = Proposer(max_depth=2)
+    plain.start(prompt)
+    assert_tree(plain.propose(3), [3, 9], [-1, 0], scores=[0.5, 0.5])
+    backoff = Proposer(max_depth=2, backoff=1)
+    backoff.start(prompt)
+    assert_tree(backoff.propose(3), [3, 9, 4], [-1, 0, -1], [CONTEXT] * 3, [0.5, 0.5, 1 / 6])
