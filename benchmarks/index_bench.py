@@ -101,13 +101,18 @@ def bench_refdec_build(arrays: list[np.ndarray], vocab_size: int) -> dict:
 
     num_tokens = int(sum(len(a) for a in arrays))
     gc.collect()
+    c0 = time.process_time()
     t0 = time.perf_counter()
     index = CorpusIndex.build(arrays, show_progress=False, vocab_size=vocab_size)
     t_build = time.perf_counter() - t0
     t0 = time.perf_counter()
     index._frozen_index()  # freeze (what save and queries need); public API has no separate call
     t_freeze = time.perf_counter() - t0
+    cpu = time.process_time() - c0
     return {
+        "build_cpu_s": cpu,
+        # CPU time is the fairer measure on a shared machine (wall time counts other jobs' slices).
+        "build_tokens_per_cpu_s": num_tokens / cpu,
         "index": index,
         "tokens": num_tokens,
         "documents": len(arrays),
@@ -202,11 +207,13 @@ def bench_arctic(arrays: list[np.ndarray], pairs, budget: int, max_depth: int) -
     num_tokens = int(sum(len(a) for a in arrays))
     gc.collect()
     rss_before = peak_rss_mb()
+    c0 = time.process_time()
     t0 = time.perf_counter()
     tree = SuffixTree(max_depth)
     for seq_id, arr in enumerate(arrays):
         tree.extend_ndarray(seq_id, np.ascontiguousarray(arr, dtype=np.int32))
     t_build = time.perf_counter() - t0
+    build_cpu = time.process_time() - c0
     memory = tree.estimate_memory() if hasattr(tree, "estimate_memory") else None
 
     # Per step as SuffixDecodingCache.speculate does it: a local tree over the
@@ -235,6 +242,7 @@ def bench_arctic(arrays: list[np.ndarray], pairs, budget: int, max_depth: int) -
         "tokens": num_tokens,
         "build_s": t_build,
         "build_tokens_per_s": num_tokens / t_build,
+        "build_tokens_per_cpu_s": num_tokens / build_cpu,
         "estimate_memory_bytes": memory,
         "bytes_per_token_in_memory": (memory / num_tokens) if memory else None,
         "peak_rss_growth_mb": peak_rss_mb() - rss_before,
@@ -349,9 +357,11 @@ def main(argv=None) -> int:
     # Step 4. Report.
     r = refdec_result
     rows = [
-        ["build throughput (build + freeze)", f"{r['build_tokens_per_s'] / 1e6:.2f} M tokens/s",
+        ["build throughput (build + freeze), wall", f"{r['build_tokens_per_s'] / 1e6:.2f} M tokens/s",
          f"≥ {TARGETS['build_tokens_per_s'] / 1e6:.0f} M tokens/s",
          "ok" if r["build_tokens_per_s"] >= TARGETS["build_tokens_per_s"] else "MISSED"],
+        ["build throughput (build + freeze), CPU time", f"{r['build_tokens_per_cpu_s'] / 1e6:.2f} M tokens/CPU-s",
+         "", ""],
         ["file size", f"{r['bytes_per_token']:.1f} bytes/token", f"≤ {TARGETS['bytes_per_token']:.0f}",
          "ok" if r["bytes_per_token"] <= TARGETS["bytes_per_token"] else "MISSED"],
         ["load (fresh process, median)", f"{r['load_ms_fresh_process_median']:.2f} ms", f"≤ {TARGETS['load_ms']:.0f} ms",
@@ -375,8 +385,12 @@ def main(argv=None) -> int:
     elif arctic:
         same = baselines["refdec_on_prefix"]
         rows = [
-            ["build tokens/s", f"{same['build_tokens_per_s'] / 1e6:.2f} M", f"{arctic['build_tokens_per_s'] / 1e6:.3f} M",
+            ["build tokens/s (wall)", f"{same['build_tokens_per_s'] / 1e6:.2f} M",
+             f"{arctic['build_tokens_per_s'] / 1e6:.3f} M",
              f"{same['build_tokens_per_s'] / arctic['build_tokens_per_s']:.1f}×"],
+            ["build tokens/CPU-s", f"{same['build_tokens_per_cpu_s'] / 1e6:.2f} M",
+             f"{arctic['build_tokens_per_cpu_s'] / 1e6:.3f} M",
+             f"{same['build_tokens_per_cpu_s'] / arctic['build_tokens_per_cpu_s']:.1f}×"],
             ["step p50 (µs)", f"{same['step_p50_us']:.1f}", f"{arctic['step_p50_us']:.1f}",
              f"{arctic['step_p50_us'] / same['step_p50_us']:.1f}× faster"],
             ["step p99 (µs)", f"{same['step_p99_us']:.1f}", f"{arctic['step_p99_us']:.1f}",

@@ -320,6 +320,44 @@ def test_continuation_never_crosses_a_document_end():
     assert index.count([2, 9]) == 0
 
 
+def test_add_documents_after_queries_updates_the_answers():
+    # The frozen view used by queries must not go stale when documents are added.
+    index = CorpusIndex.build([[1, 2, 3]], show_progress=False)
+    assert index.count([2, 3]) == 1
+    assert index.next_tokens([2], 5) == [(3, 1)]
+    index.add_documents([[2, 3, 2, 4]])
+    assert index.count([2, 3]) == 2
+    assert index.next_tokens([2], 5) == [(3, 2), (4, 1)]
+    assert index.num_documents == 2 and len(index) == 7
+
+
+def test_build_accepts_any_iterable_of_documents():
+    docs = [[1, 2, 3], [3, 2, 1]]
+    from_generator = CorpusIndex.build((d for d in docs), show_progress=False)
+    from_tuple = CorpusIndex.build(tuple(tuple(d) for d in docs), show_progress=False)
+    from_int64 = CorpusIndex.build([np.asarray(d, dtype=np.int64) for d in docs], show_progress=False)
+    for index in (from_generator, from_tuple, from_int64):
+        assert index.num_documents == 2 and index.count([2]) == 2
+
+
+def test_frozen_index_answers_concurrent_queries_from_threads_identically(tmp_path):
+    from concurrent.futures import ThreadPoolExecutor
+
+    rng = np.random.default_rng(0)
+    docs = [rng.integers(0, 5, size=400).tolist() for _ in range(5)]
+    CorpusIndex.build(docs, show_progress=False).save(tmp_path / "t.refdec")
+    index = CorpusIndex.load(tmp_path / "t.refdec")
+    queries = [rng.integers(0, 5, size=int(rng.integers(1, 8))).tolist() for _ in range(200)]
+
+    def run(_):
+        return [(index.match_length(q), index.count(q), index.next_tokens(q, 3)) for q in queries]
+
+    expected = run(None)
+    with ThreadPoolExecutor(max_workers=4) as pool:
+        for got in pool.map(run, range(8)):
+            assert got == expected
+
+
 def test_loaded_index_refuses_add_documents_with_a_clear_error(tmp_path):
     path = tmp_path / "a.refdec"
     CorpusIndex.build([[1, 2, 3]], show_progress=False).save(path)
@@ -363,8 +401,13 @@ def _matched_suffix_length_with_continuation(source_docs, context, *, is_context
     return 0
 
 
-def check_draft_tree(tree, *, context, sources, max_nodes, max_depth):
-    """The draft tree invariants; ``sources`` maps a name to its documents."""
+def check_draft_tree(tree, *, context, sources, max_nodes, max_depth, min_suffix=None):
+    """The draft tree invariants; ``sources`` maps a name to its documents.
+
+    Each path must follow the longest suffix of the context that has a
+    continuation in some source or, with back-off (``min_suffix`` given), a
+    suffix of at least ``min_suffix`` tokens.
+    """
     n = len(tree)
     assert n <= max_nodes
     assert tree.token_ids.dtype == np.int32 and tree.parents.dtype == np.int32
@@ -398,8 +441,9 @@ def check_draft_tree(tree, *, context, sources, max_nodes, max_depth):
         witnesses = [
             name
             for name, docs in sources.items()
-            if matched[name] > 0
-            and any(occurs_in(doc, context[len(context) - matched[name] :] + path) for doc in docs)
+            for length in ([matched[name]] if min_suffix is None else range(min(min_suffix, matched[name]),
+                                                                            len(context) + 1))
+            if length > 0 and any(occurs_in(doc, context[len(context) - length :] + path) for doc in docs)
         ]
         assert witnesses, (
             f"node {node_idx} path {path} follows the longest matched suffix in no source; "
@@ -419,8 +463,11 @@ def test_proposer_tree_paths_occur_after_the_matched_suffix_in_some_source(alpha
     references = data.draw(st.lists(lists(20), max_size=2))
     use_corpus = data.draw(st.booleans())
     max_depth = data.draw(st.integers(1, 8))
+    backoff = data.draw(st.sampled_from([0, 0, 1, 3]))
+    min_backoff_len = data.draw(st.integers(1, 3))
     index = CorpusIndex.build(corpus_docs, show_progress=False) if use_corpus else None
-    proposer = Proposer(index=index, references=references or None, max_depth=max_depth)
+    proposer = Proposer(index=index, references=references or None, max_depth=max_depth, backoff=backoff,
+                        min_backoff_len=min_backoff_len)
     context = data.draw(lists(20))
     proposer.start(context)
     for _ in range(data.draw(st.integers(1, 6))):
@@ -431,7 +478,11 @@ def test_proposer_tree_paths_occur_after_the_matched_suffix_in_some_source(alpha
             sources["references"] = references
         if use_corpus:
             sources["corpus"] = corpus_docs
-        paths = check_draft_tree(tree, context=context, sources=sources, max_nodes=max_nodes, max_depth=max_depth)
+        paths = check_draft_tree(tree, context=context, sources=sources, max_nodes=max_nodes, max_depth=max_depth,
+                                 min_suffix=min_backoff_len if backoff else None)
+        again = proposer.propose(max_nodes)  # propose() has no side effect: same tree twice
+        assert again.token_ids.tolist() == tree.token_ids.tolist()
+        assert again.parents.tolist() == tree.parents.tolist()
         # Accept either a drafted path (what verification usually does) plus a bonus token, or noise.
         if paths and data.draw(st.booleans()):
             accepted = list(data.draw(st.sampled_from(paths)))
@@ -455,6 +506,21 @@ def test_proposer_continues_a_repeated_run_from_the_context():
     tree = proposer.propose(8)
     roots = [int(t) for t, p in zip(tree.token_ids, tree.parents) if p < 0]
     assert roots and roots[0] == 14, tree.token_ids.tolist()
+
+
+def test_proposer_backs_off_when_the_longest_corpus_match_ends_a_document():
+    # "1 2 3" (the longest match) only ends document 0: it has no continuation.
+    # The shorter suffix "2 3" continues with "4 4" in document 1. A proposer
+    # that stops at the dead-end match drafts nothing where a draft exists
+    # (ContextIndex.current_match_length is defined "with a continuation" for
+    # the same reason).
+    from refdec import Proposer
+
+    index = CorpusIndex.build([[5, 1, 2, 3], [7, 2, 3, 4, 4]], show_progress=False)
+    proposer = Proposer(index=index)
+    proposer.start([9, 1, 2, 3])
+    tree = proposer.propose(8)
+    assert tree.token_ids.tolist()[:2] == [4, 4], tree.token_ids.tolist()
 
 
 def test_proposer_with_a_zero_budget_proposes_an_empty_tree():
