@@ -31,7 +31,7 @@ from refdec.cache import compact, new_cache
 from refdec.masks import build_tree_inputs, mask_spec_for
 from refdec.sampling import TargetSampler, random_seed
 from refdec.tree import DraftTree, prune_to_depth
-from refdec.verify import accept_walk
+from refdec.verify import accept_walk, accept_walk_lazy
 
 
 @dataclass
@@ -361,7 +361,8 @@ class SpeculativeDecoder:
         t0 = time.perf_counter()
         cache = new_cache()
         out = self._forward(cache, input_ids=prompt_tensor.to(self.device), logits_to_keep=1)
-        first = int(sampler.targets(out.logits[0, -1:], [0], prompt_len)[0])
+        last_logits = out.logits[0, -1]
+        first = sampler.sample(last_logits, prompt_len) if do_sample else int(last_logits.argmax())
         del out
         t1 = time.perf_counter()
         stats.prefill_seconds = t1 - t0
@@ -391,11 +392,19 @@ class SpeculativeDecoder:
             # -- forward + targets (one host sync)
             out = self._forward(cache, input_ids=inputs.input_ids, position_ids=inputs.position_ids,
                                 attention_mask=inputs.attention_mask)
-            targets = sampler.targets(out.logits[0], inputs.depth, root_pos + 1).cpu().numpy()
+            logits = out.logits[0]
             del out
-            t3 = time.perf_counter()
-            # -- accept
-            accepted, bonus = accept_walk(tree, targets)
+            if do_sample:
+                t3 = time.perf_counter()
+                # -- accept: sample only the rows on the accepted path
+                accepted, bonus = accept_walk_lazy(
+                    tree, lambda row, depth: sampler.sample(logits[row], root_pos + 1 + depth))
+            else:
+                targets = sampler.greedy_targets(logits).cpu().numpy()  # the one host sync
+                t3 = time.perf_counter()
+                # -- accept
+                accepted, bonus = accept_walk(tree, targets)
+            del logits
             k = int(accepted.shape[0])
             chain_prefix = bool(k == 0 or int(accepted[-1]) == k - 1)  # nodes 0..k-1: a plain truncation
             compact(cache, root_pos + 1, None if chain_prefix else torch.from_numpy(accepted).to(self.device), k)
@@ -409,7 +418,6 @@ class SpeculativeDecoder:
                     accepted_by_source[name] = accepted_by_source.get(name, 0) + int(count)
             if proposer is not None and len(tree):
                 budget.observe(len(tree), k)
-            sampler.forget_below(root_pos + 1)
             done = emit(run)
             t4 = time.perf_counter()
             stats.propose_seconds += t1 - t0

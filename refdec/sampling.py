@@ -57,45 +57,25 @@ def random_seed() -> int:
     return random.SystemRandom().randrange(0, 1 << 63)
 
 
-def gumbel_row(seed: int, position: int, vocab_size: int, device="cpu") -> torch.Tensor:
-    """float64 [vocab_size]: Gumbel(0, 1) noise for absolute position ``position``.
+def _position_key(seed: int, position: int) -> int:
+    return _s64(_splitmix64_int((_splitmix64_int(seed & _MASK64) ^ (position & _MASK64)) & _MASK64))
 
-    A pure function of ``(seed, position, vocab index)``.
+
+def gumbel_at(seed: int, position: int, indices: torch.Tensor) -> torch.Tensor:
+    """float64 [len(indices)]: Gumbel(0, 1) noise of vocabulary ``indices`` at absolute ``position``.
+
+    A pure function of ``(seed, position, vocab index)``: ``gumbel_at(s, p, idx)[j]`` equals
+    ``gumbel_row(s, p, V)[idx[j]]``.
     """
-    key = _splitmix64_int((_splitmix64_int(seed & _MASK64) ^ (position & _MASK64)) & _MASK64)
-    counters = torch.arange(vocab_size, dtype=torch.int64, device=device) * _GOLDEN + _s64(key)
+    counters = indices.to(torch.int64) * _GOLDEN + _position_key(seed, position)
     bits = _srl(_splitmix64(counters), 11)  # 53 uniform bits
     u = (bits.to(torch.float64) + 0.5) * (1.0 / (1 << 53))  # in (0, 1)
     return -torch.log(-torch.log(u))
 
 
-class GumbelNoise:
-    """Per-position noise rows, computed once per position and reused across steps.
-
-    Rows below the lowest position still needed are dropped (``forget_below``), so
-    memory stays bounded by the speculation depth.
-    """
-
-    def __init__(self, seed: int, vocab_size: int, device="cpu") -> None:
-        self.seed = int(seed)
-        self.vocab_size = int(vocab_size)
-        self.device = device
-        self._rows: dict[int, torch.Tensor] = {}
-
-    def rows(self, positions: list[int]) -> torch.Tensor:
-        """float64 [len(positions), vocab_size]."""
-        out = []
-        for p in positions:
-            row = self._rows.get(p)
-            if row is None:
-                row = gumbel_row(self.seed, p, self.vocab_size, self.device)
-                self._rows[p] = row
-            out.append(row)
-        return torch.stack(out)
-
-    def forget_below(self, position: int) -> None:
-        for p in [p for p in self._rows if p < position]:
-            del self._rows[p]
+def gumbel_row(seed: int, position: int, vocab_size: int, device="cpu") -> torch.Tensor:
+    """float64 [vocab_size]: Gumbel(0, 1) noise for every token at absolute ``position``."""
+    return gumbel_at(seed, position, torch.arange(vocab_size, dtype=torch.int64, device=device))
 
 
 def process_logits(logits: torch.Tensor, temperature: float = 1.0, top_k: int | None = None,
@@ -117,41 +97,77 @@ def process_logits(logits: torch.Tensor, temperature: float = 1.0, top_k: int | 
     return scores
 
 
-class TargetSampler:
-    """Chooses the target token at each verified position.
+# Candidates examined by the fast top-p path before falling back to a full sort.
+_TOP_P_CANDIDATES = 1024
 
-    ``greedy`` when ``noise`` is None, else Gumbel-max over processed logits.
+
+def kept_tokens(scores: torch.Tensor, top_k: int | None, top_p: float | None) -> torch.Tensor | None:
+    """int64 indices of the tokens top-k / top-p keep in one row ``scores`` [V] (temperature applied),
+    or None when every token is kept. Same sets as ``process_logits`` (up to exact ties and rounding at
+    the top-p boundary), without sorting the whole vocabulary when the kept set is small.
+    """
+    vocab = scores.shape[-1]
+    idx = None
+    if top_k is not None and top_k < vocab:
+        kth = torch.topk(scores, top_k).values[-1]
+        idx = torch.nonzero(scores >= kth).flatten()  # ties at the threshold are kept, as transformers does
+    if top_p is None or top_p >= 1.0:
+        return idx
+    if idx is not None:
+        cand_scores = scores[idx]
+        lse = torch.logsumexp(cand_scores, dim=0)
+        order = torch.argsort(cand_scores, descending=True)
+        cand_idx, cand_scores = idx[order], cand_scores[order]
+    else:
+        lse = torch.logsumexp(scores, dim=0)
+        k = min(_TOP_P_CANDIDATES, vocab)
+        cand_scores, cand_idx = torch.topk(scores, k)
+    probs = torch.exp(cand_scores - lse)
+    mass_above = torch.cumsum(probs, dim=0) - probs  # mass of the tokens ranked above each one
+    keep = mass_above < top_p
+    keep[0] = True
+    if idx is None and bool(keep[-1]) and cand_idx.shape[0] < vocab:
+        # the kept set may reach past the candidates: do it exactly on the whole row
+        filtered = process_logits(scores.unsqueeze(0), 1.0, None, top_p)[0]
+        return torch.nonzero(torch.isfinite(filtered)).flatten()
+    return cand_idx[keep]
+
+
+class TargetSampler:
+    """Chooses the target token the model emits after a verified row.
+
+    Greedy: ``argmax`` for all tree rows at once (``greedy_targets``). Sampling
+    (``sample``): one row at a time (the acceptance walk asks only for the rows on
+    its path, so each emitted token costs one row), Gumbel-max with noise keyed by
+    ``(seed, position, token)`` restricted to the tokens top-k / top-p keep.
     """
 
     def __init__(self, vocab_size: int, *, do_sample: bool = False, temperature: float = 1.0,
                  top_k: int | None = None, top_p: float | None = None, seed: int | None = None,
                  device="cpu") -> None:
-        self.do_sample = do_sample
+        self.do_sample = bool(do_sample)
         self.temperature = float(temperature)
         self.top_k = top_k
         self.top_p = top_p
-        self.vocab_size = vocab_size
-        self.noise = GumbelNoise(seed, vocab_size, device) if do_sample else None
+        self.seed = seed
+        self.vocab_size = int(vocab_size)
+        self.device = device
+        self._all_tokens = None
 
-    def targets(self, logits: torch.Tensor, depth, first_position: int) -> torch.Tensor:
-        """int64 [rows]: target token for each row of ``logits`` [rows, vocab].
+    @staticmethod
+    def greedy_targets(logits: torch.Tensor) -> torch.Tensor:
+        """int64 [rows]: argmax of each row of ``logits`` [rows, vocab]."""
+        return logits.argmax(dim=-1)
 
-        Row ``r`` predicts the token at absolute position ``first_position + depth[r]``.
-        """
-        if self.noise is None:
-            return logits.argmax(dim=-1)
-        scores = process_logits(logits.to(torch.float64), self.temperature, self.top_k, self.top_p)
-        depth_list = [int(d) for d in depth]
-        uniq = sorted(set(depth_list))
-        rows = self.noise.rows([first_position + d for d in uniq])
-        if len(uniq) == len(depth_list) and uniq == depth_list:
-            noise = rows
-        else:
-            where = {d: i for i, d in enumerate(uniq)}
-            noise = rows[torch.tensor([where[d] for d in depth_list])]
-        return (scores + noise).argmax(dim=-1)
-
-    def forget_below(self, position: int) -> None:
-        if self.noise is not None:
-            self.noise.forget_below(position)
-
+    def sample(self, logits_row: torch.Tensor, position: int) -> int:
+        """The sampled token at absolute ``position`` given that position's logits [vocab]."""
+        scores = logits_row.to(torch.float64)
+        if self.temperature != 1.0:
+            scores = scores / self.temperature
+        kept = kept_tokens(scores, self.top_k, self.top_p)
+        if kept is None:
+            if self._all_tokens is None or self._all_tokens.shape[0] != scores.shape[0]:
+                self._all_tokens = torch.arange(scores.shape[0], dtype=torch.int64, device=scores.device)
+            return int((scores + gumbel_at(self.seed, position, self._all_tokens)).argmax())
+        noise = gumbel_at(self.seed, position, kept)
+        return int(kept[(scores[kept] + noise).argmax()])

@@ -41,3 +41,24 @@ def accept_walk(tree: DraftTree, targets: np.ndarray) -> tuple[np.ndarray, int]:
         row = node + 1
         candidates = candidates[candidates > node]  # descendants come later in topological order
     return np.asarray(accepted, dtype=np.int64), int(targets[row])
+
+
+def accept_walk_lazy(tree: DraftTree, target_of_row) -> tuple[np.ndarray, int]:
+    """The same walk, asking ``target_of_row(row, depth) -> int`` only for the rows on the path.
+
+    Used for sampling, where a target costs a pass over the vocabulary: a step that
+    accepts ``k`` nodes computes ``k + 1`` targets, whatever the tree size.
+    """
+    parent_rows = tree.parents.astype(np.int64) + 1
+    token_ids = tree.token_ids
+    accepted = []
+    row = 0
+    while True:
+        target = int(target_of_row(row, len(accepted)))
+        kids = np.flatnonzero(parent_rows == row)
+        match = kids[token_ids[kids] == target]
+        if match.size == 0:
+            return np.asarray(accepted, dtype=np.int64), target
+        node = int(match[0])
+        accepted.append(node)
+        row = node + 1

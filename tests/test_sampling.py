@@ -9,7 +9,8 @@ import torch
 from transformers import LogitsProcessorList, TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
 
 import refdec.decoding as decoding
-from refdec.sampling import gumbel_row, process_logits
+import refdec.sampling as sampling
+from refdec.sampling import gumbel_at, gumbel_row, kept_tokens, process_logits
 from tiny_models import lookup_factory, repetitive_prompts, tiny_llama
 
 SETTINGS = [
@@ -113,6 +114,27 @@ def test_gumbel_noise_is_a_pure_function_of_seed_position_and_index():
     assert not torch.equal(a, gumbel_row(7, 124, 1000))
     assert not torch.equal(a, gumbel_row(8, 123, 1000))
     assert torch.equal(gumbel_row(7, 123, 64), a[:64])  # independent of the vocabulary size
+    idx = torch.tensor([999, 3, 500])
+    assert torch.equal(gumbel_at(7, 123, idx), a[idx])  # noise at chosen tokens = the row's entries
+
+
+@pytest.mark.parametrize("candidates", [1024, 4])
+@pytest.mark.parametrize("vocab", [96, 5000])
+def test_kept_tokens_are_the_tokens_process_logits_keeps(monkeypatch, candidates, vocab):
+    """The fast top-k / top-p path keeps exactly the unfiltered tokens of process_logits, including
+    when the top-p set reaches past the examined candidates (fallback to a full sort)."""
+    monkeypatch.setattr(sampling, "_TOP_P_CANDIDATES", candidates)
+    gen = torch.Generator().manual_seed(vocab + candidates)
+    for sharp in (0.5, 3.0):
+        logits = torch.randn(6, vocab, generator=gen, dtype=torch.float64) * sharp
+        for s in SETTINGS + [dict(temperature=1.0, top_p=0.99), dict(temperature=1.0, top_k=3)]:
+            scores = logits / s["temperature"]
+            want = process_logits(scores, 1.0, s.get("top_k"), s.get("top_p"))
+            for row in range(logits.shape[0]):
+                kept = kept_tokens(scores[row], s.get("top_k"), s.get("top_p"))
+                expected = torch.nonzero(torch.isfinite(want[row])).flatten()
+                got = torch.arange(vocab) if kept is None else torch.sort(kept).values
+                assert torch.equal(got, expected), (s, row)
 
 
 def test_gumbel_noise_is_standard_gumbel():
