@@ -19,6 +19,8 @@ Methods:
     refdec          refdec.Proposer (live context + per-request references + the
                     workload's corpus index, if any)
     refdec-nocorpus the same without the corpus index (workloads with a corpus)
+    refdec:KEY=INT[:KEY=INT]  refdec with Proposer keyword arguments, e.g.
+                    refdec:backoff=1:min_backoff_len=2
     prompt-lookup   last earlier occurrence of the trailing 3-, else 2-, else
                     1-gram; one chain of k = budget tokens (DESIGN.md's rule)
     hf-prompt-lookup transformers' prompt_lookup_num_tokens exactly: 2..1-grams,
@@ -194,14 +196,19 @@ def method_factory(name: str, workload, corpus=None, max_depth: int = 64):
         return lambda case: baselines.OracleChain(case.output)
     if name == "oracle-suffix1":
         return lambda case: baselines.OracleChain(case.output, anchor=1)
-    if name in ("refdec", "refdec-nocorpus"):
-        if not refdec_available() or (name == "refdec-nocorpus" and workload.corpus is None):
+    base, *opts = name.split(":")
+    if base in ("refdec", "refdec-nocorpus"):
+        if not refdec_available() or (base == "refdec-nocorpus" and workload.corpus is None):
             return None  # refdec-nocorpus only where the workload has a corpus
         import refdec
 
-        index = corpus if name == "refdec" else None
-        return lambda case: refdec.Proposer(index=index, references=list(case.references) or None,
-                                            max_depth=max_depth)
+        # "refdec:backoff=1:min_backoff_len=2": integer keyword arguments of Proposer
+        kwargs = {"max_depth": max_depth}
+        for opt in opts:
+            key, _, value = opt.partition("=")
+            kwargs[key] = int(value)
+        index = corpus if base == "refdec" else None
+        return lambda case: refdec.Proposer(index=index, references=list(case.references) or None, **kwargs)
     if name == "arctic":
         if not baselines.arctic_available():
             return None
@@ -230,7 +237,7 @@ def run(workload_names, methods, budgets, limit=None, progress=True) -> dict:
         for mname in methods:
             make = method_factory(mname, wl, corpus)
             if make is None:
-                if not (mname == "refdec-nocorpus" and wl.corpus is None):
+                if not (mname.startswith("refdec-nocorpus") and wl.corpus is None):
                     print(f"[{wname}] method {mname} unavailable: skipped", file=sys.stderr)
                 continue
             per_budget = {}
