@@ -453,6 +453,16 @@ def markdown(results: dict, budgets) -> str:
     return "\n".join(lines)
 
 
+def _git_commit() -> str | None:
+    import subprocess
+
+    try:
+        return subprocess.run(["git", "rev-parse", "HEAD"], cwd=Path(__file__).resolve().parents[1],
+                              capture_output=True, text=True, timeout=10).stdout.strip() or None
+    except (OSError, subprocess.SubprocessError):
+        return None
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--workloads", default="edits,humaneval,summarization,rag")
@@ -492,7 +502,8 @@ def main(argv=None) -> int:
     print(markdown(results, budgets))
     out = Path(args.json) if args.json else OUT_DIR / f"simulate-{time.strftime('%Y%m%d-%H%M%S')}.json"
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps({"budgets": budgets, "limit": limit, "results": results}, indent=1))
+    out.write_text(json.dumps({"budgets": budgets, "limit": limit, "git_commit": _git_commit(),
+                               "argv": sys.argv[1:], "results": results}, indent=1))
     print(f"\nJSON: {out}", file=sys.stderr)
     return 0
 
