@@ -1,7 +1,8 @@
 """Build the C++ core as the extension module ``refdec._C``.
 
 Portable flags by default; set ``REFDEC_NATIVE=1`` to add ``-march=native`` and
-``REFDEC_SANITIZE=1`` for an AddressSanitizer + UBSan build.
+``REFDEC_SANITIZE=1`` for an AddressSanitizer + UBSan build with the debug
+asserts of the C++ core enabled.
 """
 
 import glob
@@ -15,7 +16,7 @@ extra_link_args = []
 if os.environ.get("REFDEC_NATIVE") == "1":
     extra_compile_args.append("-march=native")
 if os.environ.get("REFDEC_SANITIZE") == "1":
-    san = ["-fsanitize=address,undefined", "-fno-omit-frame-pointer", "-g", "-O1"]
+    san = ["-fsanitize=address,undefined", "-fno-omit-frame-pointer", "-g", "-O1", "-UNDEBUG"]
     extra_compile_args = [a for a in extra_compile_args if a != "-O3"] + san
     extra_link_args += san
 

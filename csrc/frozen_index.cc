@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cassert>
 #include <cctype>
 #include <cerrno>
 #include <cstring>
@@ -114,6 +115,7 @@ std::unique_ptr<FrozenIndex> FrozenIndex::freeze(const SuffixAutomaton& sam, con
     if (s == kRoot || count[s] != 1) {
       n_edges += sam.num_children(static_cast<int32_t>(s));
     } else {
+      assert(sam.raw_end_pos(static_cast<int32_t>(s)) >= 0 && sam.raw_end_pos(static_cast<int32_t>(s)) < n);
       new_id[s] = static_cast<int32_t>(n_internal + sam.raw_end_pos(static_cast<int32_t>(s)));
     }
   }
@@ -164,6 +166,7 @@ std::unique_ptr<FrozenIndex> FrozenIndex::freeze(const SuffixAutomaton& sam, con
     const int32_t link = sam.link(static_cast<int32_t>(s));
     const int32_t l = link == kNoState ? -1 : new_id[link];
     if (s != kRoot && count[s] == 1) {
+      assert(leaf_link[id - n_internal] == -1);  // one leaf per end position
       leaf_link[id - n_internal] = l;
       continue;
     }

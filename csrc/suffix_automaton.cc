@@ -102,6 +102,7 @@ int32_t SuffixAutomaton::clone_state(int32_t q, int32_t len) {
     add_edge(clone, token, find_slot(q, token)->target);
   }
   states_[q].link = clone;
+  assert(states_[states_[clone].link].len < len && len < states_[q].len);
   return clone;
 }
 
@@ -185,6 +186,7 @@ void SuffixAutomaton::extend(int32_t token) {
       states_[cur].link = clone;
     }
   }
+  assert(states_[states_[cur].link].len < states_[cur].len);
   last_ = cur;
   bump_counts(cur);
 }

@@ -37,6 +37,7 @@ import hashlib
 import json
 import os
 import secrets
+import weakref
 from collections.abc import Iterable
 from pathlib import Path
 
@@ -57,9 +58,27 @@ class IndexFormatError(ValueError):
 _C._set_format_error_class(IndexFormatError)
 
 
+_FINGERPRINTS: dict[int, tuple] = {}  # id(tokenizer) -> (weakref, len(tokenizer), fingerprint)
+
+
 def tokenizer_fingerprint(tokenizer) -> str:
     """sha256 hex (64 chars) of the tokenizer's sorted vocabulary (token, id) items
-    and its special tokens; stable across processes and machines."""
+    and its special tokens; stable across processes and machines. Memoised per
+    tokenizer object (and its length) since hashing a 262k vocabulary takes ~1 s."""
+    key = id(tokenizer)
+    cached = _FINGERPRINTS.get(key)
+    size = len(tokenizer) if hasattr(tokenizer, "__len__") else None
+    if cached is not None and cached[0]() is tokenizer and cached[1] == size:
+        return cached[2]
+    fingerprint = _compute_fingerprint(tokenizer)
+    try:
+        _FINGERPRINTS[key] = (weakref.ref(tokenizer), size, fingerprint)
+    except TypeError:  # not weak-referenceable: no memo
+        pass
+    return fingerprint
+
+
+def _compute_fingerprint(tokenizer) -> str:
     vocab = sorted(tokenizer.get_vocab().items(), key=lambda item: (item[1], item[0]))
     special = sorted(str(t) for t in getattr(tokenizer, "all_special_tokens", []) or [])
     payload = json.dumps({"vocab": vocab, "special": special}, ensure_ascii=False, separators=(",", ":"))
@@ -123,34 +142,55 @@ class _Queries:
         return self._view().continuation(_as_tokens(tokens), _check_k(length, "length"))
 
 
+_TOKENIZE_BATCH = 256
+
+
 def _tokenize_documents(documents, tokenizer, vocab_size: int, show_progress: bool):
-    """Yields int32 arrays, one per document."""
-    iterator = documents
+    """Yields int32 arrays, one per document (str documents are tokenised in
+    batches of 256 with ``add_special_tokens=False``)."""
+    progress = None
     if show_progress:
         try:
             from tqdm.auto import tqdm
 
             total = len(documents) if hasattr(documents, "__len__") else None
-            iterator = tqdm(documents, total=total, desc="indexing", unit="doc")
+            progress = tqdm(total=total, desc="indexing", unit="doc")
         except ImportError:  # pragma: no cover - tqdm is a dependency
-            pass
-    for doc_idx, doc in enumerate(iterator):
-        if isinstance(doc, str):
-            if tokenizer is None:
-                raise ValueError(
-                    f"documents[{doc_idx}] is a str but no tokenizer was given: pass tokenizer=... "
-                    "or give token id sequences"
-                )
-            ids = tokenizer(doc, add_special_tokens=False)["input_ids"]
-        else:
-            ids = doc
+            progress = None
+
+    def check(doc_idx, ids):
         arr = _as_tokens(ids, f"documents[{doc_idx}]")
         if vocab_size and arr.size and int(arr.max()) >= vocab_size:
             bad = int(np.nonzero(arr >= vocab_size)[0][0])
             raise ValueError(
                 f"documents[{doc_idx}][{bad}] = {int(arr[bad])} is not below the vocabulary size {vocab_size}"
             )
-        yield arr
+        return arr
+
+    def flush(batch):
+        texts = [doc for _, doc in batch if isinstance(doc, str)]
+        encoded = iter(tokenizer(texts, add_special_tokens=False)["input_ids"]) if texts else iter(())
+        for doc_idx, doc in batch:
+            yield check(doc_idx, next(encoded) if isinstance(doc, str) else doc)
+        if progress is not None:
+            progress.update(len(batch))
+
+    try:
+        batch = []
+        for doc_idx, doc in enumerate(documents):
+            if isinstance(doc, str) and tokenizer is None:
+                raise ValueError(
+                    f"documents[{doc_idx}] is a str but no tokenizer was given: pass tokenizer=... "
+                    "or give token id sequences"
+                )
+            batch.append((doc_idx, doc))
+            if len(batch) >= _TOKENIZE_BATCH:
+                yield from flush(batch)
+                batch = []
+        yield from flush(batch)
+    finally:
+        if progress is not None:
+            progress.close()
 
 
 class CorpusIndex(_Queries):

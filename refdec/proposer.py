@@ -22,6 +22,7 @@ are stable whether or not a source is present).
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 import numpy as np
@@ -48,10 +49,17 @@ DEFAULT_PARAMS = {
 }
 
 
+_TREE_FIELDS = ("token_ids", "parents", "scores", "source_ids", "source_names")
+_FAST_TREE = tuple(f.name for f in dataclasses.fields(DraftTree)) == _TREE_FIELDS
+
+
 def _make_tree(token_ids, parents, scores, source_ids, source_names) -> DraftTree:
     """DraftTree from arrays the C++ builder already guarantees valid
     (int32/float32, 1-D, one length, -1 <= parents[i] < i, tokens >= 0),
-    skipping DraftTree's re-validation (it costs more than the whole build)."""
+    skipping DraftTree's re-validation (it costs more than the whole build).
+    Falls back to the validating constructor if DraftTree's fields change."""
+    if not _FAST_TREE:
+        return DraftTree(token_ids, parents, scores, source_ids, source_names)
     tree = object.__new__(DraftTree)
     object.__setattr__(tree, "token_ids", token_ids)
     object.__setattr__(tree, "parents", parents)

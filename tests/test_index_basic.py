@@ -250,15 +250,18 @@ class FakeTokenizer:
         return len(self.vocab)
 
     def __call__(self, text, add_special_tokens=True):
+        if isinstance(text, list):
+            return {"input_ids": [[self.vocab[w] for w in t.split()] for t in text]}
         return {"input_ids": [self.vocab[w] for w in text.split()]}
 
 
 def test_str_documents_are_tokenised_and_the_fingerprint_is_checked_on_load(tmp_path):
     tok = FakeTokenizer(["a", "b", "c", "d"])
-    index = CorpusIndex.build(["a b c", "b c d"], tok, show_progress=False)
+    index = CorpusIndex.build(["a b c", [1, 2], "b c d"], tok, show_progress=False)
+    assert [index.document(i).tolist() for i in range(3)] == [[0, 1, 2], [1, 2], [1, 2, 3]]
     assert index.vocab_size == 4
     assert index.fingerprint == tokenizer_fingerprint(tok) and len(index.fingerprint) == 64
-    assert index.count([1, 2]) == 2
+    assert index.count([1, 2]) == 3
     path = tmp_path / "tok.refdec"
     index.save(path)
     assert CorpusIndex.load(path, tok).fingerprint == index.fingerprint
