@@ -215,3 +215,20 @@ def test_help_texts_describe_the_commands(capsys):
     usage = capsys.readouterr().out
     for option in ("--tokenizer", "--out", "--glob", "--jsonl-field", "--no-progress", "--verify"):
         assert option in usage, option
+
+
+@pytest.mark.slow
+def test_build_without_tokenizer_uses_the_default_models_tokenizer(capsys, tmp_path, source_tree):
+    from refdec.index import CorpusIndex, tokenizer_fingerprint
+    from refdec.models import default_model_dir, load_tokenizer
+
+    if not (default_model_dir() / "config.json").exists():
+        pytest.skip("the default model is not converted yet (it would take ~90 s)")
+    out = tmp_path / "default.refdec"
+    code, stdout, stderr = run_cli(capsys, "index", "build", source_tree / "a.py", "--out", out, "--no-progress")
+    assert code == 0, stderr
+    tokenizer = load_tokenizer()
+    index = CorpusIndex.load(out, tokenizer)
+    assert index.fingerprint == tokenizer_fingerprint(tokenizer)
+    assert index.vocab_size == len(tokenizer)
+    assert index.document(0).tolist() == tokenizer.encode((source_tree / "a.py").read_text(), add_special_tokens=False)
