@@ -1,10 +1,15 @@
 """KV cache handling for tree verification.
 
-refdec uses ``transformers.DynamicCache()`` built WITHOUT a model config: every
-layer is a plain ``DynamicLayer`` that keeps all entries, sliding-window layers
-included (the model applies the window through the mask). A config-built cache
-keeps only ``window - 1`` entries in sliding layers, so the rejected tree nodes
-of a step would evict real history.
+refdec uses a ``transformers.DynamicCache`` built WITHOUT a model config: every
+layer keeps all entries, sliding-window layers included (the model applies
+the window through the mask). A config-built cache keeps only ``window - 1``
+entries in sliding layers, so the rejected tree nodes of a step would evict
+real history.
+
+The layers are :class:`GrowingLayer`, a ``DynamicLayer`` that appends into a
+preallocated buffer (capacity doubles) instead of ``torch.cat``-ing the whole
+history at every step; ``keys``/``values`` are views of the filled part.
+``new_cache(preallocate=False)`` gives plain ``DynamicLayer`` layers.
 
 Invariant kept by the decoding loop: the cache holds the keys/values of every
 token of the sequence except the last one (the *root* of the next tree), in
@@ -17,24 +22,72 @@ import torch
 from transformers import DynamicCache
 from transformers.cache_utils import DynamicLayer
 
+_MIN_CAPACITY = 256
 
-def new_cache() -> DynamicCache:
+
+class GrowingLayer(DynamicLayer):
+    """A full (never evicting) cache layer over a buffer of growing capacity."""
+
+    def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
+        super().lazy_initialization(key_states, value_states)
+        self._key_buf = None
+        self._value_buf = None
+        self._length = 0
+
+    def _grow(self, key_states: torch.Tensor, value_states: torch.Tensor, needed: int) -> None:
+        capacity = max(_MIN_CAPACITY, 2 * needed)
+        key_buf = key_states.new_empty(*key_states.shape[:-2], capacity, key_states.shape[-1])
+        value_buf = value_states.new_empty(*value_states.shape[:-2], capacity, value_states.shape[-1])
+        if self._length:
+            key_buf[..., : self._length, :] = self._key_buf[..., : self._length, :]
+            value_buf[..., : self._length, :] = self._value_buf[..., : self._length, :]
+        self._key_buf, self._value_buf = key_buf, value_buf
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
+        if not self.is_initialized:
+            self.lazy_initialization(key_states, value_states)
+        end = self._length + key_states.shape[-2]
+        if self._key_buf is None or end > self._key_buf.shape[-2]:
+            self._grow(key_states, value_states, end)
+        self._key_buf[..., self._length:end, :] = key_states
+        self._value_buf[..., self._length:end, :] = value_states
+        self._set_length(end)
+        return self.keys, self.values
+
+    def _set_length(self, length: int) -> None:
+        self._length = length
+        self.keys = self._key_buf[..., :length, :]
+        self.values = self._value_buf[..., :length, :]
+
+    def crop(self, tokens_to_remove: int) -> None:
+        if tokens_to_remove > 0:
+            raise ValueError(f"crop takes a negative number of tokens to remove, got {tokens_to_remove}")
+        if tokens_to_remove and self.is_initialized:
+            self._set_length(self._length + tokens_to_remove)
+
+    def reset(self) -> None:
+        super().reset()
+        self._key_buf = self._value_buf = None
+        self._length = 0
+
+    def batch_repeat_interleave(self, repeats: int) -> None:  # pragma: no cover - batching is not supported
+        raise NotImplementedError("refdec caches hold one sequence")
+
+    def batch_select_indices(self, indices: torch.Tensor) -> None:  # pragma: no cover
+        raise NotImplementedError("refdec caches hold one sequence")
+
+
+class _GrowingCache(DynamicCache):
+    """``DynamicCache()`` (no config) whose lazily created layers are :class:`GrowingLayer`."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.layer_class_to_replicate = GrowingLayer
+
+
+def new_cache(preallocate: bool = True) -> DynamicCache:
     """An empty cache that never evicts (see module docstring)."""
-    return DynamicCache()
-
-
-def cache_length(cache: DynamicCache) -> int:
-    return cache.get_seq_length()
-
-
-def check_cache_layers(cache: DynamicCache) -> None:
-    """Raise if a layer is not a plain full ``DynamicLayer`` (compaction would be wrong)."""
-    for layer_idx, layer in enumerate(cache.layers):
-        if type(layer) is not DynamicLayer:
-            raise TypeError(
-                f"cache layer {layer_idx} is {type(layer).__name__}; tree verification needs plain "
-                "DynamicLayer layers (build the cache with DynamicCache() and no config)"
-            )
+    return _GrowingCache() if preallocate else DynamicCache()
 
 
 def compact(cache: DynamicCache, base: int, keep_offsets: torch.Tensor | None, n_keep: int) -> None:
@@ -44,17 +97,26 @@ def compact(cache: DynamicCache, base: int, keep_offsets: torch.Tensor | None, n
     ``keep_offsets``: int64 tensor [n_keep], increasing offsets past ``base`` of the
     entries to keep (the accepted tree nodes, in path order), or ``None`` when
     they are exactly ``0 .. n_keep-1`` (a chain prefix: a plain truncation).
-    Per layer: one gather-copy into place plus a view per K and V.
+    Per layer: one gather-copy into place per K and V (none for a chain prefix),
+    then the length is cut.
     """
     end = base + n_keep
-    for layer in cache.layers:
+    for layer_idx, layer in enumerate(cache.layers):
         if not layer.is_initialized:
             continue
+        if type(layer) not in (GrowingLayer, DynamicLayer):
+            raise TypeError(
+                f"cache layer {layer_idx} is {type(layer).__name__}; tree verification needs full layers "
+                "(refdec.cache.new_cache(), or DynamicCache() without a config)"
+            )
         keys, values = layer.keys, layer.values
         if keep_offsets is not None:
             src = keep_offsets + base
             # advanced indexing copies before the write, so overlapping src/dst is safe
             keys[:, :, base:end] = keys[:, :, src]
             values[:, :, base:end] = values[:, :, src]
-        layer.keys = keys[:, :, :end]
-        layer.values = values[:, :, :end]
+        if isinstance(layer, GrowingLayer):
+            layer._set_length(end)
+        else:
+            layer.keys = keys[:, :, :end]
+            layer.values = values[:, :, :end]

@@ -176,14 +176,16 @@ def test_tree_forward_logits_equal_plain_forward_per_branch(family_model, shape)
         torch.testing.assert_close(logits[row], expected, rtol=0, atol=1e-12)
 
 
-def test_compacted_cache_equals_cache_of_plain_prefill(family_model):
-    """After keeping the accepted nodes of a fork, the cache equals a plain prefill of that sequence."""
+@pytest.mark.parametrize("preallocate, prefix_len", [(True, 14), (True, 254), (False, 14)])
+def test_compacted_cache_equals_cache_of_plain_prefill(family_model, preallocate, prefix_len):
+    """After keeping the accepted nodes of a fork, the cache equals a plain prefill of that sequence
+    (254: the tree step overflows the preallocated buffer's first capacity of 256)."""
     name, model = family_model
-    prefix = list(range(10, 24))
+    prefix = [3 + (7 * i) % 90 for i in range(prefix_len)]
     tree = DraftTree(np.array([30, 31, 32, 33, 34]), np.array(FORK_PARENTS), np.ones(5))
     accepted = np.array([1, 3, 4])  # b ─ d ─ e
     with torch.no_grad():
-        cache = new_cache()
+        cache = new_cache(preallocate)
         model(input_ids=torch.tensor([prefix[:-1]]), cache=cache, use_cache=True)
         inp = build_tree_inputs(tree, prefix[-1], len(prefix) - 1, mask_spec_for(model))
         model(input_ids=inp.input_ids, position_ids=inp.position_ids, attention_mask=inp.attention_mask,
@@ -192,6 +194,7 @@ def test_compacted_cache_equals_cache_of_plain_prefill(family_model):
         plain = new_cache()
         model(input_ids=torch.tensor([prefix + [31, 33, 34]]), cache=plain, use_cache=True)
     assert cache.get_seq_length() == len(prefix) + 3
+    assert all(type(layer).__name__ == ("GrowingLayer" if preallocate else "DynamicLayer") for layer in cache.layers)
     for got, want in zip(cache.layers, plain.layers):
         torch.testing.assert_close(got.keys, want.keys, rtol=0, atol=1e-12)
         torch.testing.assert_close(got.values, want.values, rtol=0, atol=1e-12)
