@@ -301,6 +301,18 @@ def test_explicit_vocab_size_rejects_larger_document_ids_and_answers_ids_above_a
         CorpusIndex.build([[0, 12]], show_progress=False, vocab_size=10)
 
 
+def test_vocab_size_of_2_to_the_31_holds_the_largest_int32_id_through_save_and_load(tmp_path):
+    top = INT32_MAX
+    index = CorpusIndex.build([[top, top - 1, top]], show_progress=False, vocab_size=2**31)
+    index.save(tmp_path / "top.refdec")
+    loaded = CorpusIndex.load(tmp_path / "top.refdec")
+    assert loaded.vocab_size == 2**31
+    assert loaded.count([top]) == 2
+    assert loaded.next_tokens([top - 1], 2) == [(top, 1)]
+    with pytest.raises(ValueError, match=str(2**31 + 1)):
+        CorpusIndex.build([[1]], show_progress=False, vocab_size=2**31 + 1)
+
+
 def test_empty_documents_count_as_documents_and_hold_nothing():
     index = CorpusIndex.build([[], [5, 6], []], show_progress=False)
     assert index.num_documents == 3
