@@ -42,7 +42,7 @@ void DraftTreeBuilder::build(const std::vector<DraftSource>& sources, int32_t ma
     const DraftSource& s = sources[i];
     if (s.view == nullptr || s.state < 0 || s.state >= s.view->num_states()) continue;
     const float conf = source_confidence(s);
-    if (conf > 0.0f) root_entries_.push_back({static_cast<int32_t>(i), s.state, conf});
+    if (conf > 0.0f) root_entries_.push_back({static_cast<int32_t>(i), s.state, conf, -1});
   }
   if (root_entries_.empty()) return;
   std::vector<Entry> entries(root_entries_);
@@ -71,11 +71,32 @@ void DraftTreeBuilder::build(const std::vector<DraftSource>& sources, int32_t ma
 void DraftTreeBuilder::expand(const std::vector<DraftSource>& sources, int32_t node, int32_t depth,
                               const Entry* entries, int32_t n_entries, int32_t budget_left) {
   if (budget_left <= 0) return;
-  // Step 1. Every source's children of its state, scored by the count ratio.
+  // Step 1. Every entry's children.
   proposals_.clear();
   for (int32_t i = 0; i < n_entries; ++i) {
     const Entry& e = entries[i];
-    const AutomatonView* view = sources[e.source].view;
+    const DraftSource& source = sources[e.source];
+    const AutomatonView* view = source.view;
+    // Step 1a. Live source with a unique occurrence: overlapping copy. The
+    // node (depth `depth`) is at virtual position n - 1 + depth.
+    int64_t copy_pos = -1;
+    if (e.state == kCopyState) {
+      copy_pos = e.pos;
+    } else if (source.live && depth > 0) {
+      copy_pos = view->unique_end_pos(e.state);
+    }
+    if (copy_pos >= 0) {
+      const int64_t n = view->num_tokens();
+      const int64_t distance = n - 1 + depth - copy_pos;
+      int64_t read = copy_pos + 1;
+      if (distance < 1) continue;
+      while (read >= n) read -= distance;
+      if (read < 0) continue;
+      proposals_.push_back(
+          {view->token_at(read), {e.source, kCopyState, e.score, static_cast<int32_t>(copy_pos + 1)}});
+      continue;
+    }
+    // Step 1b. Automaton children scored by their count ratio.
     view->children(e.state, &edges_);
     if (edges_.empty() || edges_.size() > kMaxFanout) continue;
     const size_t first = proposals_.size();
@@ -84,7 +105,7 @@ void DraftTreeBuilder::expand(const std::vector<DraftSource>& sources, int32_t n
       const int64_t c = view->count(edge.target);
       if (c <= 0) continue;
       sum += static_cast<double>(c);
-      proposals_.push_back({edge.token, {e.source, edge.target, static_cast<float>(c)}});
+      proposals_.push_back({edge.token, {e.source, edge.target, static_cast<float>(c), -1}});
     }
     for (size_t j = first; j < proposals_.size(); ++j)
       proposals_[j].entry.score = static_cast<float>(e.score * (proposals_[j].entry.score / sum));

@@ -19,6 +19,9 @@ struct DraftSource {
   float weight = 1.0f;                  // source weight in [0, 1]
   float half_len = 2.0f;                // match length at which confidence is weight / 2
   int32_t source_id = 0;                // written to DraftTree.source_ids
+  bool live = false;                    // the automaton's last document is the live context: a
+                                        // unique continuation that reaches its end goes on with
+                                        // the draft itself (overlapping copy, as in a loop)
 };
 
 // Confidence of a source with a match of `match_len` tokens:
@@ -62,9 +65,12 @@ class DraftTreeBuilder {
   // One (source, state, per-source score) pair of a trie node or candidate.
   struct Entry {
     int32_t source;  // index into the sources vector
-    int32_t state;   // state in that source's automaton
+    int32_t state;   // state in that source's automaton, or kCopyState
     float score;     // per-source path score
+    int32_t pos;     // kCopyState only: virtual token_pos copied by this node
   };
+  // Entry::state of a live source copying from a position (see above).
+  static constexpr int32_t kCopyState = -2;
   // A candidate child not yet in the tree.
   struct Candidate {
     float score;          // combined score

@@ -11,6 +11,7 @@ void ProposerCore::set_context(SuffixAutomaton* sam, float weight, float half_le
   context_params_.weight = weight;
   context_params_.half_len = half_len;
   context_params_.source_id = source_id;
+  context_params_.live = true;
 }
 
 void ProposerCore::add_matcher_source(const AutomatonView* view, float weight, float half_len, int32_t source_id) {
@@ -47,10 +48,27 @@ void ProposerCore::propose(int32_t max_nodes, DraftResult* out) {
     DraftSource s = m.params;
     s.state = m.matcher.state();
     s.match_len = m.matcher.match_length();
+    with_continuation(&s);
     push_source(s);
   }
   // Step 2. One best-first tree over all of them.
   builder_.build(sources_, max_nodes, max_depth_, out);
+}
+
+void ProposerCore::with_continuation(DraftSource* s) {
+  while (s->match_len > 0) {
+    s->view->children(s->state, &edges_);
+    if (!edges_.empty()) return;
+    const int32_t l = s->view->link(s->state);
+    const int32_t len = l == kNoState ? 0 : s->view->length(l);
+    if (l == kNoState || len >= s->match_len) {
+      s->state = kRoot;
+      s->match_len = 0;
+      return;
+    }
+    s->state = l;
+    s->match_len = len;
+  }
 }
 
 void ProposerCore::push_source(DraftSource s) {
@@ -69,10 +87,16 @@ void ProposerCore::push_source(DraftSource s) {
   }
 }
 
-std::vector<std::pair<int32_t, int32_t>> ProposerCore::match_lengths() const {
+std::vector<std::pair<int32_t, int32_t>> ProposerCore::match_lengths() {
   std::vector<std::pair<int32_t, int32_t>> out;
   if (context_ != nullptr) out.emplace_back(context_params_.source_id, context_->length(context_->match_state()));
-  for (const MatchedSource& m : matched_) out.emplace_back(m.params.source_id, m.matcher.match_length());
+  for (const MatchedSource& m : matched_) {
+    DraftSource s = m.params;
+    s.state = m.matcher.state();
+    s.match_len = m.matcher.match_length();
+    with_continuation(&s);
+    out.emplace_back(s.source_id, s.match_len);
+  }
   return out;
 }
 

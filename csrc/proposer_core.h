@@ -39,8 +39,9 @@ class ProposerCore {
   }
   // Best-first draft tree of at most max_nodes nodes.
   void propose(int32_t max_nodes, DraftResult* out);
-  // (source_id, match length) per source.
-  std::vector<std::pair<int32_t, int32_t>> match_lengths() const;
+  // (source_id, match length) per source: the longest suffix of the context
+  // that occurs in the source with a continuation.
+  std::vector<std::pair<int32_t, int32_t>> match_lengths();
   int32_t max_depth() const { return max_depth_; }
 
  private:
@@ -52,6 +53,10 @@ class ProposerCore {
 
   // Appends the source and its back-off states to sources_.
   void push_source(DraftSource s);
+  // The longest suffix of a match that has a continuation: follows suffix
+  // links while the state has no transition (its occurrences all end
+  // documents). Updates s->state and s->match_len.
+  void with_continuation(DraftSource* s);
 
   int32_t max_depth_;                      // deepest node of a draft
   int32_t backoff_ = 0;                    // shorter suffix states expanded per source
@@ -60,6 +65,7 @@ class ProposerCore {
   DraftSource context_params_;             // its weight, half_len, source_id
   std::vector<MatchedSource> matched_;     // other sources
   std::vector<DraftSource> sources_;       // scratch for the builder
+  std::vector<Edge> edges_;                // scratch for with_continuation
   DraftTreeBuilder builder_;               // scratch buffers
 };
 

@@ -120,9 +120,10 @@ void SuffixAutomaton::bump_counts(int32_t state) {
   // One new occurrence ends at the current position: it belongs to `state`
   // and to every state on its suffix-link chain.
   if (!counts_valid_) return;
-  int steps = 0;
+  const int64_t limit = std::max<int64_t>(kMinCountWalk, static_cast<int64_t>(states_.size()) / 8);
+  int64_t steps = 0;
   for (int32_t s = state; s != kNoState; s = states_[s].link) {
-    if (++steps > kMaxCountWalk) {
+    if (++steps > limit) {
       counts_valid_ = false;
       return;
     }

@@ -20,13 +20,17 @@ namespace refdec {
 //
 // Occurrence counts: extend() on an automaton whose counts are up to date
 // walks the suffix-link chain of the new state and adds one occurrence to
-// each state on it (at most kMaxCountWalk steps; a longer chain marks the
-// counts stale). add_document() marks them stale. count() recomputes stale
-// counts in one O(states) pass (counting sort by length).
+// each state on it, up to max(kMinCountWalk, num_states() / 8) steps; a
+// longer chain marks the counts stale. add_document() marks them stale.
+// count() recomputes stale counts in one O(states) pass (counting sort by
+// length). So a token costs O(its suffix-link chain) (short in text; as long
+// as the run inside a run of one repeated token) and at worst one O(states)
+// recount per query batch, never both beyond O(states / 8) per token.
 class SuffixAutomaton : public AutomatonView {
  public:
-  // Longest suffix-link walk extend() does to keep counts current.
-  static constexpr int kMaxCountWalk = 64;
+  // Suffix-link walk extend() always affords to keep counts current (the
+  // limit is max(kMinCountWalk, num_states() / 8)).
+  static constexpr int64_t kMinCountWalk = 64;
   // Largest number of tokens (positions are int32).
   static constexpr int64_t kMaxTokens = (int64_t{1} << 31) - 2;
 

@@ -40,7 +40,8 @@ class DecodingStats:
 
     ``forward_passes`` counts the prefill pass (it yields the first token).
     ``accepted_per_pass[k]`` = number of verification passes that accepted ``k``
-    draft tokens (the bonus token not counted); index 0 also counts drafts-free passes.
+    draft tokens (the bonus token not counted); index 0 also counts passes without a
+    draft and the prefill.
     Times are seconds (time.perf_counter): ``prefill`` (the prompt forward),
     ``propose`` (budget + proposer), ``prepare`` (tree → tensors), ``forward``
     (model forward + target selection + the one host sync), ``accept`` (walk,
@@ -213,8 +214,9 @@ class _StopChecker:
         self.eos = eos
         self.stop_strings = stop_strings
         self.tokenizer = tokenizer
-        # enough tokens to hold any stop string (every token decodes to >= 1 char, usually)
-        self.window = max((len(s) for s in stop_strings), default=0) + 2
+        # enough tokens to hold any stop string: a token decodes to >= 1 character, or to >= 1 byte
+        # of one (byte-fallback tokens), and a character is at most 4 UTF-8 bytes
+        self.window = 4 * max((len(s) for s in stop_strings), default=0) + 2
 
     def _completes_stop_string(self, seq: list[int]) -> bool:
         tail = seq[-self.window:]

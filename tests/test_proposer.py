@@ -33,21 +33,29 @@ def assert_tree(tree, token_ids, parents, source_ids=None, scores=None):
     assert tree.source_names == ("context", "reference", "corpus")
 
 
-# Prompt 5 6 7 8 9 5 6: the suffix "5 6" (L=2) occurred at the start.
+# Prompt 5 6 7 8 9 5 6: the suffix "5 6" (L=2) occurred at the start. Its
+# continuation runs into the context's own end, so the copy overlaps itself
+# (distance 5) and the draft goes on as a loop of period 5 up to max_depth:
 #
-#   root(6) ── 7 ── 8 ── 9 ── 5 ── 6
+#   root(6) ── 7 ── 8 ── 9 ── 5 ── 6 ── 7 ── 8 ── 9 ── 5 ── 6 ── 7 ...
 #
 REPEAT_PROMPT = [5, 6, 7, 8, 9, 5, 6]
-REPEAT_TOKENS = [7, 8, 9, 5, 6]
-REPEAT_PARENTS = [-1, 0, 1, 2, 3]
 
 
 def test_a_repeated_span_in_the_prompt_gives_a_chain_that_continues_it():
-    proposer = Proposer()
+    proposer = Proposer(max_depth=12)
     proposer.start(arr(REPEAT_PROMPT))
     tree = proposer.propose(32)
-    assert_tree(tree, REPEAT_TOKENS, REPEAT_PARENTS, [CONTEXT] * 5, [0.5] * 5)
+    assert_tree(tree, [7, 8, 9, 5, 6] * 2 + [7, 8], list(range(-1, 11)), [CONTEXT] * 12, [0.5] * 12)
     assert proposer.last_match_lengths() == {"context": 2, "reference": 0, "corpus": 0}
+    assert_tree(proposer.propose(5), [7, 8, 9, 5, 6], [-1, 0, 1, 2, 3])
+
+
+def test_a_loop_is_drafted_for_many_periods():
+    # A run of one token: "7" x 50, the draft is "7" to max_depth.
+    proposer = Proposer(max_depth=20)
+    proposer.start(arr([7] * 50))
+    assert_tree(proposer.propose(64), [7] * 20, list(range(-1, 19)))
 
 
 def test_accept_extends_the_context_and_advances_the_match():
@@ -58,13 +66,14 @@ def test_accept_extends_the_context_and_advances_the_match():
     proposer = Proposer()
     proposer.start(arr(REPEAT_PROMPT))
     proposer.accept(arr([7, 8]))
-    tree = proposer.propose(32)
+    tree = proposer.propose(5)
     assert_tree(tree, [9, 5, 6, 7, 8], [-1, 0, 1, 2, 3], scores=[4 / 6] * 5)
     assert proposer.last_match_lengths()["context"] == 4
     assert len(proposer.context) == 9
 
 
-# Context 1 2 3 4 9 1 2 (match "1 2", L=2) and reference 7 1 2 3 5 (match "1 2", L=2):
+# Context 1 2 3 4 9 1 2 (match "1 2", L=2) and reference 7 1 2 3 5 (match "1 2", L=2),
+# max_depth 5 (else the context's overlapping copy would go on 3 4 9 1 2 3 ...):
 #
 #   root(2) ── 3 ─┬─ 4 ── 9 ── 1 ── 2      node 0 "3": both sources, 1 - (1 - .5)(1 - .5) = .75
 #                 └─ 5                     node 5 "5": reference only
@@ -76,7 +85,7 @@ MERGE_SCORES = [0.75, 0.5, 0.5, 0.5, 0.5, 0.5]
 
 
 def test_two_sources_merge_a_common_prefix_into_one_node():
-    proposer = Proposer(references=[arr([7, 1, 2, 3, 5])])
+    proposer = Proposer(references=[arr([7, 1, 2, 3, 5])], max_depth=5)
     proposer.start(arr([1, 2, 3, 4, 9, 1, 2]))
     tree = proposer.propose(32)
     assert_tree(tree, MERGE_TOKENS, MERGE_PARENTS, MERGE_SOURCES, MERGE_SCORES)
@@ -84,14 +93,15 @@ def test_two_sources_merge_a_common_prefix_into_one_node():
 
 
 def test_a_unique_continuation_goes_deep_up_to_max_depth():
-    # 0 1 ... 99 0 1: the match "0 1" continues uniquely for 100 tokens.
+    # 0 1 ... 99 0 1: the match "0 1" continues uniquely (2 .. 99, then the
+    # overlapping copy 0 1 2 ...), so the chain is max_depth deep.
     prompt = list(range(100)) + [0, 1]
-    for max_depth, expected in [(64, 64), (10, 10), (500, 100)]:
+    for max_depth in (64, 10, 500):
         proposer = Proposer(max_depth=max_depth)
         proposer.start(arr(prompt))
         tree = proposer.propose(1000)
-        assert tree.token_ids.tolist() == (list(range(2, 100)) + [0, 1])[:expected]
-        assert tree.parents.tolist() == list(range(-1, expected - 1))
+        assert tree.token_ids.tolist() == [(2 + i) % 100 for i in range(max_depth)]
+        assert tree.parents.tolist() == list(range(-1, max_depth - 1))
 
 
 # Context 1 2 1 2 1 3 1: the suffix "1" (L=1, confidence 1/3) was followed by
@@ -101,7 +111,7 @@ def test_a_unique_continuation_goes_deep_up_to_max_depth():
 #            └─ 3 (1/9)
 #
 def test_branch_scores_are_count_ratios_of_the_children():
-    proposer = Proposer()
+    proposer = Proposer(max_depth=4)
     proposer.start(arr([1, 2, 1, 2, 1, 3, 1]))
     tree = proposer.propose(2)
     assert_tree(tree, [2, 1], [-1, 0], scores=[2 / 9, 2 / 9])
