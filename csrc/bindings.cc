@@ -261,7 +261,7 @@ PYBIND11_MODULE(_C, m) {
            }),
            py::arg("max_depth"))
       .def("set_context", &ProposerCore::set_context, py::arg("sam"), py::arg("weight"), py::arg("half_len"),
-           py::arg("source_id"), py::keep_alive<1, 2>())
+           py::arg("source_id"), py::arg("loop_decay") = 1.0f, py::keep_alive<1, 2>())
       .def("add_matcher_source", &ProposerCore::add_matcher_source, py::arg("view"), py::arg("weight"),
            py::arg("half_len"), py::arg("source_id"), py::keep_alive<1, 2>())
       .def("feed",

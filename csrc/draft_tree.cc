@@ -90,10 +90,11 @@ void DraftTreeBuilder::expand(const std::vector<DraftSource>& sources, int32_t n
       const int64_t distance = n - 1 + depth - copy_pos;
       int64_t read = copy_pos + 1;
       if (distance < 1) continue;
+      const float score = read >= n ? e.score * source.loop_decay : e.score;
       while (read >= n) read -= distance;
-      if (read < 0) continue;
+      if (read < 0 || score <= 0.0f) continue;
       proposals_.push_back(
-          {view->token_at(read), {e.source, kCopyState, e.score, static_cast<int32_t>(copy_pos + 1)}});
+          {view->token_at(read), {e.source, kCopyState, score, static_cast<int32_t>(copy_pos + 1)}});
       continue;
     }
     // Step 1b. Automaton children scored by their count ratio.

@@ -22,6 +22,7 @@ struct DraftSource {
   bool live = false;                    // the automaton's last document is the live context: a
                                         // unique continuation that reaches its end goes on with
                                         // the draft itself (overlapping copy, as in a loop)
+  float loop_decay = 1.0f;              // live: score factor per token copied from the draft itself
 };
 
 // Confidence of a source with a match of `match_len` tokens:

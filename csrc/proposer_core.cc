@@ -5,13 +5,15 @@
 
 namespace refdec {
 
-void ProposerCore::set_context(SuffixAutomaton* sam, float weight, float half_len, int32_t source_id) {
+void ProposerCore::set_context(SuffixAutomaton* sam, float weight, float half_len, int32_t source_id,
+                               float loop_decay) {
   context_ = sam;
   context_params_.view = sam;
   context_params_.weight = weight;
   context_params_.half_len = half_len;
   context_params_.source_id = source_id;
   context_params_.live = true;
+  context_params_.loop_decay = loop_decay;
 }
 
 void ProposerCore::add_matcher_source(const AutomatonView* view, float weight, float half_len, int32_t source_id) {

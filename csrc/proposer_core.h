@@ -23,7 +23,7 @@ class ProposerCore {
   explicit ProposerCore(int32_t max_depth) : max_depth_(max_depth) {}
 
   // Sets the live-context source (at most one).
-  void set_context(SuffixAutomaton* sam, float weight, float half_len, int32_t source_id);
+  void set_context(SuffixAutomaton* sam, float weight, float half_len, int32_t source_id, float loop_decay);
   // Adds a source matched against the context stream.
   void add_matcher_source(const AutomatonView* view, float weight, float half_len, int32_t source_id);
   // Appends tokens to the context: extends the context automaton and advances

@@ -15,6 +15,8 @@ into a merged trie (see ``csrc/draft_tree.h``):
     child score = parent score * count(child) / sum of the parent's children counts
     root score of a source = weight * L / (L + half_len), L = its match length
     a node reached by several sources: 1 - prod(1 - score_s)
+    live context: a copy that runs past the context's end continues with the
+    draft itself (a loop), each such token scaled by ``loop_decay`` (0.7)
 
 ``source_ids`` index ``Proposer.source_names`` (always all three names, so ids
 are stable whether or not a source is present).
@@ -88,7 +90,7 @@ class Proposer:
 
     def __init__(self, index: CorpusIndex | None = None, references: list[np.ndarray] | None = None, *,
                  max_depth: int = 64, params: dict[str, SourceParams] | None = None,
-                 backoff: int = 0, min_backoff_len: int = 1) -> None:
+                 backoff: int = 0, min_backoff_len: int = 1, loop_decay: float = 0.7) -> None:
         if index is not None and not isinstance(index, CorpusIndex):
             raise ValueError(f"index must be a refdec.CorpusIndex or None, got {type(index).__name__}")
         if isinstance(max_depth, bool) or not isinstance(max_depth, (int, np.integer)) or max_depth < 1:
@@ -97,6 +99,9 @@ class Proposer:
         self.max_depth = int(max_depth)
         self.backoff = int(backoff)
         self.min_backoff_len = int(min_backoff_len)
+        if not 0.0 <= loop_decay <= 1.0:
+            raise ValueError(f"loop_decay must be in [0, 1], got {loop_decay!r}")
+        self.loop_decay = float(loop_decay)
         self.params = dict(DEFAULT_PARAMS)
         if params:
             unknown = set(params) - set(self.source_names)
@@ -115,7 +120,7 @@ class Proposer:
         core.set_backoff(self.backoff, self.min_backoff_len)
         self._context = ContextIndex()
         p = self.params["context"]
-        core.set_context(self._context._sam, p.weight, p.half_len, 0)
+        core.set_context(self._context._sam, p.weight, p.half_len, 0, self.loop_decay)
         self._reference_sam = None
         if self._references:
             sam = _C.SuffixAutomaton()

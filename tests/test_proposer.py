@@ -35,9 +35,11 @@ def assert_tree(tree, token_ids, parents, source_ids=None, scores=None):
 
 # Prompt 5 6 7 8 9 5 6: the suffix "5 6" (L=2) occurred at the start. Its
 # continuation runs into the context's own end, so the copy overlaps itself
-# (distance 5) and the draft goes on as a loop of period 5 up to max_depth:
+# (distance 5) and the draft goes on as a loop of period 5 up to max_depth,
+# each token copied from the draft itself scaled by loop_decay (0.7):
 #
 #   root(6) ── 7 ── 8 ── 9 ── 5 ── 6 ── 7 ── 8 ── 9 ── 5 ── 6 ── 7 ...
+#             .5   .5   .5   .5   .5  .35  .245 ...
 #
 REPEAT_PROMPT = [5, 6, 7, 8, 9, 5, 6]
 
@@ -46,7 +48,8 @@ def test_a_repeated_span_in_the_prompt_gives_a_chain_that_continues_it():
     proposer = Proposer(max_depth=12)
     proposer.start(arr(REPEAT_PROMPT))
     tree = proposer.propose(32)
-    assert_tree(tree, [7, 8, 9, 5, 6] * 2 + [7, 8], list(range(-1, 11)), [CONTEXT] * 12, [0.5] * 12)
+    assert_tree(tree, [7, 8, 9, 5, 6] * 2 + [7, 8], list(range(-1, 11)), [CONTEXT] * 12,
+                [0.5] * 5 + [0.5 * 0.7**k for k in range(1, 8)])
     assert proposer.last_match_lengths() == {"context": 2, "reference": 0, "corpus": 0}
     assert_tree(proposer.propose(5), [7, 8, 9, 5, 6], [-1, 0, 1, 2, 3])
 
