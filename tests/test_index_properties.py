@@ -418,7 +418,9 @@ def check_draft_tree(tree, *, context, sources, max_nodes, max_depth, min_suffix
 
     Each path must follow the longest suffix of the context that has a
     continuation in some source or, with back-off (``min_suffix`` given), a
-    suffix of at least ``min_suffix`` tokens.
+    suffix of at least ``min_suffix`` tokens (any suffix for the live context).
+    For the live context the path may also be an overlapping copy: the matched
+    suffix followed by the path occurs earlier in ``context + path``.
     """
     n = len(tree)
     assert n <= max_nodes
@@ -457,6 +459,16 @@ def check_draft_tree(tree, *, context, sources, max_nodes, max_depth, min_suffix
                                                                             len(context) + 1))
             if length > 0 and any(occurs_in(doc, context[len(context) - length :] + path) for doc in docs)
         ]
+        # The live context may be copied with overlap (a loop continues past the
+        # end of the context into the draft itself): each drafted token is then
+        # read from an earlier occurrence in context + draft so far.
+        copy_lengths = ([matched["context"]] if min_suffix is None
+                        else range(min(min_suffix, matched["context"]), len(context) + 1))
+        if "context" in sources and any(
+            length > 0 and occurs_in((context + path)[:-1], context[len(context) - length :] + path)
+            for length in copy_lengths
+        ):
+            witnesses.append("context (overlapping copy)")
         assert witnesses, (
             f"node {node_idx} path {path} follows the longest matched suffix in no source; "
             f"context {context}, matched lengths {matched}"
