@@ -44,8 +44,10 @@ class DecodingStats:
     draft and the prefill.
     Times are seconds (time.perf_counter): ``prefill`` (the prompt forward),
     ``propose`` (budget + proposer), ``prepare`` (tree → tensors), ``forward``
-    (model forward + target selection + the one host sync), ``accept`` (walk,
-    KV compaction, proposer update, stops, streaming).
+    (model forward; for greedy also the argmax of every row and the one host
+    sync), ``accept`` (the acceptance walk, which for sampling includes drawing
+    the token of each row on the path; KV compaction, proposer update, stops,
+    streaming).
     """
 
     new_tokens: int = 0
