@@ -110,15 +110,22 @@ std::unique_ptr<FrozenIndex> FrozenIndex::freeze(const SuffixAutomaton& sam, con
   }
   if (n_internal + n >= (int64_t{1} << 31))
     throw std::invalid_argument("index too large to freeze: " + std::to_string(n_internal + n) + " states");
-  int64_t n_edges = 0;
   for (int64_t s = 0; s < n_states; ++s) {
-    if (s == kRoot || count[s] != 1) {
-      n_edges += sam.num_children(static_cast<int32_t>(s));
-    } else {
+    if (s != kRoot && count[s] == 1) {
       assert(sam.raw_end_pos(static_cast<int32_t>(s)) >= 0 && sam.raw_end_pos(static_cast<int32_t>(s)) < n);
       new_id[s] = static_cast<int32_t>(n_internal + sam.raw_end_pos(static_cast<int32_t>(s)));
     }
   }
+  // Out-degree of each internal state (new ids), from one pass over the hash table.
+  std::vector<uint32_t> degree(n_internal + 1, 0);
+  int64_t n_edges = 0;
+  sam.for_each_edge([&](int32_t state, int32_t, int32_t) {
+    const int32_t id = new_id[state];
+    if (id < n_internal) {
+      ++degree[id];
+      ++n_edges;
+    }
+  });
   if (n_edges >= (int64_t{1} << 32)) throw std::invalid_argument("too many transitions to freeze");
 
   // Step 2. Lay out the header and the 64-byte aligned sections.
@@ -159,8 +166,7 @@ std::unique_ptr<FrozenIndex> FrozenIndex::freeze(const SuffixAutomaton& sam, con
   auto* edge_offsets = reinterpret_cast<uint32_t*>(section(kSecEdgeOffsets));
   auto* edge_tokens = reinterpret_cast<int32_t*>(section(kSecEdgeTokens));
   auto* edge_targets = reinterpret_cast<int32_t*>(section(kSecEdgeTargets));
-  std::vector<Edge> edges;
-  uint64_t edge_pos = 0;
+  // Per-state fields in one pass over the states.
   for (int64_t s = 0; s < n_states; ++s) {
     const int32_t id = new_id[s];
     const int32_t link = sam.link(static_cast<int32_t>(s));
@@ -173,17 +179,37 @@ std::unique_ptr<FrozenIndex> FrozenIndex::freeze(const SuffixAutomaton& sam, con
     state_len[id] = sam.length(static_cast<int32_t>(s));
     state_link[id] = l;
     state_count[id] = count[s];
+  }
+  // CSR offsets, then scatter the edges of internal states (one pass over
+  // the hash table), then sort each state's edges by token.
+  uint64_t edge_pos = 0;
+  for (int64_t id = 0; id < n_internal; ++id) {
     edge_offsets[id] = static_cast<uint32_t>(edge_pos);
-    sam.children(static_cast<int32_t>(s), &edges);
-    for (Edge& e : edges) e.target = new_id[e.target];
-    std::sort(edges.begin(), edges.end(), [](const Edge& a, const Edge& b) { return a.token < b.token; });
-    for (const Edge& e : edges) {
-      edge_tokens[edge_pos] = e.token;
-      edge_targets[edge_pos] = e.target;
-      ++edge_pos;
-    }
+    edge_pos += degree[id];
   }
   edge_offsets[n_internal] = static_cast<uint32_t>(edge_pos);
+  std::vector<uint32_t>& fill = degree;  // reused: next free slot per state
+  for (int64_t id = 0; id < n_internal; ++id) fill[id] = edge_offsets[id];
+  sam.for_each_edge([&](int32_t state, int32_t token, int32_t target) {
+    const int32_t id = new_id[state];
+    if (id < n_internal) {
+      const uint32_t pos = fill[id]++;
+      edge_tokens[pos] = token;
+      edge_targets[pos] = new_id[target];
+    }
+  });
+  std::vector<Edge> edges;
+  for (int64_t id = 0; id < n_internal; ++id) {
+    const uint32_t lo = edge_offsets[id], hi = edge_offsets[id + 1];
+    if (hi - lo < 2) continue;
+    edges.clear();
+    for (uint32_t i = lo; i < hi; ++i) edges.push_back({edge_tokens[i], edge_targets[i]});
+    std::sort(edges.begin(), edges.end(), [](const Edge& a, const Edge& b) { return a.token < b.token; });
+    for (uint32_t i = lo; i < hi; ++i) {
+      edge_tokens[i] = edges[i - lo].token;
+      edge_targets[i] = edges[i - lo].target;
+    }
+  }
 
   // Step 4. Checksum the body, write the header, attach the views.
   h.checksum = body_checksum(base + sizeof(FileHeader), offset - sizeof(FileHeader));

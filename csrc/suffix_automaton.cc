@@ -8,7 +8,6 @@
 namespace refdec {
 namespace {
 
-constexpr uint64_t kEmptyKey = ~uint64_t{0};
 constexpr uint64_t kHashMul = 0x9E3779B97F4A7C15ull;
 
 inline uint64_t edge_key(int32_t state, int32_t token) {
@@ -25,7 +24,7 @@ void reserve_geometric(std::vector<T>* v, size_t needed) {
 }  // namespace
 
 SuffixAutomaton::SuffixAutomaton() {
-  table_.assign(1024, Slot{kEmptyKey, -1, 0});
+  table_.assign(1024, Slot{kEmptySlotKey, -1, 0});
   table_mask_ = 1023;
   table_shift_ = 64 - 10;
   new_state(0, kNoState, -1);
@@ -52,7 +51,7 @@ const SuffixAutomaton::Slot* SuffixAutomaton::find_slot(int32_t state, int32_t t
   while (true) {
     const Slot& slot = table_[i];
     if (slot.key == key) return &slot;
-    if (slot.key == kEmptyKey) return nullptr;
+    if (slot.key == kEmptySlotKey) return nullptr;
     i = (i + 1) & table_mask_;
   }
 }
@@ -66,13 +65,13 @@ void SuffixAutomaton::grow_table() {
   std::vector<Slot> old;
   old.swap(table_);
   const uint64_t capacity = old.size() * 2;
-  table_.assign(capacity, Slot{kEmptyKey, -1, 0});
+  table_.assign(capacity, Slot{kEmptySlotKey, -1, 0});
   table_mask_ = capacity - 1;
   table_shift_ -= 1;
   for (const Slot& slot : old) {
-    if (slot.key == kEmptyKey) continue;
+    if (slot.key == kEmptySlotKey) continue;
     uint64_t i = (slot.key * kHashMul) >> table_shift_;
-    while (table_[i].key != kEmptyKey) i = (i + 1) & table_mask_;
+    while (table_[i].key != kEmptySlotKey) i = (i + 1) & table_mask_;
     table_[i] = slot;
   }
 }
@@ -84,7 +83,7 @@ void SuffixAutomaton::add_edge(int32_t state, int32_t token, int32_t target) {
   states_[state].head = e;
   const uint64_t key = edge_key(state, token);
   uint64_t i = (key * kHashMul) >> table_shift_;
-  while (table_[i].key != kEmptyKey) {
+  while (table_[i].key != kEmptySlotKey) {
     assert(table_[i].key != key);
     i = (i + 1) & table_mask_;
   }

@@ -81,6 +81,15 @@ class SuffixAutomaton : public AutomatonView {
   }
   // Number of transitions of a state.
   int32_t num_children(int32_t state) const;
+  // Calls f(state, token, target) for every transition, in hash-table order
+  // (one sequential pass; used by freezing).
+  template <typename F>
+  void for_each_edge(F&& f) const {
+    for (const Slot& slot : table_) {
+      if (slot.key != kEmptySlotKey)
+        f(static_cast<int32_t>(slot.key >> 32), static_cast<int32_t>(static_cast<uint32_t>(slot.key)), slot.target);
+    }
+  }
 
  private:
   // Per-state record (one cache line holds three).
@@ -96,6 +105,8 @@ class SuffixAutomaton : public AutomatonView {
     int32_t token;  // label
     int32_t next;   // next edge of the same source state, -1 = end
   };
+  // Slot key of an empty hash-table slot.
+  static constexpr uint64_t kEmptySlotKey = ~uint64_t{0};
   // Hash table slot: (state, token) -> target.
   struct Slot {
     uint64_t key;    // kEmptyKey for an empty slot

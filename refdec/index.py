@@ -24,9 +24,10 @@ Queries (on both):
 Token ids must be in ``[0, 2**31)``, else ``ValueError`` naming the value; ids
 at or above the index's ``vocab_size`` are simply not found.
 
-Thread-safety: a :class:`CorpusIndex` that is frozen (loaded, or built and not
-being grown) is read-only and answers concurrent queries from several threads;
-the C++ calls release the GIL. ``add_documents`` must not run concurrently with
+Thread-safety: a :class:`CorpusIndex` (loaded, or built: ``build`` and
+``add_documents`` freeze it before returning) answers queries from the frozen
+arrays only, read-only, so several threads may query it (and share it between
+Proposers) concurrently; the C++ calls release the GIL. ``add_documents`` must not run concurrently with
 anything else on the same index. A :class:`ContextIndex` belongs to one request
 (its occurrence counts are updated lazily on query) -- do not share one.
 """
@@ -246,9 +247,11 @@ class CorpusIndex(_Queries):
         self._add(documents, tokenizer, show_progress)
 
     def _add(self, documents, tokenizer, show_progress: bool) -> None:
+        self._frozen = None
         for arr in _tokenize_documents(documents, tokenizer, self._vocab_size, show_progress):
             self._sam.add_document(arr)
-        self._frozen = None
+        # Freeze now: queries then only read immutable arrays (safe from several threads).
+        self._frozen_index()
 
     @classmethod
     def load(cls, path, tokenizer=None) -> "CorpusIndex":
