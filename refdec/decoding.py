@@ -298,6 +298,15 @@ class SpeculativeDecoder:
         eos = _normalize_eos(eos_token_id, self.model)
         stops = _normalize_stop_strings(stop_strings, tokenizer)
         refs = _normalize_references(references, tokenizer)
+        if streamer is not None and not (callable(getattr(streamer, "put", None))
+                                         and callable(getattr(streamer, "end", None))):
+            raise ValueError(f"streamer must have put() and end() (a transformers BaseStreamer), "
+                             f"got {type(streamer).__name__}")
+        if index is not None:
+            from refdec.index import CorpusIndex
+
+            if not isinstance(index, CorpusIndex):
+                raise ValueError(f"index must be a refdec.CorpusIndex or None, got {type(index).__name__}")
         if max_draft_tokens == "auto":
             if self._auto_budget is None:
                 self._auto_budget = make_budget("auto")

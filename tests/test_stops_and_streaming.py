@@ -179,6 +179,8 @@ BAD_ARGUMENTS = [
     (dict(stop_strings=[""]), r"stop_strings must be"),
     (dict(references=["some text"]), r"references\[0\] is a str; text references need tokenizer"),
     (dict(references="text"), r"references must be a list"),
+    (dict(streamer=object()), r"streamer must have put\(\) and end\(\)"),
+    (dict(index="corpus.idx"), r"index must be a refdec.CorpusIndex or None, got str"),
 ]
 
 
