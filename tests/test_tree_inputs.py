@@ -198,3 +198,58 @@ def test_compacted_cache_equals_cache_of_plain_prefill(family_model, preallocate
     for got, want in zip(cache.layers, plain.layers):
         torch.testing.assert_close(got.keys, want.keys, rtol=0, atol=1e-12)
         torch.testing.assert_close(got.values, want.values, rtol=0, atol=1e-12)
+
+
+# ----------------------------------------------------------------------------- acceptance walk
+
+from hypothesis import given, settings, strategies as st  # noqa: E402
+
+from refdec.verify import accept_walk, accept_walk_lazy  # noqa: E402
+
+
+def test_walk_descends_the_branch_that_matches_the_targets():
+    #        ┌ a=10 ─ c=12
+    #   R ───┤
+    #        └ b=11 ─ d=13 ─ e=14
+    tree = DraftTree(np.array([10, 11, 12, 13, 14]), np.array(FORK_PARENTS), np.ones(5))
+    # targets per row: R→11 (take b), b→13 (take d), d→99 (no child 99): accept b, d; bonus 99
+    targets = np.array([11, 0, 13, 0, 99, 0])
+    accepted, bonus = accept_walk(tree, targets)
+    assert accepted.tolist() == [1, 3] and bonus == 99
+    # nothing matches at the root: no node accepted, the bonus is the root's target
+    accepted, bonus = accept_walk(tree, np.array([42, 0, 0, 0, 0, 0]))
+    assert accepted.tolist() == [] and bonus == 42
+    # a whole branch accepted: the bonus is the leaf's target
+    accepted, bonus = accept_walk(tree, np.array([11, 0, 13, 0, 14, 7]))
+    assert accepted.tolist() == [1, 3, 4] and bonus == 7
+
+
+@st.composite
+def trees_and_targets(draw):
+    n = draw(st.integers(0, 24))
+    parents = [draw(st.integers(-1, i - 1)) for i in range(n)]
+    tokens = draw(st.lists(st.integers(0, 3), min_size=n, max_size=n))
+    targets = draw(st.lists(st.integers(0, 3), min_size=n + 1, max_size=n + 1))
+    return DraftTree(np.array(tokens, dtype=np.int32), np.array(parents, dtype=np.int32), np.ones(n)), \
+        np.array(targets, dtype=np.int64)
+
+
+@settings(max_examples=300, deadline=None)
+@given(trees_and_targets())
+def test_lazy_walk_equals_vectorised_walk_and_accepts_a_root_path_of_matching_tokens(case):
+    tree, targets = case
+    accepted, bonus = accept_walk(tree, targets)
+    asked = []
+
+    def target_of_row(row, depth):
+        asked.append(row)
+        return int(targets[row])
+
+    lazy_accepted, lazy_bonus = accept_walk_lazy(tree, target_of_row)
+    assert lazy_accepted.tolist() == accepted.tolist() and lazy_bonus == bonus
+    assert len(asked) == len(accepted) + 1  # one target per row on the path
+    row = 0
+    for node in accepted:  # a root-to-node path whose every token is its parent row's target
+        assert tree.parents[node] + 1 == row and tree.token_ids[node] == targets[row]
+        row = node + 1
+    assert bonus == targets[row]
