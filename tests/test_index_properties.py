@@ -5,7 +5,12 @@ runs repeat a lot), mapped onto three id ranges: small ids, ids around 2**18
 (Gemma's vocabulary is 262,144 = 2**18: ids need more than 16 bits) and ids
 just below 2**31 - 1 (the largest int32). Every answer of ``CorpusIndex``,
 of a saved-then-memory-mapped ``CorpusIndex`` and of ``ContextIndex`` is
-compared with ``tests/naive_index.py``.
+compared with ``tests/naive_index.py``. Draft trees of ``Proposer`` are
+checked for shape (parents before children, budget, depth, distinct siblings,
+scores in (0, 1] not growing along a path), for provenance (every path follows
+the matched suffix of the context in some source) and for liveness.
+
+``REFDEC_HYPOTHESIS_SCALE=N`` multiplies the number of examples (a longer hunt).
 """
 
 from __future__ import annotations
@@ -404,7 +409,7 @@ def test_build_from_strings_without_a_tokenizer_raises_a_clear_error():
 # Proposer
 
 
-def _matched_suffix_length_with_continuation(source_docs, context, *, is_context: bool) -> int:
+def _matched_suffix_length_with_continuation(source_docs, context) -> int:
     """Longest k such that context[-k:] occurs in the source followed by some token."""
     naive = NaiveIndex(source_docs)
     for k in range(len(context), 0, -1):
@@ -444,7 +449,7 @@ def check_draft_tree(tree, *, context, sources, max_nodes, max_depth, min_suffix
             assert tree.scores[node_idx] <= tree.scores[parent] + 1e-6, "score grows along a path"
     # Each root-to-node path follows the matched suffix in some source.
     matched = {
-        name: _matched_suffix_length_with_continuation(docs, context, is_context=(name == "context"))
+        name: _matched_suffix_length_with_continuation(docs, context)
         for name, docs in sources.items()
     }
     # Liveness: when some source continues a suffix of the context, a budget of
