@@ -13,9 +13,10 @@ chosen by a hash of their path, are held out as prompts):
   token after ``Proposer.start(prompt)``; also how many tokens each tree would
   have let the verifier accept (the longest tree path equal to the real text).
 
-If ArcticInference (``arctic_inference.suffix_decoding``) is importable, its
-suffix tree is measured on the same tokens (a common prefix of the corpus,
-``--baseline-tokens``) in the same run, and the ratios are printed.
+If ArcticInference (``arctic_inference.suffix_decoding``) or REST's
+DraftRetriever (``draftretriever``) is importable, it is measured on the same
+tokens (a common prefix of the corpus, ``--baseline-tokens``) and the same
+replay in the same run, and the ratios are printed.
 
     .venv/bin/python benchmarks/index_bench.py            # full stdlib
     .venv/bin/python benchmarks/index_bench.py --quick    # 200 files, for a smoke test
@@ -255,6 +256,63 @@ def bench_arctic(arrays: list[np.ndarray], pairs, budget: int, max_depth: int) -
 
 
 # ---------------------------------------------------------------------------
+# REST's DraftRetriever (optional baseline): a suffix array over the datastore only
+
+
+def bench_draftretriever(arrays: list[np.ndarray], pairs, budget: int, vocab_size: int, workdir: str) -> dict:
+    import draftretriever
+
+    num_tokens = int(sum(len(a) for a in arrays))
+    path = os.path.join(workdir, "datastore.idx")
+    c0 = time.process_time()
+    t0 = time.perf_counter()
+    writer = draftretriever.Writer(path, vocab_size)
+    for arr in arrays:
+        writer.add_entry(arr.tolist())
+    writer.finalize()
+    t_build = time.perf_counter() - t0
+    build_cpu = time.process_time() - c0
+    file_bytes = os.path.getsize(path)
+    t0 = time.perf_counter()
+    reader = draftretriever.Reader(path)
+    load_ms = (time.perf_counter() - t0) * 1e3
+
+    # REST drafts from the datastore alone (no live context); as in REST, search
+    # the context tail (it tries suffixes of up to `long` tokens, longest first).
+    step_s, accepted, nodes = [], [], []
+    for prompt, rest in pairs:
+        context = list(map(int, prompt))
+        for pos in range(len(rest)):
+            t0 = time.perf_counter()
+            paths, _mask, tree_indices, _positions, _retrieve = reader.search(context[-64:], choices=budget)
+            context.append(int(rest[pos]))
+            step_s.append(time.perf_counter() - t0)
+            truth = rest[pos:]
+            best = 0
+            for path in paths:
+                k = 0
+                while k < len(path) and k < len(truth) and path[k] == truth[k]:
+                    k += 1
+                best = max(best, k)
+            accepted.append(best)
+            nodes.append(max(len(tree_indices) - 1, 0))
+    return {
+        "tokens": num_tokens,
+        "build_s": t_build,
+        "build_tokens_per_s": num_tokens / t_build,
+        "build_tokens_per_cpu_s": num_tokens / build_cpu,
+        "file_bytes": file_bytes,
+        "bytes_per_token": file_bytes / num_tokens,
+        "load_ms_in_process": load_ms,
+        "steps": len(step_s),
+        "step_p50_us": percentile_us(step_s, 50),
+        "step_p99_us": percentile_us(step_s, 99),
+        "mean_tree_nodes": float(np.mean(nodes)),
+        "mean_accepted_if_verified": float(np.mean(accepted)),
+    }
+
+
+# ---------------------------------------------------------------------------
 
 
 def main(argv=None) -> int:
@@ -349,10 +407,17 @@ def main(argv=None) -> int:
             baselines["arctic_inference"] = {"unavailable": why}
         try:
             import draftretriever  # noqa: F401
-
-            baselines["draftretriever"] = {"unavailable": "importable, but no adapter written in this benchmark"}
         except Exception as exc:  # noqa: BLE001
             baselines["draftretriever"] = {"unavailable": f"{type(exc).__name__}: {exc}"}
+        else:
+            if "refdec_on_prefix" not in baselines:
+                same = bench_refdec_build(prefix, vocab_size)
+                same_index = same.pop("index")
+                baselines["refdec_on_prefix"] = {**same, **bench_refdec_steps(same_index, pairs, args.budget,
+                                                                                 args.max_depth)}
+                del same_index
+            with tempfile.TemporaryDirectory(dir=Path(__file__).resolve().parent) as tmp:
+                baselines["draftretriever"] = bench_draftretriever(prefix, pairs, args.budget, vocab_size, tmp)
 
     # Step 4. Report.
     r = refdec_result
@@ -405,6 +470,35 @@ def main(argv=None) -> int:
         ]
         print(f"\n### vs ArcticInference SuffixTree (same {arctic['tokens']:,} tokens, same replay)\n")
         print(markdown_table(rows, ["measure", "refdec", "ArcticInference", "ratio"]))
+
+    rest = baselines.get("draftretriever", {})
+    if "unavailable" in rest:
+        print(f"\nDraftRetriever (REST): not measured ({rest['unavailable']})")
+    elif rest:
+        same = baselines["refdec_on_prefix"]
+        rows = [
+            ["build tokens/s (wall)", f"{same['build_tokens_per_s'] / 1e6:.2f} M", f"{rest['build_tokens_per_s'] / 1e6:.3f} M",
+             f"{same['build_tokens_per_s'] / rest['build_tokens_per_s']:.1f}×"],
+            ["build tokens/CPU-s", f"{same['build_tokens_per_cpu_s'] / 1e6:.2f} M",
+             f"{rest['build_tokens_per_cpu_s'] / 1e6:.3f} M",
+             f"{same['build_tokens_per_cpu_s'] / rest['build_tokens_per_cpu_s']:.1f}×"],
+            ["file bytes/token", f"{refdec_result['bytes_per_token']:.1f} (full corpus)",
+             f"{rest['bytes_per_token']:.1f}", ""],
+            ["load (in process)", f"{refdec_result['load_ms_in_process_median']:.2f} ms (full corpus)",
+             f"{rest['load_ms_in_process']:.1f} ms",
+             f"{rest['load_ms_in_process'] / max(refdec_result['load_ms_in_process_median'], 1e-9):.0f}×"],
+            ["step p50 (µs)", f"{same['step_p50_us']:.1f}", f"{rest['step_p50_us']:.1f}",
+             f"{rest['step_p50_us'] / same['step_p50_us']:.1f}× faster"],
+            ["step p99 (µs)", f"{same['step_p99_us']:.1f}", f"{rest['step_p99_us']:.1f}",
+             f"{rest['step_p99_us'] / same['step_p99_us']:.1f}× faster"],
+            ["mean tree nodes", f"{same['mean_tree_nodes']:.1f}", f"{rest['mean_tree_nodes']:.1f}", ""],
+            ["mean accepted if verified", f"{same['mean_accepted_if_verified']:.2f}",
+             f"{rest['mean_accepted_if_verified']:.2f}",
+             f"{same['mean_accepted_if_verified'] / max(rest['mean_accepted_if_verified'], 1e-9):.2f}×"],
+        ]
+        print(f"\n### vs DraftRetriever / REST (same {rest['tokens']:,} tokens, same replay; REST has no live-context "
+              "source)\n")
+        print(markdown_table(rows, ["measure", "refdec", "DraftRetriever", "ratio"]))
 
     out = write_json("index_bench", {
         "command": " ".join([Path(sys.executable).name] + sys.argv),
