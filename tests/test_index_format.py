@@ -649,3 +649,45 @@ def test_save_into_a_missing_directory_raises_and_writes_nothing(tmp_path, built
     with pytest.raises((FileNotFoundError, OSError)):
         built.save(tmp_path / "no" / "such" / "dir" / "x.refdec")
     assert not (tmp_path / "no").exists()
+
+
+_SAVE_OVER_MAPPED_SCRIPT = textwrap.dedent(
+    """
+    import sys
+    from refdec.index import CorpusIndex
+
+    path = sys.argv[1]
+    a = CorpusIndex.load(path)
+    before = [a.match_length([0, 1, 2]), a.count([0, 1]), a.next_tokens([1], 5), a.continuation([0], 50).tolist()]
+    # Another, smaller index saved over the file that `a` maps.
+    CorpusIndex.build([[9, 9, 9]], show_progress=False).save(path)
+    after = [a.match_length([0, 1, 2]), a.count([0, 1]), a.next_tokens([1], 5), a.continuation([0], 50).tolist()]
+    assert before == after, (before, after)
+    assert CorpusIndex.load(path).count([9, 9]) == 2
+    # A mapped index saved onto its own path.
+    b = CorpusIndex.load(path)
+    b.save(path)
+    assert CorpusIndex.load(path).verify() and b.count([9]) == 3
+    print("OK")
+    """
+)
+
+
+def test_saving_over_a_mapped_index_leaves_its_readers_intact(tmp_path, index_file):
+    # Save writes a new file and renames it: a reader mapping the old file keeps
+    # its answers (an in-place overwrite would change them or raise SIGBUS).
+    script = tmp_path / "over.py"
+    script.write_text(_SAVE_OVER_MAPPED_SCRIPT)
+    proc = subprocess.run([sys.executable, str(script), str(index_file)], capture_output=True, text=True,
+                          timeout=120, env=_subprocess_env())
+    assert proc.returncode == 0 and proc.stdout.strip() == "OK", (proc.returncode, proc.stdout, proc.stderr[-2000:])
+
+
+def test_add_documents_with_another_tokenizer_raises_naming_both_fingerprints(tokenizers):
+    first, second = tokenizers
+    index = CorpusIndex.build(["x = 1\n"], first, show_progress=False)
+    with pytest.raises(ValueError) as info:
+        index.add_documents(["y = 2\n"], second)
+    message = str(info.value)
+    assert tokenizer_fingerprint(first) in message and tokenizer_fingerprint(second) in message, message
+    assert index.num_documents == 1
