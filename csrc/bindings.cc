@@ -168,6 +168,13 @@ PYBIND11_MODULE(_C, m) {
              py::gil_scoped_release release;
              sam.add_document(t.data, t.size);
            })
+      .def("reserve",
+           [](SuffixAutomaton& sam, int64_t n) {
+             if (n < 0) throw std::invalid_argument("n must be >= 0, got " + std::to_string(n));
+             sam.reserve(n);
+           },
+           py::arg("n"))
+      .def_property_readonly("released", &SuffixAutomaton::released)
       .def("match_state", &SuffixAutomaton::match_state)
       .def_property_readonly("last", &SuffixAutomaton::last)
       .def_property_readonly("num_edges", &SuffixAutomaton::num_edges);
@@ -176,11 +183,13 @@ PYBIND11_MODULE(_C, m) {
   py::class_<FrozenIndex, AutomatonView>(m, "FrozenIndex")
       .def_static(
           "freeze",
-          [](const SuffixAutomaton& sam, const std::string& fingerprint, uint32_t vocab_size) {
+          [](SuffixAutomaton& sam, const std::string& fingerprint, uint32_t vocab_size, bool release_sam) {
             py::gil_scoped_release release;
-            return FrozenIndex::freeze(sam, fingerprint, vocab_size);
+            return release_sam ? FrozenIndex::freeze_and_release(&sam, fingerprint, vocab_size)
+                               : FrozenIndex::freeze(sam, fingerprint, vocab_size);
           },
-          py::arg("sam"), py::arg("fingerprint"), py::arg("vocab_size"))
+          py::arg("sam"), py::arg("fingerprint"), py::arg("vocab_size"), py::arg("release") = false,
+          "release=True frees the automaton's build structures while freezing (it cannot grow afterwards)")
       .def_static(
           "load",
           [](const std::string& path) {

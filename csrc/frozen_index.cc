@@ -10,6 +10,7 @@
 #include <cctype>
 #include <cerrno>
 #include <cstring>
+#include <new>
 
 namespace refdec {
 namespace {
@@ -94,8 +95,26 @@ uint64_t body_checksum(const uint8_t* data, size_t size) {
 
 std::unique_ptr<FrozenIndex> FrozenIndex::freeze(const SuffixAutomaton& sam, const std::string& fingerprint,
                                                  uint32_t vocab_size) {
+  return freeze_impl(sam, nullptr, fingerprint, vocab_size);
+}
+
+std::unique_ptr<FrozenIndex> FrozenIndex::freeze_and_release(SuffixAutomaton* sam, const std::string& fingerprint,
+                                                             uint32_t vocab_size) {
+  try {
+    auto out = freeze_impl(*sam, sam, fingerprint, vocab_size);
+    sam->release();
+    return out;
+  } catch (...) {
+    sam->release();
+    throw;
+  }
+}
+
+std::unique_ptr<FrozenIndex> FrozenIndex::freeze_impl(const SuffixAutomaton& sam, SuffixAutomaton* release,
+                                                      const std::string& fingerprint, uint32_t vocab_size) {
   if (fingerprint.size() > 64 || !valid_fingerprint(fingerprint))
     throw std::invalid_argument("fingerprint must be at most 64 hex digits, got '" + fingerprint + "'");
+  if (sam.released()) throw std::invalid_argument("cannot freeze a released suffix automaton");
   const std::vector<uint32_t>& count = sam.counts();
   const int64_t n_states = sam.num_states();
   const int64_t n = sam.num_tokens();
@@ -149,39 +168,27 @@ std::unique_ptr<FrozenIndex> FrozenIndex::freeze(const SuffixAutomaton& sam, con
   }
   h.file_size = offset;
 
-  // Step 3. Fill the sections.
+  // Step 3. An anonymous mapping of zero pages holds the image; pages become
+  // resident only as the sections below are written.
   std::unique_ptr<FrozenIndex> out(new FrozenIndex());
-  out->owned_.assign(offset / 8, 0);
-  uint8_t* base = reinterpret_cast<uint8_t*>(out->owned_.data());
+  void* map = ::mmap(nullptr, offset, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  if (map == MAP_FAILED)
+    throw std::bad_alloc();
+  out->map_ = map;
+  out->map_size_ = offset;
+  out->anonymous_ = true;
+  uint8_t* base = static_cast<uint8_t*>(map);
   auto section = [&](int id) { return base + h.sections[id].offset; };
-  if (n) std::memcpy(section(kSecTokens), sam.token_data(), n * 4);
-  auto* doc_begins = reinterpret_cast<int64_t*>(section(kSecDocBegins));
-  for (int64_t d = 0; d < n_docs; ++d) doc_begins[d] = sam.document_begin(d);
-  doc_begins[n_docs] = n;
-  auto* leaf_link = reinterpret_cast<int32_t*>(section(kSecLeafLink));
-  std::fill(leaf_link, leaf_link + n, -1);
   auto* state_len = reinterpret_cast<int32_t*>(section(kSecStateLen));
   auto* state_link = reinterpret_cast<int32_t*>(section(kSecStateLink));
   auto* state_count = reinterpret_cast<uint32_t*>(section(kSecStateCount));
   auto* edge_offsets = reinterpret_cast<uint32_t*>(section(kSecEdgeOffsets));
   auto* edge_tokens = reinterpret_cast<int32_t*>(section(kSecEdgeTokens));
   auto* edge_targets = reinterpret_cast<int32_t*>(section(kSecEdgeTargets));
-  // Per-state fields in one pass over the states.
-  for (int64_t s = 0; s < n_states; ++s) {
-    const int32_t id = new_id[s];
-    const int32_t link = sam.link(static_cast<int32_t>(s));
-    const int32_t l = link == kNoState ? -1 : new_id[link];
-    if (s != kRoot && count[s] == 1) {
-      assert(leaf_link[id - n_internal] == -1);  // one leaf per end position
-      leaf_link[id - n_internal] = l;
-      continue;
-    }
-    state_len[id] = sam.length(static_cast<int32_t>(s));
-    state_link[id] = l;
-    state_count[id] = count[s];
-  }
-  // CSR offsets, then scatter the edges of internal states (one pass over
-  // the hash table), then sort each state's edges by token.
+  auto* leaf_link = reinterpret_cast<int32_t*>(section(kSecLeafLink));
+
+  // Step 4. Edges: CSR offsets, then scatter the edges of internal states
+  // (one pass over the hash table); the transitions can go after that.
   uint64_t edge_pos = 0;
   for (int64_t id = 0; id < n_internal; ++id) {
     edge_offsets[id] = static_cast<uint32_t>(edge_pos);
@@ -198,6 +205,33 @@ std::unique_ptr<FrozenIndex> FrozenIndex::freeze(const SuffixAutomaton& sam, con
       edge_targets[pos] = new_id[target];
     }
   });
+  std::vector<uint32_t>().swap(degree);
+  if (release != nullptr) release->release_transitions();
+
+  // Step 5. Per-state fields in one pass over the states.
+  std::fill(leaf_link, leaf_link + n, -1);
+  for (int64_t s = 0; s < n_states; ++s) {
+    const int32_t id = new_id[s];
+    const int32_t link = sam.link(static_cast<int32_t>(s));
+    const int32_t l = link == kNoState ? -1 : new_id[link];
+    if (s != kRoot && count[s] == 1) {
+      assert(leaf_link[id - n_internal] == -1);  // one leaf per end position
+      leaf_link[id - n_internal] = l;
+      continue;
+    }
+    state_len[id] = sam.length(static_cast<int32_t>(s));
+    state_link[id] = l;
+    state_count[id] = count[s];
+  }
+  std::vector<int32_t>().swap(new_id);
+
+  // Step 6. Tokens and document offsets.
+  if (n) std::memcpy(section(kSecTokens), sam.token_data(), n * 4);
+  auto* doc_begins = reinterpret_cast<int64_t*>(section(kSecDocBegins));
+  for (int64_t d = 0; d < n_docs; ++d) doc_begins[d] = sam.document_begin(d);
+  doc_begins[n_docs] = n;
+
+  // Step 7. Sort each state's edges by token.
   std::vector<Edge> edges;
   for (int64_t id = 0; id < n_internal; ++id) {
     const uint32_t lo = edge_offsets[id], hi = edge_offsets[id + 1];
@@ -211,11 +245,12 @@ std::unique_ptr<FrozenIndex> FrozenIndex::freeze(const SuffixAutomaton& sam, con
     }
   }
 
-  // Step 4. Checksum the body, write the header, attach the views.
+  // Step 8. Checksum the body, write the header, make the image read-only, attach the views.
   h.checksum = body_checksum(base + sizeof(FileHeader), offset - sizeof(FileHeader));
   h.header_checksum = 0;
   h.header_checksum = body_checksum(reinterpret_cast<const uint8_t*>(&h), sizeof(FileHeader));
   std::memcpy(base, &h, sizeof(FileHeader));
+  ::mprotect(map, offset, PROT_READ);
   out->attach(base, offset, "<in-memory index>");
   return out;
 }

@@ -78,9 +78,16 @@ uint64_t body_checksum(const uint8_t* data, size_t size);
 // token array. Every read of a state, edge or position is bounds-checked.
 class FrozenIndex : public AutomatonView {
  public:
-  // Freezes a mutable automaton into an in-memory buffer.
+  // Freezes a mutable automaton into an in-memory buffer (an anonymous
+  // mapping, filled section by section: untouched pages cost nothing).
   static std::unique_ptr<FrozenIndex> freeze(const SuffixAutomaton& sam, const std::string& fingerprint,
                                              uint32_t vocab_size);
+  // Same, and frees the automaton's build structures as soon as each one has
+  // been copied (transitions first, then states), so the peak is about the
+  // automaton plus the edge sections rather than automaton plus image. The
+  // automaton is left released (SuffixAutomaton::release()), even on error.
+  static std::unique_ptr<FrozenIndex> freeze_and_release(SuffixAutomaton* sam, const std::string& fingerprint,
+                                                         uint32_t vocab_size);
   // Memory-maps a file and validates its header; throws IndexFormatError.
   static std::unique_ptr<FrozenIndex> load(const std::string& path);
   ~FrozenIndex() override;
@@ -100,7 +107,7 @@ class FrozenIndex : public AutomatonView {
   // First byte of the image (the header).
   const uint8_t* header_ptr() const { return base_; }
   const std::string& path() const { return path_; }
-  bool is_mapped() const { return map_ != nullptr; }
+  bool is_mapped() const { return map_ != nullptr && !anonymous_; }
   int64_t num_internal() const { return num_internal_; }
   int64_t num_edges() const { return num_edges_; }
 
@@ -121,14 +128,16 @@ class FrozenIndex : public AutomatonView {
 
  private:
   FrozenIndex() = default;
+  static std::unique_ptr<FrozenIndex> freeze_impl(const SuffixAutomaton& sam, SuffixAutomaton* release,
+                                                  const std::string& fingerprint, uint32_t vocab_size);
   // Validates the header against the buffer and sets the section pointers.
   void attach(const uint8_t* base, size_t size, const std::string& name);
   bool is_leaf(int32_t state) const { return state >= num_internal_ && state < num_internal_ + num_tokens_; }
   int64_t document_of(int64_t token_pos) const;
 
-  std::vector<uint64_t> owned_;  // in-memory image (freeze), empty when mapped
-  void* map_ = nullptr;          // mmap base when loaded from a file
+  void* map_ = nullptr;          // mmap base: the file (load) or an anonymous mapping (freeze)
   size_t map_size_ = 0;          // mmap length
+  bool anonymous_ = false;       // map_ is an anonymous mapping made by freeze
   const uint8_t* base_ = nullptr;  // start of the image
   size_t size_ = 0;                // bytes of the image
   std::string path_;               // file it was loaded from ("" when in memory)

@@ -24,7 +24,7 @@ void reserve_geometric(std::vector<T>* v, size_t needed) {
 }  // namespace
 
 SuffixAutomaton::SuffixAutomaton() {
-  table_.assign(1024, Slot{kEmptySlotKey, -1, 0});
+  table_.assign(1024, Slot{kNoState, 0, kNoState});
   table_mask_ = 1023;
   table_shift_ = 64 - 10;
   new_state(0, kNoState, -1);
@@ -41,17 +41,17 @@ void SuffixAutomaton::reserve(int64_t n) {
   const size_t states = states_.size() + 2 * static_cast<size_t>(n);
   reserve_geometric(&states_, states);
   reserve_geometric(&count_, states);
-  reserve_geometric(&edges_, edges_.size() + 3 * static_cast<size_t>(n) / 2);
+  reserve_geometric(&edges_, edges_.size() + 3 * static_cast<size_t>(n));  // at most 3n transitions
   reserve_geometric(&tokens_, tokens_.size() + n);
 }
 
 const SuffixAutomaton::Slot* SuffixAutomaton::find_slot(int32_t state, int32_t token) const {
-  const uint64_t key = edge_key(state, token);
-  uint64_t i = (key * kHashMul) >> table_shift_;
+  if (table_.empty()) return nullptr;  // released
+  uint64_t i = (edge_key(state, token) * kHashMul) >> table_shift_;
   while (true) {
     const Slot& slot = table_[i];
-    if (slot.key == key) return &slot;
-    if (slot.key == kEmptySlotKey) return nullptr;
+    if (slot.state == state && slot.token == token) return &slot;
+    if (slot.state == kNoState) return nullptr;
     i = (i + 1) & table_mask_;
   }
 }
@@ -65,29 +65,29 @@ void SuffixAutomaton::grow_table() {
   std::vector<Slot> old;
   old.swap(table_);
   const uint64_t capacity = old.size() * 2;
-  table_.assign(capacity, Slot{kEmptySlotKey, -1, 0});
+  table_.assign(capacity, Slot{kNoState, 0, kNoState});
   table_mask_ = capacity - 1;
   table_shift_ -= 1;
   for (const Slot& slot : old) {
-    if (slot.key == kEmptySlotKey) continue;
-    uint64_t i = (slot.key * kHashMul) >> table_shift_;
-    while (table_[i].key != kEmptySlotKey) i = (i + 1) & table_mask_;
+    if (slot.state == kNoState) continue;
+    uint64_t i = (edge_key(slot.state, slot.token) * kHashMul) >> table_shift_;
+    while (table_[i].state != kNoState) i = (i + 1) & table_mask_;
     table_[i] = slot;
   }
 }
 
 void SuffixAutomaton::add_edge(int32_t state, int32_t token, int32_t target) {
-  if (2 * (edges_.size() + 1) > table_.size()) grow_table();
+  // At most 3/4 full (linear probing stays short; 12-byte slots).
+  if (4 * (edges_.size() + 1) > 3 * table_.size()) grow_table();
   const int32_t e = static_cast<int32_t>(edges_.size());
   edges_.push_back(EdgeNode{token, states_[state].head});
   states_[state].head = e;
-  const uint64_t key = edge_key(state, token);
-  uint64_t i = (key * kHashMul) >> table_shift_;
-  while (table_[i].key != kEmptySlotKey) {
-    assert(table_[i].key != key);
+  uint64_t i = (edge_key(state, token) * kHashMul) >> table_shift_;
+  while (table_[i].state != kNoState) {
+    assert(!(table_[i].state == state && table_[i].token == token));
     i = (i + 1) & table_mask_;
   }
-  table_[i] = Slot{key, target, 0};
+  table_[i] = Slot{state, token, target};
 }
 
 int32_t SuffixAutomaton::clone_state(int32_t q, int32_t len) {
@@ -130,12 +130,31 @@ void SuffixAutomaton::bump_counts(int32_t state) {
   }
 }
 
+void SuffixAutomaton::release_transitions() {
+  released_ = true;
+  std::vector<Slot>().swap(table_);
+  std::vector<EdgeNode>().swap(edges_);
+  for (State& s : states_) s.head = -1;
+}
+
+void SuffixAutomaton::release() {
+  release_transitions();
+  std::vector<State>().swap(states_);
+  std::vector<uint32_t>().swap(count_);
+  std::vector<int32_t>().swap(tokens_);
+  std::vector<int64_t>().swap(doc_begin_);
+  last_ = kRoot;
+  counts_valid_ = true;
+}
+
 void SuffixAutomaton::start_document() {
+  if (released_) throw std::logic_error("suffix automaton was released (frozen with release): it cannot grow");
   doc_begin_.push_back(static_cast<int64_t>(tokens_.size()));
   last_ = kRoot;
 }
 
 void SuffixAutomaton::extend(int32_t token) {
+  if (released_) throw std::logic_error("suffix automaton was released (frozen with release): it cannot grow");
   if (token < 0) throw std::invalid_argument("token must be >= 0, got " + std::to_string(token));
   if (static_cast<int64_t>(tokens_.size()) >= kMaxTokens)
     throw std::invalid_argument("suffix automaton is full: at most " + std::to_string(kMaxTokens) + " tokens");
@@ -192,6 +211,7 @@ void SuffixAutomaton::extend(int32_t token) {
 }
 
 void SuffixAutomaton::add_document(const int32_t* tokens, int64_t n) {
+  if (released_) throw std::logic_error("suffix automaton was released (frozen with release): it cannot grow");
   for (int64_t i = 0; i < n; ++i) {
     if (tokens[i] < 0)
       throw std::invalid_argument("token ids must be >= 0; tokens[" + std::to_string(i) + "] = " +
@@ -237,7 +257,7 @@ void SuffixAutomaton::ensure_counts() const {
 }
 
 int32_t SuffixAutomaton::match_state() const {
-  if (last_ == kRoot) return kRoot;
+  if (last_ == kRoot || !valid(last_)) return kRoot;
   return states_[last_].link;
 }
 

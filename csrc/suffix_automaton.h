@@ -14,9 +14,10 @@ namespace refdec {
 //
 // Build: add_document(tokens), or start_document() then extend(token) per
 // token (the live decoding context is one open document that keeps growing).
-// Transitions live in one open-addressing hash table (state, token) -> target;
+// Transitions live in one open-addressing hash table (state, token) -> target
+// of 12-byte slots, at most 3/4 full (21 bytes per transition on average);
 // each state also keeps a singly linked list of its edge labels for cloning
-// and enumeration.
+// and enumeration (8 bytes per transition).
 //
 // Occurrence counts: extend() on an automaton whose counts are up to date
 // walks the suffix-link chain of the new state and adds one occurrence to
@@ -45,8 +46,18 @@ class SuffixAutomaton : public AutomatonView {
   void add_document(const int32_t* tokens, int64_t n);
   // Appends tokens to the current document (incremental counts kept).
   void extend_many(const int32_t* tokens, int64_t n);
-  // Reserves room for about n more tokens.
+  // Reserves room for about n more tokens (address space only: pages are
+  // touched as they fill, so over-reserving costs no resident memory).
   void reserve(int64_t n);
+  // Frees every build structure (freezing with release does this as it goes).
+  // Afterwards the automaton is empty: queries answer as for no state, and
+  // extend()/add_document() throw std::logic_error.
+  void release();
+  // True after release().
+  bool released() const { return released_; }
+  // Frees the transition table and edge lists (release() in two steps, for
+  // freezing: the caller is done with transitions). Marks the automaton released.
+  void release_transitions();
 
   // State of the whole current document (the longest string ending here).
   int32_t last() const { return last_; }
@@ -86,8 +97,7 @@ class SuffixAutomaton : public AutomatonView {
   template <typename F>
   void for_each_edge(F&& f) const {
     for (const Slot& slot : table_) {
-      if (slot.key != kEmptySlotKey)
-        f(static_cast<int32_t>(slot.key >> 32), static_cast<int32_t>(static_cast<uint32_t>(slot.key)), slot.target);
+      if (slot.state != kNoState) f(slot.state, slot.token, slot.target);
     }
   }
 
@@ -105,14 +115,13 @@ class SuffixAutomaton : public AutomatonView {
     int32_t token;  // label
     int32_t next;   // next edge of the same source state, -1 = end
   };
-  // Slot key of an empty hash-table slot.
-  static constexpr uint64_t kEmptySlotKey = ~uint64_t{0};
   // Hash table slot: (state, token) -> target.
   struct Slot {
-    uint64_t key;    // kEmptyKey for an empty slot
+    int32_t state;   // source state, kNoState for an empty slot
+    int32_t token;   // label
     int32_t target;  // target state
-    int32_t pad;     // unused
   };
+  static_assert(sizeof(Slot) == 12, "Slot must stay 12 bytes");
 
   int32_t new_state(int32_t len, int32_t link, int32_t end_pos);
   int32_t clone_state(int32_t q, int32_t len);
@@ -130,11 +139,12 @@ class SuffixAutomaton : public AutomatonView {
   mutable bool counts_valid_ = true;     // false: count_ must be recomputed
   std::vector<EdgeNode> edges_;          // per edge
   std::vector<Slot> table_;              // open addressing, linear probing, power-of-two size
-  uint64_t table_mask_ = 0;              // table_.size() - 1
+  uint64_t table_mask_ = 0;              // table_.size() - 1 (at most 3/4 of the slots are full)
   int table_shift_ = 64;                 // 64 - log2(table_.size()), for the multiplicative hash
   std::vector<int32_t> tokens_;          // all documents concatenated
   std::vector<int64_t> doc_begin_;       // first token_pos of each document
   int32_t last_ = kRoot;                 // state of the current document's whole prefix
+  bool released_ = false;                // release() or release_transitions() was called
 };
 
 }  // namespace refdec

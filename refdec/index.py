@@ -215,10 +215,19 @@ class CorpusIndex(_Queries):
 
     @classmethod
     def build(cls, documents: Iterable, tokenizer=None, *, show_progress: bool = True,
-              vocab_size: int | None = None) -> "CorpusIndex":
+              vocab_size: int | None = None, growable: bool = True) -> "CorpusIndex":
         """Indexes ``documents``: str (tokenised with ``tokenizer``,
         ``add_special_tokens=False``) or sequences / int arrays of token ids.
-        ``vocab_size`` defaults to ``len(tokenizer)`` (0 = unknown)."""
+        ``vocab_size`` defaults to ``len(tokenizer)`` (0 = unknown).
+
+        ``growable=False`` frees the build structures while freezing (peak
+        memory about the automaton alone instead of automaton plus frozen
+        image, and afterwards only the frozen image stays resident);
+        :meth:`add_documents` then raises. Use it to build an index to save.
+
+        Memory: about 130 bytes per token at the peak with ``growable=False``
+        (numbers in benchmarks/memory_bench.py); the saved file is about 24
+        bytes per token and is memory-mapped on load."""
         if vocab_size is None:
             vocab_size = len(tokenizer) if tokenizer is not None else 0
         if isinstance(vocab_size, bool) or not isinstance(vocab_size, (int, np.integer)) or not (
@@ -228,14 +237,16 @@ class CorpusIndex(_Queries):
             raise ValueError("documents must be an iterable of documents, got a single str")
         fingerprint = tokenizer_fingerprint(tokenizer) if tokenizer is not None else None
         index = cls(_sam=_C.SuffixAutomaton(), fingerprint=fingerprint, vocab_size=int(vocab_size))
-        index._add(documents, tokenizer, show_progress)
+        index._add(documents, tokenizer, show_progress, release=not growable)
         return index
 
     def add_documents(self, documents: Iterable, tokenizer=None, *, show_progress: bool = False) -> None:
         """Adds documents to an index built in this process (a loaded index is read-only)."""
         if self._sam is None:
+            where = f"loaded from {self._path!r}" if self._frozen is not None and self._frozen.is_mapped else (
+                "built with growable=False")
             raise ValueError(
-                f"cannot add documents to an index loaded from {self._path!r}: a loaded index is frozen; "
+                f"cannot add documents to an index {where}: it is frozen (read-only); "
                 "rebuild it with CorpusIndex.build"
             )
         if isinstance(documents, (str, bytes)):
@@ -246,12 +257,20 @@ class CorpusIndex(_Queries):
                 raise ValueError(f"tokenizer fingerprint {fp} differs from the index's {self._fingerprint}")
         self._add(documents, tokenizer, show_progress)
 
-    def _add(self, documents, tokenizer, show_progress: bool) -> None:
+    def _add(self, documents, tokenizer, show_progress: bool, release: bool = False) -> None:
         self._frozen = None
+        # Token ids given as arrays: reserve for the total once (address space
+        # only), instead of growing (and copying) the arrays geometrically.
+        if isinstance(documents, (list, tuple)) and all(isinstance(d, np.ndarray) for d in documents):
+            self._sam.reserve(int(sum(d.size for d in documents)))
         for arr in _tokenize_documents(documents, tokenizer, self._vocab_size, show_progress):
             self._sam.add_document(arr)
         # Freeze now: queries then only read immutable arrays (safe from several threads).
-        self._frozen_index()
+        if release:
+            sam, self._sam = self._sam, None
+            self._frozen = _C.FrozenIndex.freeze(sam, self._fingerprint or "", self._vocab_size, release=True)
+        else:
+            self._frozen_index()
 
     @classmethod
     def load(cls, path, tokenizer=None) -> "CorpusIndex":
