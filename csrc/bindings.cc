@@ -291,6 +291,34 @@ PYBIND11_MODULE(_C, m) {
            },
            py::arg("max_nodes"))
       .def("set_backoff", &ProposerCore::set_backoff, py::arg("backoff"), py::arg("min_backoff_len"))
+      .def(
+          "set_cursor",
+          [](ProposerCore& p, int32_t source_id, const py::dict& kw) {
+            CursorParams c;
+            for (auto item : kw) {
+              const std::string key = py::str(item.first);
+              py::handle v = item.second;
+              if (key == "match_gain") c.match_gain = v.cast<float>();
+              else if (key == "match_cap") c.match_cap = v.cast<int32_t>();
+              else if (key == "distance_scale") c.distance_scale = v.cast<float>();
+              else if (key == "back_penalty") c.back_penalty = v.cast<float>();
+              else if (key == "null_score") c.null_score = v.cast<float>();
+              else if (key == "anchor_bonus") c.anchor_bonus = v.cast<float>();
+              else if (key == "diag_bonus") c.diag_bonus = v.cast<float>();
+              else if (key == "copy_decay") c.copy_decay = v.cast<float>();
+              else if (key == "confirm_run") c.confirm_run = v.cast<int32_t>();
+              else if (key == "max_candidates") c.max_candidates = v.cast<int32_t>();
+              else if (key == "max_backoff") c.max_backoff = v.cast<int32_t>();
+              else if (key == "max_scan") c.max_scan = v.cast<int32_t>();
+              else throw std::invalid_argument("unknown cursor parameter " + key);
+            }
+            py::gil_scoped_release release;
+            p.set_cursor(source_id, c);
+          },
+          py::arg("source_id"), py::arg("params"),
+          "params: dict of CursorParams fields (copy_cursor.h); missing fields keep their defaults")
+      .def("start_output", &ProposerCore::start_output)
+      .def("cursor_state", &ProposerCore::cursor_state, py::arg("source_id"))
       .def("match_lengths", &ProposerCore::match_lengths);
 
   m.attr("FORMAT_VERSION") = kFormatVersion;

@@ -19,6 +19,7 @@ struct CandidateLess {
 }  // namespace
 
 float source_confidence(const DraftSource& source) {
+  if (source.copy_from >= 0) return source.copy_from < source.copy_end ? std::max(source.weight, 0.0f) : 0.0f;
   if (source.match_len <= 0 || source.weight <= 0.0f) return 0.0f;
   if (source.half_len <= 0.0f) return source.weight;
   const float l = static_cast<float>(source.match_len);
@@ -40,7 +41,14 @@ void DraftTreeBuilder::build(const std::vector<DraftSource>& sources, int32_t ma
   root_entries_.clear();
   for (size_t i = 0; i < sources.size(); ++i) {
     const DraftSource& s = sources[i];
-    if (s.view == nullptr || s.state < 0 || s.state >= s.view->num_states()) continue;
+    if (s.view == nullptr) continue;
+    if (s.copy_from >= 0) {
+      const float conf = source_confidence(s);
+      if (conf > 0.0f && s.copy_end <= s.view->num_tokens())
+        root_entries_.push_back({static_cast<int32_t>(i), kCopyState, conf, static_cast<int32_t>(s.copy_from)});
+      continue;
+    }
+    if (s.state < 0 || s.state >= s.view->num_states()) continue;
     const float conf = source_confidence(s);
     if (conf > 0.0f) root_entries_.push_back({static_cast<int32_t>(i), s.state, conf, -1});
   }
@@ -77,7 +85,15 @@ void DraftTreeBuilder::expand(const std::vector<DraftSource>& sources, int32_t n
     const Entry& e = entries[i];
     const DraftSource& source = sources[e.source];
     const AutomatonView* view = source.view;
-    // Step 1a. Live source with a unique occurrence: overlapping copy. The
+    // Step 1a. Fixed copy: the entry's pos is the next token_pos to read.
+    if (source.copy_from >= 0) {
+      const int64_t read = e.pos;
+      const float score = e.score * source.copy_decay;
+      if (read < source.copy_end && score > 0.0f)
+        proposals_.push_back({view->token_at(read), {e.source, kCopyState, score, static_cast<int32_t>(read + 1)}});
+      continue;
+    }
+    // Step 1b. Live source with a unique occurrence: overlapping copy. The
     // node (depth `depth`) is at virtual position n - 1 + depth.
     int64_t copy_pos = -1;
     if (e.state == kCopyState) {
@@ -97,7 +113,7 @@ void DraftTreeBuilder::expand(const std::vector<DraftSource>& sources, int32_t n
           {view->token_at(read), {e.source, kCopyState, score, static_cast<int32_t>(copy_pos + 1)}});
       continue;
     }
-    // Step 1b. Automaton children scored by their count ratio.
+    // Step 1c. Automaton children scored by their count ratio.
     view->children(e.state, &edges_);
     if (edges_.empty() || edges_.size() > kMaxFanout) continue;
     const size_t first = proposals_.size();

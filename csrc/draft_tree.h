@@ -23,11 +23,18 @@ struct DraftSource {
                                         // unique continuation that reaches its end goes on with
                                         // the draft itself (overlapping copy, as in a loop)
   float loop_decay = 1.0f;              // live: score factor per token copied from the draft itself
+  int64_t copy_from = -1;               // >= 0: a fixed copy, not a match: the chain
+                                        // token_at(copy_from), token_at(copy_from + 1), ... up to
+                                        // copy_end (exclusive), with confidence `weight` (state and
+                                        // match_len unused)
+  int64_t copy_end = 0;                 // copy_from >= 0: end of the copied document
+  float copy_decay = 1.0f;              // copy_from >= 0: score factor per copied token
 };
 
 // Confidence of a source with a match of `match_len` tokens:
 //   weight * match_len / (match_len + half_len)        (0 when match_len == 0)
 // It grows with the match length; the formula is a placeholder to be tuned.
+// A fixed copy (copy_from >= 0) has confidence `weight`.
 float source_confidence(const DraftSource& source);
 
 // Output: nodes in topological order (parents[i] < i, -1 = child of the root).
@@ -68,7 +75,8 @@ class DraftTreeBuilder {
     int32_t source;  // index into the sources vector
     int32_t state;   // state in that source's automaton, or kCopyState
     float score;     // per-source path score
-    int32_t pos;     // kCopyState only: virtual token_pos copied by this node
+    int32_t pos;     // kCopyState only: live source: virtual token_pos copied by this node;
+                     // fixed copy (copy_from >= 0): the next token_pos to read
   };
   // Entry::state of a live source copying from a position (see above).
   static constexpr int32_t kCopyState = -2;

@@ -1,5 +1,6 @@
 #include "proposer_core.h"
 
+#include <algorithm>
 #include <stdexcept>
 #include <string>
 
@@ -33,8 +34,53 @@ void ProposerCore::feed(const int32_t* tokens, int64_t n) {
   }
   // Step 1. The context automaton grows by the tokens (one open document).
   if (context_ != nullptr) context_->extend_many(tokens, n);
-  // Step 2. Each matcher follows the same stream.
-  for (MatchedSource& m : matched_) m.matcher.advance_many(tokens, n);
+  // Step 2. Each matcher follows the same stream; so does each cursor once
+  // the output started.
+  for (MatchedSource& m : matched_) {
+    if (!output_started_ || !m.cursor) {
+      m.matcher.advance_many(tokens, n);
+      continue;
+    }
+    for (int64_t i = 0; i < n; ++i) {
+      m.matcher.advance(tokens[i]);
+      m.cursor->advance(tokens[i], m.matcher.state(), m.matcher.match_length());
+    }
+  }
+}
+
+void ProposerCore::set_cursor(int32_t source_id, const CursorParams& params) {
+  bool found = false;
+  for (MatchedSource& m : matched_) {
+    if (m.params.source_id != source_id) continue;
+    found = true;
+    m.occurrences = std::make_shared<OccurrenceIndex>(m.params.view);
+    m.cursor = std::make_shared<CopyCursor>(m.occurrences.get(), params);
+    m.cursor->reset();
+  }
+  if (!found) throw std::invalid_argument("no matcher source has source_id " + std::to_string(source_id));
+}
+
+void ProposerCore::start_output() {
+  output_started_ = true;
+  for (MatchedSource& m : matched_)
+    if (m.cursor) m.cursor->reset();
+}
+
+std::tuple<int64_t, int32_t, int64_t> ProposerCore::cursor_state(int32_t source_id) const {
+  for (const MatchedSource& m : matched_)
+    if (m.params.source_id == source_id && m.cursor) return {m.cursor->align(), m.cursor->run(), m.cursor->anchor()};
+  return {-1, 0, -1};
+}
+
+void ProposerCore::push_cursor_sources(const MatchedSource& m) {
+  DraftSource s = m.params;
+  s.copy_decay = m.cursor->params().copy_decay;
+  for (const CopyCandidate& c : m.cursor->candidates()) {
+    s.copy_from = c.pos;
+    s.copy_end = c.end;
+    s.weight = c.weight;
+    sources_.push_back(s);
+  }
 }
 
 void ProposerCore::propose(int32_t max_nodes, DraftResult* out) {
@@ -52,6 +98,7 @@ void ProposerCore::propose(int32_t max_nodes, DraftResult* out) {
     s.match_len = m.matcher.match_length();
     with_continuation(&s);
     push_source(s);
+    if (output_started_ && m.cursor) push_cursor_sources(m);
   }
   // Step 2. One best-first tree over all of them.
   builder_.build(sources_, max_nodes, max_depth_, out);

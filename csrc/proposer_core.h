@@ -4,9 +4,12 @@
 #define REFDEC_PROPOSER_CORE_H_
 
 #include <cstdint>
+#include <memory>
+#include <tuple>
 #include <vector>
 
 #include "automaton_view.h"
+#include "copy_cursor.h"
 #include "draft_tree.h"
 #include "matcher.h"
 #include "suffix_automaton.h"
@@ -26,6 +29,18 @@ class ProposerCore {
   void set_context(SuffixAutomaton* sam, float weight, float half_len, int32_t source_id, float loop_decay);
   // Adds a source matched against the context stream.
   void add_matcher_source(const AutomatonView* view, float weight, float half_len, int32_t source_id);
+  // Editing mode for the matcher sources with this source_id (their automata
+  // must be complete: an OccurrenceIndex is built over each): from
+  // start_output() on, a CopyCursor follows the output through the reference
+  // and propose() adds its candidates as fixed-copy sources (see copy_cursor.h). Throws
+  // std::invalid_argument if no matcher source has the id.
+  void set_cursor(int32_t source_id, const CursorParams& params);
+  // The tokens fed from now on are the output: cursors start tracking them
+  // (anchor at the start of the reference). Call after feeding the prompt.
+  void start_output();
+  // (align, run, anchor) of the cursor of the first source with the id, or
+  // (-1, 0, -1) when it has none.
+  std::tuple<int64_t, int32_t, int64_t> cursor_state(int32_t source_id) const;
   // Appends tokens to the context: extends the context automaton and advances
   // every matcher; O(n) amortised. Throws std::invalid_argument naming the
   // first negative token.
@@ -49,7 +64,12 @@ class ProposerCore {
   struct MatchedSource {
     Matcher matcher;   // position in the source's automaton
     DraftSource params;  // weight, half_len, source_id (view/state/match_len filled per call)
+    std::shared_ptr<OccurrenceIndex> occurrences;  // editing mode only
+    std::shared_ptr<CopyCursor> cursor;            // editing mode only
   };
+  // Appends the cursor candidates of a source to sources_.
+  void push_cursor_sources(const MatchedSource& m);
+
 
   // Appends the source and its back-off states to sources_.
   void push_source(DraftSource s);
@@ -64,6 +84,7 @@ class ProposerCore {
   SuffixAutomaton* context_ = nullptr;     // live context automaton (not owned), or null
   DraftSource context_params_;             // its weight, half_len, source_id
   std::vector<MatchedSource> matched_;     // other sources
+  bool output_started_ = false;            // cursors track the fed tokens
   std::vector<DraftSource> sources_;       // scratch for the builder
   std::vector<Edge> edges_;                // scratch for with_continuation
   DraftTreeBuilder builder_;               // scratch buffers

@@ -17,6 +17,8 @@ into a merged trie (see ``csrc/draft_tree.h``):
     a node reached by several sources: 1 - prod(1 - score_s)
     live context: a copy that runs past the context's end continues with the
     draft itself (a loop), each such token scaled by ``loop_decay`` (0.7)
+    editing mode (``cursor=``): a copy cursor follows the output through the
+    references and adds fixed-copy branches (see :class:`CursorParams`)
 
 ``source_ids`` index ``Proposer.source_names`` (always all three names, so ids
 are stable whether or not a source is present).
@@ -33,7 +35,7 @@ from refdec import _C
 from refdec.index import ContextIndex, CorpusIndex, _as_tokens
 from refdec.tree import DraftTree
 
-__all__ = ["Proposer", "SourceParams"]
+__all__ = ["CursorParams", "Proposer", "SourceParams"]
 
 
 @dataclass(frozen=True)
@@ -42,6 +44,43 @@ class SourceParams:
 
     weight: float = 1.0
     half_len: float = 2.0
+
+
+@dataclass(frozen=True)
+class CursorParams:
+    """Editing mode: the copy cursor that follows the output through the references
+    (``csrc/copy_cursor.h``).
+
+    The cursor keeps an *alignment* (where in the reference the output is
+    copying from) and an *anchor* (where the last confirmed copy of at least
+    ``confirm_run`` tokens stopped). When the output leaves the alignment it
+    re-synchronises: for the longest suffix match and up to ``max_backoff``
+    shorter ones, the occurrence whose continuation starts nearest the anchor,
+    plus the anchor itself (the re-join after an insertion), each scored
+
+        log-odds(q) = match_gain * min(l, match_cap) - d / distance_scale
+
+    (l = trailing output tokens equal to the reference before q; d = q - anchor,
+    or back_penalty * (anchor - q) before the anchor), plus ``anchor_bonus`` for
+    the anchor and ``diag_bonus`` for the diagonal anchor + k, k = output tokens
+    since the anchor (k reference tokens replaced by k new ones). The best
+    ``max_candidates`` become fixed-copy branches of the reference source with
+    weight softmax(log-odds, null_score); each copied token multiplies the score
+    by ``copy_decay``.
+    """
+
+    match_gain: float = 2.0
+    match_cap: int = 16
+    distance_scale: float = 32.0
+    back_penalty: float = 4.0
+    null_score: float = 2.0
+    anchor_bonus: float = 1.0
+    diag_bonus: float = 1.0
+    copy_decay: float = 0.99
+    confirm_run: int = 8
+    max_candidates: int = 3
+    max_backoff: int = 6
+    max_scan: int = 16384
 
 
 DEFAULT_PARAMS = {
@@ -83,6 +122,12 @@ class Proposer:
             ...verify...
             proposer.accept(accepted_and_bonus) # int32 [k]
 
+    ``cursor`` (editing mode, off by default): a :class:`CursorParams` or True
+    adds the copy cursor to the reference source: drafts continue at the
+    occurrence nearest where the output is copying from and re-join the
+    reference after an insertion or replacement. Its branches are copies of
+    the reference that need not follow a suffix match.
+
     Not thread-safe: one Proposer per concurrent request (the CorpusIndex may be shared).
     """
 
@@ -90,7 +135,8 @@ class Proposer:
 
     def __init__(self, index: CorpusIndex | None = None, references: list[np.ndarray] | None = None, *,
                  max_depth: int = 64, params: dict[str, SourceParams] | None = None,
-                 backoff: int = 0, min_backoff_len: int = 1, loop_decay: float = 0.7) -> None:
+                 backoff: int = 0, min_backoff_len: int = 1, loop_decay: float = 0.7,
+                 cursor: CursorParams | bool | None = None) -> None:
         if index is not None and not isinstance(index, CorpusIndex):
             raise ValueError(f"index must be a refdec.CorpusIndex or None, got {type(index).__name__}")
         if isinstance(max_depth, bool) or not isinstance(max_depth, (int, np.integer)) or max_depth < 1:
@@ -102,6 +148,11 @@ class Proposer:
         if not 0.0 <= loop_decay <= 1.0:
             raise ValueError(f"loop_decay must be in [0, 1], got {loop_decay!r}")
         self.loop_decay = float(loop_decay)
+        if isinstance(cursor, (bool, int, np.integer)) and not isinstance(cursor, CursorParams):
+            cursor = CursorParams() if cursor else None  # refdec:cursor=1 in the simulator
+        if not (cursor is None or isinstance(cursor, CursorParams)):
+            raise ValueError(f"cursor must be a refdec.CursorParams, True, False or None, got {cursor!r}")
+        self.cursor = cursor
         self.params = dict(DEFAULT_PARAMS)
         if params:
             unknown = set(params) - set(self.source_names)
@@ -129,10 +180,13 @@ class Proposer:
             self._reference_sam = sam
             p = self.params["reference"]
             core.add_matcher_source(sam, p.weight, p.half_len, 1)
+            if self.cursor is not None and sam.num_tokens > 0:
+                core.set_cursor(1, dataclasses.asdict(self.cursor))
         if self.index is not None:
             p = self.params["corpus"]
             core.add_matcher_source(self.index._frozen_index(), p.weight, p.half_len, 2)
         core.feed(prompt)
+        core.start_output()
         self._core = core
 
     def _require_started(self):
@@ -159,6 +213,12 @@ class Proposer:
             for source_id, length in self._core.match_lengths():
                 out[self.source_names[source_id]] = int(length)
         return out
+
+    def cursor_state(self) -> dict[str, int]:
+        """Editing mode: ``{"align", "run", "anchor"}`` of the reference copy cursor
+        (token positions in the concatenated references; -1 = none)."""
+        align, run, anchor = self._require_started().cursor_state(1)
+        return {"align": int(align), "run": int(run), "anchor": int(anchor)}
 
     @property
     def context(self) -> ContextIndex | None:

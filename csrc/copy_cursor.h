@@ -1,0 +1,144 @@
+// Editing mode: where in a reference (the file being rewritten) the output is
+// copying from, so that drafts continue at the right occurrence of repeated
+// text and re-join the reference after an inserted or changed passage.
+#ifndef REFDEC_COPY_CURSOR_H_
+#define REFDEC_COPY_CURSOR_H_
+
+#include <cstdint>
+#include <vector>
+
+#include "automaton_view.h"
+
+namespace refdec {
+
+// Every end position of every state of an automaton that no longer grows
+// (a per-request reference), in O(occurrences) per query.
+//
+// The end positions of a state are the positions whose document-prefix state
+// lies in the state's suffix-link subtree; a DFS of the link tree lays each
+// subtree's positions out contiguously. Built in O(tokens + states) with
+// transition() and link() only.
+class OccurrenceIndex {
+ public:
+  explicit OccurrenceIndex(const AutomatonView* view);
+
+  // End positions (token_pos of the last token) of the state's strings:
+  // [*begin, *end), in no particular order. Empty for an invalid state.
+  void occurrences(int32_t state, const int32_t** begin, const int32_t** end) const;
+  const AutomatonView* view() const { return view_; }
+
+ private:
+  const AutomatonView* view_;        // not owned
+  std::vector<int32_t> first_;       // per state: first index into positions_
+  std::vector<int32_t> last_;        // per state: end index into positions_
+  std::vector<int32_t> positions_;   // end positions in link-tree DFS order
+};
+
+// Tuning of the cursor (see CopyCursor).
+struct CursorParams {
+  // Log-odds that the output continues at a reference position q:
+  //   match_gain * min(l, match_cap) - d / distance_scale
+  // l = trailing output tokens equal to the reference text before q, d = q -
+  // anchor when q is at or after the anchor, back_penalty * (anchor - q) before it.
+  float match_gain = 2.0f;
+  int32_t match_cap = 16;
+  float distance_scale = 32.0f;
+  float back_penalty = 4.0f;
+  // Log-odds of "none of the candidates" (the output is new text).
+  float null_score = 2.0f;
+  // Added to the log-odds of the anchor (the output re-joins where the copy
+  // stopped: an insertion) and of the diagonal anchor + k after k output
+  // tokens since the anchor (k reference tokens replaced by k new ones).
+  float anchor_bonus = 1.0f;
+  float diag_bonus = 1.0f;
+  // Score factor per copied token of a candidate chain (< 1 leaves budget for
+  // a second branch once the best chain is deep).
+  float copy_decay = 0.99f;
+  // Aligned tokens in a row after which the alignment becomes the anchor.
+  int32_t confirm_run = 8;
+  // Candidates kept (the best one is the alignment).
+  int32_t max_candidates = 3;
+  // Suffix lengths tried on a re-synchronisation: the match state and up to
+  // this many shorter states along its suffix links.
+  int32_t max_backoff = 6;
+  // Occurrence lists longer than this are not scanned (the suffix is too
+  // short to say where the output is).
+  int32_t max_scan = 16384;
+};
+
+// A reference position where the output may go on copying.
+struct CopyCandidate {
+  int64_t pos;    // continuation start: token_pos of the next token
+  int64_t end;    // exclusive end of its document
+  int32_t match;  // trailing output tokens equal to the reference before pos (<= match_cap)
+  float weight;   // estimated probability that the output continues here
+};
+
+// Follows the generated output through one reference automaton.
+//
+//   align   the reference position of the next token if the output keeps
+//           copying (-1 = none); run = aligned tokens in a row.
+//   anchor  where the last confirmed copy (>= confirm_run aligned tokens)
+//           stopped: after an insertion the output re-joins the reference
+//           there; after a replacement or deletion, a little after it.
+//
+// Per output token: if it equals the reference at align, the copy goes on
+// (O(1)); the candidates are the alignment and the anchor. Otherwise the
+// cursor re-synchronises: for the longest suffix match and up to max_backoff
+// shorter ones, the occurrence whose continuation starts nearest the anchor
+// (forward preferred), plus the anchor itself and the diagonal (anchor + the
+// output tokens since it), are scored by the log-odds in
+// CursorParams; the best max_candidates are kept, weighted by a softmax with
+// the null score, and the best becomes the alignment.
+class CopyCursor {
+ public:
+  CopyCursor(const OccurrenceIndex* occ, const CursorParams& params);
+  // New request, output starting now: no alignment, anchor at the start of
+  // the first document (an edit rewrites the file from its top).
+  void reset();
+  // One output token, after the matcher consumed it (its longest match
+  // state and length in the reference automaton).
+  void advance(int32_t token, int32_t match_state, int32_t match_len);
+  // Candidates, best first (at most max_candidates; empty before any output
+  // only if the reference is empty).
+  const std::vector<CopyCandidate>& candidates() const { return candidates_; }
+  int64_t align() const { return align_; }
+  int32_t run() const { return run_; }
+  int64_t anchor() const { return anchor_; }
+  const CursorParams& params() const { return params_; }
+  // The end position of an occurrence of `state` whose continuation starts
+  // nearest to `target` (forward preferred), -1 if none has a continuation.
+  int64_t nearest_end(int32_t state, int64_t target) const;
+
+ private:
+  // Trailing output tokens equal to the reference before pos (same document), <= match_cap.
+  int32_t common_suffix(int64_t pos) const;
+  // Log-odds of a candidate.
+  float log_odds(int64_t pos, int32_t match) const;
+  // Adds pos as a candidate unless present or without a continuation.
+  void add_candidate(int64_t pos);
+  // Adds the anchor and the diagonal.
+  void add_structural();
+  // Sets the anchor (resets since_).
+  void set_anchor(int64_t pos) {
+    anchor_ = pos;
+    since_ = 0;
+  }
+  // Softmax of the candidates' log-odds (kept in weight) with the null score; sorts best first.
+  void normalise();
+
+  const OccurrenceIndex* occ_;  // not owned
+  CursorParams params_;
+  int64_t align_ = -1;
+  int64_t align_end_ = 0;  // end of the document holding align_ - 1
+  int32_t run_ = 0;
+  int64_t anchor_ = 0;
+  int64_t since_ = 0;  // output tokens since anchor_ was set
+  std::vector<CopyCandidate> candidates_;
+  std::vector<int32_t> tail_;  // ring buffer of the last match_cap output tokens
+  int64_t fed_ = 0;            // output tokens seen
+};
+
+}  // namespace refdec
+
+#endif  // REFDEC_COPY_CURSOR_H_

@@ -1,0 +1,201 @@
+"""Editing mode: the copy cursor re-synchronises drafts with the original file.
+
+Synthetic "files" are token lists. The true edited output is replayed through
+the Proposer token by token, as the simulator does: propose, accept the
+longest matching root path plus one bonus token.
+
+    A0 BLK A1 BLK A2 BLK A3        three identical blocks BLK, distinct text Ai between
+
+An edit inside the 2nd BLK must be followed by the rest of the 2nd BLK and A2,
+not by A1 (after the 1st) or A3 (after the 3rd).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from refdec import Proposer
+from refdec.proposer import CursorParams
+
+REFERENCE = 1
+
+
+def arr(tokens):
+    return np.asarray(tokens, dtype=np.int32)
+
+
+def span(start, n):
+    return list(range(start, start + n))
+
+
+BLK = span(500, 30)
+A = [span(100 + 100 * i, 40) for i in range(4)]
+ORIGINAL = A[0] + BLK + A[1] + BLK + A[2] + BLK + A[3]
+PROMPT = [1, 2, 3]  # the original is passed as a reference only
+
+
+def main_line(tree):
+    """Tokens of the path that always takes the best-scored child."""
+    tokens, parents, scores = tree.token_ids.tolist(), tree.parents.tolist(), tree.scores.tolist()
+    path, node = [], -1
+    while True:
+        kids = [i for i in range(len(tokens)) if parents[i] == node]
+        if not kids:
+            return path
+        node = max(kids, key=lambda i: scores[i])
+        path.append(tokens[node])
+
+
+def accepted_length(tree, truth, pos):
+    tokens, parents = tree.token_ids.tolist(), tree.parents.tolist()
+    depth, ok, best = {}, {}, 0
+    for i, (t, p) in enumerate(zip(tokens, parents)):
+        d = 1 if p < 0 else depth[p] + 1
+        depth[i] = d
+        ok[i] = (p < 0 or ok[p]) and pos + d - 1 < len(truth) and t == truth[pos + d - 1]
+        if ok[i]:
+            best = max(best, d)
+    return best
+
+
+def replay(proposer, output, budget=64, stop_at=None):
+    """Replays ``output``; returns (steps, list of accepted lengths). Stops before position stop_at."""
+    proposer.start(arr(PROMPT))
+    pos, accepted = 0, []
+    while pos < len(output) and (stop_at is None or pos < stop_at):
+        tree = proposer.propose(budget)
+        acc = accepted_length(tree, output, pos)
+        adv = min(acc + 1, len(output) - pos, (stop_at - pos) if stop_at is not None else len(output))
+        proposer.accept(arr(output[pos:pos + adv]))
+        accepted.append(acc)
+        pos += adv
+    return len(accepted), accepted
+
+
+def feed(proposer, output):
+    proposer.start(arr(PROMPT))
+    proposer.accept(arr(output))
+
+
+def editing(**kw):
+    return Proposer(references=[arr(ORIGINAL)], max_depth=64, cursor=True, **kw)
+
+
+# ---------------------------------------------------------------- right occurrence
+
+
+def test_after_an_edit_inside_the_second_of_three_identical_blocks_the_draft_continues_the_second():
+    # Output so far: ... A1, the first 10 tokens of the 2nd BLK, a replaced token 999, then BLK[11:15].
+    second = len(A[0]) + len(BLK) + len(A[1])
+    before = ORIGINAL[:second + 10] + [999] + BLK[11:15]
+    for proposer in (editing(),):
+        feed(proposer, before)
+        line = main_line(proposer.propose(64))
+        assert line[:len(BLK) - 15 + 5] == BLK[15:] + A[2][:5], line[:25]
+        assert proposer.cursor_state()["align"] == second + 15
+
+
+def test_without_the_cursor_the_same_situation_goes_to_the_first_block():
+    # The plain suffix match "BLK[11:15]" occurs three times with equal
+    # counts: the tie goes to the smallest token, A1 (the motivation for the
+    # cursor, not a requirement on it).
+    second = len(A[0]) + len(BLK) + len(A[1])
+    before = ORIGINAL[:second + 10] + [999] + BLK[11:15]
+    proposer = Proposer(references=[arr(ORIGINAL)], max_depth=64)
+    feed(proposer, before)
+    assert main_line(proposer.propose(64))[len(BLK) - 15] == A[1][0]
+
+
+def test_a_unique_run_is_drafted_at_least_30_tokens_deep():
+    proposer = editing()
+    feed(proposer, ORIGINAL[:20])
+    tree = proposer.propose(64)
+    assert tree.depths().max() >= 30
+    assert main_line(tree)[:30] == ORIGINAL[20:50]
+
+
+# ---------------------------------------------------------------- edits
+
+def test_insertion_the_draft_rejoins_where_the_copy_stopped():
+    # 1000 1001 1002 inserted after A0[:25]: no suffix of the output matches the
+    # original, the draft re-joins at the anchor (A0[25]).
+    proposer = editing()
+    feed(proposer, A[0][:25] + [1000, 1001, 1002])
+    assert proposer.cursor_state()["anchor"] == 25
+    assert main_line(proposer.propose(64))[:30] == ORIGINAL[25:55]
+
+
+def test_one_token_substitution_the_draft_continues_on_the_diagonal():
+    # A0[25] replaced by 1000: the original goes on at A0[26].
+    proposer = editing()
+    feed(proposer, A[0][:25] + [1000])
+    line = main_line(proposer.propose(64))
+    tree = proposer.propose(64)
+    paths_first = set(tree.token_ids[tree.parents == -1].tolist())
+    assert {A[0][25], A[0][26]} <= paths_first  # the insertion and the substitution readings
+    assert line[:1] in ([A[0][25]], [A[0][26]])
+
+
+def test_deletion_the_output_resynchronises_after_a_few_matching_tokens():
+    # A1[5:25] deleted: the output jumps from A1[4] to A1[25]; once that token
+    # is seen, the draft continues from A1[26].
+    start = len(A[0]) + len(BLK)
+    proposer = editing()
+    feed(proposer, ORIGINAL[:start + 5] + [A[1][25]])
+    assert main_line(proposer.propose(64))[:20] == ORIGINAL[start + 26:start + 46]
+
+
+def test_moved_block_the_output_follows_the_moved_text_then_continues_at_the_anchor():
+    # A2 moved before A1: A0 BLK A2 A1 BLK BLK A3 is not the point; we check
+    # that copying A2 early (a jump backwards later) is still drafted once it matches.
+    output = A[0] + BLK + A[2][:10]
+    proposer = editing()
+    feed(proposer, output)
+    assert main_line(proposer.propose(64))[:20] == A[2][10:30]
+
+
+def test_replay_of_an_edited_file_needs_fewer_steps_with_the_cursor():
+    second = len(A[0]) + len(BLK) + len(A[1])
+    output = (ORIGINAL[:30] + [1000, 1001] + ORIGINAL[30:second + 10] + [999] + ORIGINAL[second + 11:]
+              + [1002])
+    steps_cursor, acc = replay(editing(), output)
+    steps_plain, _ = replay(Proposer(references=[arr(ORIGINAL)], max_depth=64), output)
+    assert steps_cursor < steps_plain
+    assert max(acc) >= 60
+
+
+@pytest.mark.parametrize("budget", [1, 4, 16, 64])
+def test_the_tree_respects_the_budget_and_depth_with_the_cursor(budget):
+    proposer = Proposer(references=[arr(ORIGINAL)], max_depth=12, cursor=True)
+    feed(proposer, ORIGINAL[:50] + [1000])
+    tree = proposer.propose(budget)
+    assert 0 < len(tree) <= budget
+    assert tree.depths().max() <= 12
+    assert np.all(tree.parents < np.arange(len(tree)))
+
+
+def test_cursor_params_are_passed_through_and_bad_ones_rejected():
+    # confirm_run: an alignment of that many tokens becomes the anchor.
+    for confirm_run, anchor in ((4, 5), (8, 0)):
+        proposer = Proposer(references=[arr(ORIGINAL)], cursor=CursorParams(confirm_run=confirm_run))
+        feed(proposer, ORIGINAL[:5])
+        assert proposer.cursor_state() == {"align": 5, "run": 5, "anchor": anchor}
+    with pytest.raises(ValueError, match="cursor"):
+        Proposer(references=[arr(ORIGINAL)], cursor="yes")
+
+
+def test_the_cursor_without_references_is_a_no_op():
+    proposer = Proposer(cursor=True)
+    proposer.start(arr([5, 6, 7, 5, 6]))
+    assert proposer.cursor_state() == {"align": -1, "run": 0, "anchor": -1}
+    assert proposer.propose(8).token_ids.tolist()[:1] == [7]
+
+
+def test_multiple_references_never_copy_across_a_document_end():
+    proposer = Proposer(references=[arr([10, 11, 12]), arr([20, 21, 22, 23])], max_depth=16, cursor=True)
+    feed(proposer, [10, 11])
+    tree = proposer.propose(16)
+    for t, p in zip(tree.token_ids.tolist(), tree.parents.tolist()):
+        if p >= 0 and tree.token_ids[p] == 12:
+            assert t != 20  # 12 ends the first document
