@@ -7,12 +7,13 @@ import sys
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from refdec import cli_generate, cli_index
+    from refdec import cli_edit, cli_generate, cli_index
 
     parser = argparse.ArgumentParser(prog="refdec", description=__doc__)
     commands = parser.add_subparsers(dest="command", required=True)
     cli_index.register(commands)
     cli_generate.register(commands)
+    cli_edit.register(commands)
     return parser
 
 

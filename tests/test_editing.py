@@ -199,3 +199,115 @@ def test_multiple_references_never_copy_across_a_document_end():
     for t, p in zip(tree.token_ids.tolist(), tree.parents.tolist()):
         if p >= 0 and tree.token_ids[p] == 12:
             assert t != 20  # 12 ends the first document
+
+
+# ---------------------------------------------------------------- lossless decoding
+
+
+def _editing_factory(index, references, max_depth):
+    return Proposer(index=index, references=references or None, max_depth=max_depth, cursor=True)
+
+
+@pytest.mark.parametrize("family", ["llama", "gemma3"])
+def test_greedy_with_an_edited_reference_equals_plain_greedy(family, tiny_model_cache):
+    """The reference is the true greedy continuation with edits (a substitution,
+    an insertion, a deletion): drafts are accepted in long runs and rejected at
+    the edits, and the output is exactly model.generate's."""
+    import torch
+
+    import refdec
+    from tiny_models import MODEL_BUILDERS, repetitive_prompts
+
+    if family not in tiny_model_cache:
+        tiny_model_cache[family] = MODEL_BUILDERS[family]()
+    model = tiny_model_cache[family]
+    accepted = rejected = 0
+    for prompt in repetitive_prompts(4, seed=21):
+        with torch.no_grad():
+            want = model.generate(torch.tensor([prompt]), do_sample=False, max_new_tokens=48, eos_token_id=None,
+                                  pad_token_id=0, attention_mask=None)[0].tolist()
+        cont = want[len(prompt):]
+        reference = cont[:10] + [(cont[10] + 1) % 96] + cont[11:20] + [5, 6, 7] + cont[20:30] + cont[33:]
+        out = refdec.generate(model, prompt, references=[reference], max_new_tokens=48, eos_token_id=[],
+                              max_draft_tokens=64, proposer_factory=_editing_factory)
+        assert out.sequences[0].tolist() == want
+        accepted += out.stats.accepted_tokens
+        rejected += out.stats.proposed_tokens - out.stats.accepted_tokens
+    assert accepted > 60 and rejected > 10, (accepted, rejected)
+
+
+# ---------------------------------------------------------------- refdec edit
+
+
+@pytest.fixture(scope="module")
+def tiny_model_dir(tmp_path_factory):
+    """A tiny random Llama and the character tokenizer, saved like a real model directory."""
+    from tiny_models import char_tokenizer, tiny_llama
+
+    directory = tmp_path_factory.mktemp("tiny-model")
+    tiny_llama(seed=3).save_pretrained(directory)
+    char_tokenizer().save_pretrained(directory)
+    return directory
+
+
+ORIGINAL_TEXT = "def f(x):\n    return x + 1\n\n\ndef g(y):\n    return f(y) * 2\n"
+
+
+def run_cli(capsys, *argv):
+    from refdec.cli import main
+
+    code = main([str(a) for a in argv])
+    captured = capsys.readouterr()
+    return code, captured.out, captured.err
+
+
+def test_edit_writes_out_and_prints_the_diff_and_stats(capsys, tmp_path, tiny_model_dir):
+    import torch
+
+    from refdec.edit_prompt import build_edit_prompt
+    from refdec.models import load_model
+
+    src = tmp_path / "m.py"
+    src.write_text(ORIGINAL_TEXT)
+    out = tmp_path / "new.py"
+    code, stdout, stderr = run_cli(capsys, "edit", src, "--instruction", "rename g to h", "--model", tiny_model_dir,
+                                   "--out", out, "--max-new-tokens", 24, "--diff", "--compare")
+    assert code == 0, stderr
+    # the result is plain greedy's output up to the closing fence
+    model, tokenizer = load_model(str(tiny_model_dir))
+    prompt = build_edit_prompt(ORIGINAL_TEXT, "rename g to h", path="m.py")
+    ids = tokenizer(prompt.text, return_tensors="pt")["input_ids"]
+    with torch.no_grad():
+        want = model.generate(ids, do_sample=False, max_new_tokens=24, pad_token_id=0, attention_mask=None)
+    text = prompt.extract(tokenizer.decode(want[0, ids.shape[1]:].tolist(), skip_special_tokens=True))
+    assert out.read_text() == text
+    assert "--- a/m.py" in stdout and "+++ b/m.py" in stdout
+    assert "tokens/pass" in stderr and "outputs identical: True" in stderr
+
+
+def test_edit_streams_the_file_to_stdout_without_out(capsys, tmp_path, tiny_model_dir):
+    src = tmp_path / "m.py"
+    src.write_text(ORIGINAL_TEXT)
+    code, stdout, stderr = run_cli(capsys, "edit", src, "--instruction", "add a docstring", "--model", tiny_model_dir,
+                                   "--max-new-tokens", 16, "--prompt-template", "rewrite")
+    assert code == 0, stderr
+    assert stdout.strip() and "--- a/" not in stdout
+    assert "[refdec edit]" in stderr
+
+
+def test_edit_of_a_missing_file_is_an_error_naming_it(capsys, tmp_path):
+    code, _, stderr = run_cli(capsys, "edit", tmp_path / "nope.py", "--instruction", "x")
+    assert code == 2 and "nope.py" in stderr
+
+
+def test_edit_prompt_fence_is_longer_than_any_backtick_run_in_the_file():
+    from refdec.edit_prompt import build_edit_prompt
+
+    p = build_edit_prompt("a = '```'\nb = '````'\n", "change a")
+    assert p.stop == "`````"
+    assert p.text.endswith("`````\n") and "{" not in p.text
+    assert p.extract("x = 1\n`````\nmore") == "x = 1\n"
+    with pytest.raises(ValueError, match="instruction"):
+        build_edit_prompt("x", "  ")
+    with pytest.raises(ValueError, match="template"):
+        build_edit_prompt("x", "y", template="no fields here")

@@ -1,0 +1,89 @@
+"""Edit prompts: the original file and an instruction, framed so that a model
+writes the whole updated file next and closes it with a code fence.
+
+    prompt = build_edit_prompt(original, instruction, path="a.py")
+    prompt.text          # the prompt text (tokenize with special tokens)
+    prompt.stop          # the closing fence: a stop string for generation
+    prompt.extract(out)  # the updated file: generated text up to the fence
+
+Templates are ``str.format`` strings over ``{original}`` (ends with a newline),
+``{instruction}``, ``{path}`` (" a.py" or "") and ``{fence}`` (a backtick run
+longer than any inside the file, so the file cannot close it). A user template
+(``--prompt-template F``) uses the same fields.
+
+The default model (Gemma 3 270M) is a small base model, not an instruction
+follower: the template decides whether it copies the file or paraphrases it.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+__all__ = ["TEMPLATES", "DEFAULT_TEMPLATE", "EditPrompt", "build_edit_prompt", "fence_for"]
+
+TEMPLATES = {
+    # The benchmark workload's framing (benchmarks/workloads.py edit_prompt).
+    "original-change": (
+        "Original file{path}:\n{fence}\n{original}{fence}\n\n"
+        "Change: {instruction}\n\n"
+        "The same file{path} after the change:\n{fence}\n"
+    ),
+    # A commit: message first, then the file before and after.
+    "commit": (
+        "commit message: {instruction}\n\n"
+        "--- before{path}\n{fence}\n{original}{fence}\n\n"
+        "+++ after{path}\n{fence}\n"
+    ),
+    # An explicit instruction to copy the unchanged parts.
+    "rewrite": (
+        "Here is the file{path}:\n{fence}\n{original}{fence}\n\n"
+        "Task: {instruction}\n"
+        "Rewrite the complete file with this change applied. Copy every unchanged line exactly.\n\n"
+        "Complete updated file{path}:\n{fence}\n"
+    ),
+}
+DEFAULT_TEMPLATE = "original-change"
+
+
+def fence_for(text: str) -> str:
+    """A backtick fence longer than any backtick run in ``text`` (at least three)."""
+    longest = max((len(m) for m in re.findall(r"`+", text)), default=0)
+    return "`" * max(3, longest + 1)
+
+
+@dataclass(frozen=True)
+class EditPrompt:
+    text: str   # the prompt
+    stop: str   # stop string: the closing fence
+    def extract(self, generated: str) -> str:
+        """The updated file: ``generated`` up to the closing fence (all of it if the fence never came)."""
+        cut = generated.find(self.stop)
+        return generated if cut < 0 else generated[:cut]
+
+
+def build_edit_prompt(original: str, instruction: str, *, path: str | None = None,
+                      template: str | None = None) -> EditPrompt:
+    """The prompt for rewriting ``original`` as ``instruction`` asks.
+
+    ``template``: a name in TEMPLATES or a format string with the fields above
+    (default ``DEFAULT_TEMPLATE``). Raises ValueError for an empty instruction,
+    an unknown template name or a template without ``{original}``.
+    """
+    if not isinstance(instruction, str) or not instruction.strip():
+        raise ValueError(f"instruction must be a non-empty string, got {instruction!r}")
+    if template is None:
+        template = TEMPLATES[DEFAULT_TEMPLATE]
+    elif template in TEMPLATES:
+        template = TEMPLATES[template]
+    elif "{original}" not in template:
+        raise ValueError(f"template must be one of {sorted(TEMPLATES)} or a format string with {{original}}, "
+                         f"got {template[:60]!r}")
+    body = original if original.endswith("\n") or not original else original + "\n"
+    fence = fence_for(original + instruction)
+    try:
+        text = template.format(original=body, instruction=instruction.strip(), path=f" {path}" if path else "",
+                               fence=fence)
+    except (KeyError, IndexError) as exc:
+        raise ValueError(f"template has an unknown field {exc}; known: original, instruction, path, fence") from None
+    return EditPrompt(text=text, stop=fence)
