@@ -275,12 +275,33 @@ std::unique_ptr<FrozenIndex> FrozenIndex::load(const std::string& path) {
                            std::to_string(size) + " bytes, smaller than the " + std::to_string(sizeof(FileHeader)) +
                            "-byte header");
   }
+#ifdef NDEBUG
   void* map = ::mmap(nullptr, size, PROT_READ, MAP_SHARED, fd, 0);
   ::close(fd);
   if (map == MAP_FAILED) throw IndexFormatError("index file '" + path + "': mmap failed: " + std::strerror(errno));
+  void* region = map;
+  const size_t region_size = size;
+#else
+  // Debug (sanitizer) builds: inaccessible guard pages before and after the
+  // file, so any read outside the mapping faults (ASan does not see mmap'ed
+  // memory) instead of silently reading a neighbour.
+  const size_t page = static_cast<size_t>(::sysconf(_SC_PAGESIZE));
+  const size_t file_pages = (size + page - 1) / page * page;
+  const size_t region_size = file_pages + 2 * page;
+  void* region = ::mmap(nullptr, region_size, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  void* map = region == MAP_FAILED ? MAP_FAILED
+                                   : ::mmap(static_cast<uint8_t*>(region) + page, size, PROT_READ,
+                                            MAP_SHARED | MAP_FIXED, fd, 0);
+  const int map_errno = errno;
+  ::close(fd);
+  if (map == MAP_FAILED) {
+    if (region != MAP_FAILED) ::munmap(region, region_size);
+    throw IndexFormatError("index file '" + path + "': mmap failed: " + std::strerror(map_errno));
+  }
+#endif
   std::unique_ptr<FrozenIndex> out(new FrozenIndex());
-  out->map_ = map;
-  out->map_size_ = size;
+  out->map_ = region;
+  out->map_size_ = region_size;
   out->path_ = path;
   // Step 2. Validate the header and set the section views (throws on failure;
   // the destructor unmaps).
