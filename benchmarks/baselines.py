@@ -310,3 +310,58 @@ class CursorLookup:
         chain = self.seq[begin:min(begin + max_nodes, len(self.seq))]
         self.last = (begin, chain)
         return DraftTree.chain(chain, source_names=("cursor-lookup",)) if chain else _EMPTY
+
+
+# ---------------------------------------------------------------- REST DraftRetriever
+
+def draftretriever_available() -> bool:
+    try:
+        import draftretriever  # noqa: F401
+    except Exception:
+        return False
+    return True
+
+
+class DraftRetrieverProposer:
+    """The PyPI ``draftretriever`` (0.1.1) Reader as a drafter, searched with the
+    last ``tail`` tokens of the context. That build is not REST's suffix array
+    (its binary embeds ``src/mcts_sub.rs``): its datastore is a table bigram ->
+    top-12 next tokens, a search runs MCTS from the trailing bigram, and every
+    search adds the query's last 16 tokens' 3-grams to the table (so the Reader
+    learns from the context; share a Reader only knowingly).
+    ``search(..., choices=max_nodes)`` returns paths (padded with -2), merged
+    here into one trie of at most ``max_nodes`` nodes."""
+
+    def __init__(self, reader, tail: int = 64):
+        self.reader, self.tail = reader, tail
+        self.seq: list = []
+
+    def start(self, prompt_ids) -> None:
+        self.seq = [int(t) for t in np.asarray(prompt_ids).tolist()]
+
+    def accept(self, tokens) -> None:
+        self.seq.extend(int(t) for t in np.asarray(tokens).tolist())
+
+    def propose(self, max_nodes: int) -> DraftTree:
+        if max_nodes <= 0:
+            return _EMPTY
+        paths = self.reader.search(self.seq[-self.tail:], choices=max_nodes)[0]
+        ids, parents, children = [], [], {}
+        for path in paths:
+            node = -1
+            for tok in path:
+                if tok < 0:
+                    break
+                nxt = children.get((node, tok))
+                if nxt is None:
+                    if len(ids) >= max_nodes:
+                        break
+                    nxt = len(ids)
+                    ids.append(tok)
+                    parents.append(node)
+                    children[(node, tok)] = nxt
+                node = nxt
+        if not ids:
+            return _EMPTY
+        return DraftTree(np.asarray(ids, dtype=np.int32), np.asarray(parents, dtype=np.int32),
+                         np.ones(len(ids), dtype=np.float32), source_names=("draftretriever",))

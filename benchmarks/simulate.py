@@ -31,6 +31,12 @@ Methods:
                     context's last token: the bound for suffix-match drafting
                     (match >= 1) with unlimited width
     arctic          ArcticInference SuffixDecodingCache (if importable)
+    draftretriever  the PyPI ``draftretriever`` 0.1.1 over the workload's corpus
+                    (if importable; workloads with a corpus). NB: not REST's
+                    suffix array: a bigram -> top-12 next-token table searched by
+                    MCTS, which adds each query's 3-grams to the table (it learns
+                    from the context); a fresh Reader per case
+    draftretriever-shared  the same with one Reader per pass (learns across cases)
 """
 
 from __future__ import annotations
@@ -52,7 +58,7 @@ import workloads  # noqa: E402
 
 OUT_DIR = Path(__file__).resolve().parent / "out"
 DEFAULT_METHODS = ("refdec", "refdec-nocorpus", "prompt-lookup", "hf-prompt-lookup", "oracle-chain",
-                   "oracle-suffix1", "arctic")
+                   "oracle-suffix1", "arctic", "draftretriever", "draftretriever-shared")
 
 
 # ---------------------------------------------------------------- accounting
@@ -215,6 +221,18 @@ def method_factory(name: str, workload, corpus=None, max_depth: int = 64):
         # Arctic's per-request tree covers prompt + output; references of the
         # edits workload are inside the prompt already. No global corpus.
         return lambda case: baselines.ArcticSuffix()
+    if name in ("draftretriever", "draftretriever-shared"):
+        if workload.corpus is None or not baselines.draftretriever_available():
+            return None
+        # Its Reader learns: every search adds the query's 3-grams to the table.
+        # "draftretriever" loads a fresh Reader per case (per-request state, as
+        # refdec); "draftretriever-shared" one Reader per (workload, budget)
+        # pass, learning across the cases in order. Never one Reader across
+        # budgets: the second pass would have learned the true outputs.
+        if name == "draftretriever":
+            return lambda case: baselines.DraftRetrieverProposer(workloads.draftretriever_reader(workload.corpus))
+        reader = workloads.draftretriever_reader(workload.corpus)
+        return lambda case: baselines.DraftRetrieverProposer(reader)
     raise ValueError(f"unknown method {name!r}; expected one of {DEFAULT_METHODS}")
 
 
@@ -235,14 +253,15 @@ def run(workload_names, methods, budgets, limit=None, progress=True) -> dict:
                           "prompt_tokens": int(sum(len(c.prompt) for c in wl.cases)),
                           "corpus": wl.corpus, "methods": {}}
         for mname in methods:
-            make = method_factory(mname, wl, corpus)
+            make = method_factory(mname, wl, corpus)  # availability check; one per pass below
             if make is None:
-                if not (mname.startswith("refdec-nocorpus") and wl.corpus is None):
+                if not (mname.startswith(("refdec-nocorpus", "draftretriever"))) or wl.corpus:
                     print(f"[{wname}] method {mname} unavailable: skipped", file=sys.stderr)
                 continue
             per_budget = {}
             for budget in budgets:
                 t0 = time.time()
+                make = method_factory(mname, wl, corpus)  # fresh state per pass (stateful baselines)
                 reps = [replay(make(case), case.prompt, case.output, budget) for case in wl.cases]
                 per_budget[str(budget)] = summarize(reps)
                 if progress:

@@ -260,3 +260,24 @@ def corpus_index(name: str, *, show_progress: bool = False):
     path.parent.mkdir(parents=True, exist_ok=True)
     index.save(str(path))
     return refdec.CorpusIndex.load(str(path))
+
+
+def draftretriever_reader(name: str):
+    """REST's ``draftretriever.Reader`` over the corpus ``name`` (the same token
+    ids as ``corpus_index``), its datastore built once under benchmarks/cache/."""
+    import draftretriever
+
+    if name != "stdlib":
+        raise ValueError(f"unknown corpus {name!r}; expected 'stdlib'")
+    path = CACHE_DIR / "stdlib.draftretriever.idx"
+    if not path.exists():
+        docs = stdlib_documents()
+        ids = _cached_token_lists("stdlib", [(text, False) for _, text in docs])
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(".tmp")
+        writer = draftretriever.Writer(str(tmp), 262144)
+        for arr in ids:
+            writer.add_entry(arr.tolist())
+        writer.finalize()
+        os.replace(tmp, path)
+    return draftretriever.Reader(str(path))

@@ -250,3 +250,24 @@ def test_anchored_oracle_copies_only_after_the_current_last_token():
     assert free.match_length(8)[0] == 4 and anchored.match_length(8)[0] == 0
     anchored.start(np.array([1, 5, 6, 7, 8, 3, 2, 5, 6, 9, 1]))
     assert anchored.match_length(8)[0] == 4
+
+
+class FakeReader:
+    """Stands in for draftretriever.Reader: fixed paths padded with -2."""
+
+    def __init__(self, paths):
+        self.paths = paths
+
+    def search(self, tokens, choices=None):
+        return self.paths, None, None, None, None
+
+
+def test_draftretriever_paths_merge_into_one_trie_within_the_budget():
+    # paths 5 6 7 / 5 6 -2 / 8 9 -2  ->  5 ─ 6 ─ 7,  8 ─ 9   (5 nodes)
+    paths = [[5, 6, 7], [5, 6, -2], [8, 9, -2]]
+    prop = baselines.DraftRetrieverProposer(FakeReader(paths))
+    prop.start(np.array([1, 2], dtype=np.int32))
+    tree = prop.propose(8)
+    assert tree.token_ids.tolist() == [5, 6, 7, 8, 9]
+    assert tree.parents.tolist() == [-1, 0, 1, -1, 3]
+    assert len(prop.propose(4)) == 4
