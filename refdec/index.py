@@ -46,7 +46,7 @@ import numpy as np
 
 from refdec import _C
 
-__all__ = ["IndexFormatError", "tokenizer_fingerprint", "CorpusIndex", "ContextIndex"]
+__all__ = ["IndexFormatError", "tokenizer_fingerprint", "CorpusIndex", "ContextIndex", "ShardedIndex"]
 
 _MAX_TOKEN = 2**31 - 1
 
@@ -379,6 +379,111 @@ class CorpusIndex(_Queries):
         fp = (self._fingerprint[:12] + "…") if self._fingerprint else None
         return (f"CorpusIndex({len(self)} tokens, {self.num_documents} documents, vocab_size={self._vocab_size}, "
                 f"fingerprint={fp}, {where})")
+
+
+_ALL = 2**62  # "every child" for next_tokens
+
+
+class ShardedIndex:
+    """Several :class:`CorpusIndex` shards queried as one corpus (the
+    documents of shard 0, then those of shard 1, ...): for a corpus larger
+    than one index file, or one machine's build memory (see docs/SHARDING.md).
+
+    Answers equal those of one index built over all the documents:
+    ``match_length`` is the maximum over shards, ``count`` the sum,
+    ``next_tokens`` merges the per-token counts, ``continuation`` follows the
+    most frequent merged branch (handing over to the one shard that still
+    holds the text as soon as only one does). Shards must share the vocabulary
+    size and tokenizer fingerprint (else ValueError naming both). Read-only and
+    thread-safe like its shards. The Proposer takes one CorpusIndex today;
+    drafting from every shard needs one matcher source per shard there.
+    """
+
+    def __init__(self, shards) -> None:
+        shards = list(shards)
+        if not shards or not all(isinstance(s, CorpusIndex) for s in shards):
+            raise ValueError("shards must be a non-empty list of CorpusIndex, got "
+                             f"{[type(s).__name__ for s in shards]!r}")
+        first = shards[0]
+        for i, shard in enumerate(shards[1:], 1):
+            if shard.fingerprint and first.fingerprint and shard.fingerprint != first.fingerprint:
+                raise ValueError(f"shards[{i}] tokenizer fingerprint {shard.fingerprint} differs from "
+                                 f"shards[0]'s {first.fingerprint}")
+            if shard.vocab_size and first.vocab_size and shard.vocab_size != first.vocab_size:
+                raise ValueError(f"shards[{i}] vocab_size {shard.vocab_size} differs from shards[0]'s "
+                                 f"{first.vocab_size}")
+        self.shards = shards
+
+    @classmethod
+    def load_many(cls, paths, tokenizer=None) -> "ShardedIndex":
+        """Memory-maps every index file (IndexFormatError as :meth:`CorpusIndex.load`)."""
+        return cls([CorpusIndex.load(p, tokenizer) for p in paths])
+
+    def match_length(self, tokens) -> int:
+        tokens = _as_tokens(tokens)
+        return max(s.match_length(tokens) for s in self.shards)
+
+    def count(self, tokens) -> int:
+        tokens = _as_tokens(tokens)
+        return sum(s.count(tokens) for s in self.shards)
+
+    def _merged_next(self, tokens, k: int) -> list[tuple[int, int]]:
+        merged: dict[int, int] = {}
+        for shard in self.shards:
+            for token, c in shard.next_tokens(tokens, _ALL):
+                merged[token] = merged.get(token, 0) + c
+        return sorted(merged.items(), key=lambda tc: (-tc[1], tc[0]))[:k]
+
+    def next_tokens(self, tokens, k: int) -> list[tuple[int, int]]:
+        return self._merged_next(_as_tokens(tokens), _check_k(k, "k"))
+
+    def continuation(self, tokens, length: int) -> np.ndarray:
+        tokens = _as_tokens(tokens)
+        length = _check_k(length, "length")
+        out: list[int] = []
+        while len(out) < length:
+            query = np.concatenate([tokens, np.asarray(out, dtype=np.int32)])
+            holders = [s for s in self.shards if s.count(query) > 0] if query.size else self.shards
+            if len(holders) == 1:  # the merged counts are this shard's from here on
+                out.extend(holders[0].continuation(query, length - len(out)).tolist())
+                break
+            best = self._merged_next(query, 1)
+            if not best:
+                break
+            out.append(best[0][0])
+        return np.asarray(out, dtype=np.int32)
+
+    def verify(self) -> bool:
+        return all(s.verify() for s in self.shards)
+
+    def document(self, doc_idx: int) -> np.ndarray:
+        n = self.num_documents
+        if isinstance(doc_idx, bool) or not isinstance(doc_idx, (int, np.integer)) or not -n <= doc_idx < n:
+            raise ValueError(f"doc_idx must be an integer in [0, {n}), got {doc_idx!r}")
+        doc_idx = int(doc_idx) % n
+        for shard in self.shards:
+            if doc_idx < shard.num_documents:
+                return shard.document(doc_idx)
+            doc_idx -= shard.num_documents
+        raise AssertionError("unreachable")
+
+    def __len__(self) -> int:
+        return sum(len(s) for s in self.shards)
+
+    @property
+    def num_documents(self) -> int:
+        return sum(s.num_documents for s in self.shards)
+
+    @property
+    def vocab_size(self) -> int:
+        return max(s.vocab_size for s in self.shards)
+
+    @property
+    def fingerprint(self) -> str | None:
+        return next((s.fingerprint for s in self.shards if s.fingerprint), None)
+
+    def __repr__(self) -> str:
+        return f"ShardedIndex({len(self.shards)} shards, {len(self)} tokens, {self.num_documents} documents)"
 
 
 class ContextIndex(_Queries):
