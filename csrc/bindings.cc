@@ -306,10 +306,14 @@ PYBIND11_MODULE(_C, m) {
               else if (key == "anchor_bonus") c.anchor_bonus = v.cast<float>();
               else if (key == "diag_bonus") c.diag_bonus = v.cast<float>();
               else if (key == "copy_decay") c.copy_decay = v.cast<float>();
+              else if (key == "depth_decay") c.depth_decay = v.cast<float>();
               else if (key == "confirm_run") c.confirm_run = v.cast<int32_t>();
               else if (key == "max_candidates") c.max_candidates = v.cast<int32_t>();
               else if (key == "max_backoff") c.max_backoff = v.cast<int32_t>();
               else if (key == "max_scan") c.max_scan = v.cast<int32_t>();
+              else if (key == "unigram_k") c.unigram_k = v.cast<int32_t>();
+              else if (key == "unigram_weight") c.unigram_weight = v.cast<float>();
+              else if (key == "unigram_below") c.unigram_below = v.cast<float>();
               else throw std::invalid_argument("unknown cursor parameter " + key);
             }
             py::gil_scoped_release release;
@@ -319,6 +323,14 @@ PYBIND11_MODULE(_C, m) {
           "params: dict of CursorParams fields (copy_cursor.h); missing fields keep their defaults")
       .def("start_output", &ProposerCore::start_output)
       .def("cursor_state", &ProposerCore::cursor_state, py::arg("source_id"))
+      .def(
+          "cursor_candidates",
+          [](const ProposerCore& p, int32_t source_id) {
+            std::vector<std::tuple<int64_t, int32_t, float>> out;
+            for (const CopyCandidate& c : p.cursor_candidates(source_id)) out.emplace_back(c.pos, c.match, c.weight);
+            return out;
+          },
+          py::arg("source_id"), "[(token_pos, match, weight)], best first")
       .def("match_lengths", &ProposerCore::match_lengths);
 
   m.attr("FORMAT_VERSION") = kFormatVersion;

@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <unordered_map>
+#include <utility>
 
 namespace refdec {
 
@@ -67,7 +69,30 @@ CopyCursor::CopyCursor(const OccurrenceIndex* occ, const CursorParams& params) :
   params_.match_cap = std::max(params_.match_cap, 1);
   params_.max_candidates = std::max(params_.max_candidates, 1);
   params_.distance_scale = std::max(params_.distance_scale, 1e-3f);
+  // The most frequent tokens and their 1-token states.
+  const AutomatonView* view = occ->view();
+  std::unordered_map<int32_t, int64_t> freq;
+  for (int64_t p = 0; p < view->num_tokens(); ++p) ++freq[view->token_at(p)];
+  std::vector<std::pair<int64_t, int32_t>> order;
+  for (const auto& kv : freq) order.emplace_back(-kv.second, kv.first);
+  const size_t k = std::min(order.size(), static_cast<size_t>(std::max(params_.unigram_k, 0)));
+  std::partial_sort(order.begin(), order.begin() + k, order.end());
+  for (size_t i = 0; i < k; ++i) {
+    const int32_t state = view->transition(kRoot, order[i].second);
+    if (state > kRoot)
+      unigrams_.emplace_back(state, static_cast<float>(-order[i].first) / static_cast<float>(view->num_tokens()));
+  }
   reset();
+}
+
+void CopyCursor::unigram_candidates(std::vector<CopyCandidate>* out) const {
+  const AutomatonView* view = occ_->view();
+  const int64_t target = anchor_ >= 0 ? anchor_ : 0;
+  for (const auto& u : unigrams_) {
+    const int64_t e = nearest_end(u.first, target + 1);  // the token itself at or after the target
+    if (e < 0) continue;
+    out->push_back({e, view->document_end(e), 0, params_.unigram_weight * u.second});
+  }
 }
 
 void CopyCursor::reset() {

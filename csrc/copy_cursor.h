@@ -51,9 +51,13 @@ struct CursorParams {
   // tokens since the anchor (k reference tokens replaced by k new ones).
   float anchor_bonus = 1.0f;
   float diag_bonus = 1.0f;
-  // Score factor per copied token of a candidate chain (< 1 leaves budget for
-  // a second branch once the best chain is deep).
-  float copy_decay = 0.99f;
+  // Score factor per copied token of a candidate chain.
+  float copy_decay = 1.0f;
+  // Score factor per tree level for every source of the draft while the
+  // cursor is on (DraftTreeBuilder::set_depth_decay): < 1 lets the cursor's
+  // second and third candidates and the other sources' alternatives in once
+  // the best chain is deep.
+  float depth_decay = 0.95f;
   // Aligned tokens in a row after which the alignment becomes the anchor.
   int32_t confirm_run = 8;
   // Candidates kept (the best one is the alignment).
@@ -61,6 +65,13 @@ struct CursorParams {
   // Suffix lengths tried on a re-synchronisation: the match state and up to
   // this many shorter states along its suffix links.
   int32_t max_backoff = 6;
+  // Fallback when unsure: the unigram_k most frequent reference tokens, each
+  // copied from its occurrence nearest the anchor, with weight unigram_weight *
+  // (its share of the reference tokens); added while the best candidate's
+  // weight is below unigram_below.
+  int32_t unigram_k = 16;
+  float unigram_weight = 1.0f;
+  float unigram_below = 0.5f;
   // Occurrence lists longer than this are not scanned (the suffix is too
   // short to say where the output is).
   int32_t max_scan = 16384;
@@ -102,6 +113,8 @@ class CopyCursor {
   // Candidates, best first (at most max_candidates; empty before any output
   // only if the reference is empty).
   const std::vector<CopyCandidate>& candidates() const { return candidates_; }
+  // Appends the unigram fallback chains (see CursorParams::unigram_k).
+  void unigram_candidates(std::vector<CopyCandidate>* out) const;
   int64_t align() const { return align_; }
   int32_t run() const { return run_; }
   int64_t anchor() const { return anchor_; }
@@ -136,6 +149,7 @@ class CopyCursor {
   int64_t since_ = 0;  // output tokens since anchor_ was set
   std::vector<CopyCandidate> candidates_;
   std::vector<int32_t> tail_;  // ring buffer of the last match_cap output tokens
+  std::vector<std::pair<int32_t, float>> unigrams_;  // (1-token state, share), most frequent first
   int64_t fed_ = 0;            // output tokens seen
 };
 

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cassert>
+#include <cmath>
 
 namespace refdec {
 namespace {
@@ -129,6 +130,8 @@ void DraftTreeBuilder::expand(const std::vector<DraftSource>& sources, int32_t n
   }
   if (proposals_.empty()) return;
 
+  float level_factor = 1.0f;  // depth_decay_^(depth + 1)
+  if (depth_decay_ != 1.0f) level_factor = std::pow(depth_decay_, static_cast<float>(depth + 1));
   // Step 2. Group equal tokens across sources into one candidate: max over
   // the entries of one source_id, then 1 - prod(1 - score) over source_ids;
   // best source = the source_id with the largest score.
@@ -162,7 +165,7 @@ void DraftTreeBuilder::expand(const std::vector<DraftSource>& sources, int32_t n
       }
     }
     Candidate c;
-    c.score = n_source_ids == 1 ? best : 1.0f - miss;
+    c.score = (n_source_ids == 1 ? best : 1.0f - miss) * level_factor;
     c.depth = depth + 1;
     c.seq = 0;
     c.parent = node;

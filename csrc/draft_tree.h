@@ -68,6 +68,9 @@ class DraftTreeBuilder {
   static constexpr size_t kMaxFanout = 256;
 
   void build(const std::vector<DraftSource>& sources, int32_t max_nodes, int32_t max_depth, DraftResult* out);
+  // Score factor per level: a node at depth d scores (combined score) * decay^d
+  // (1 = none). Below 1 a deep chain yields budget to near-root alternatives.
+  void set_depth_decay(float decay) { depth_decay_ = decay; }
 
  private:
   // One (source, state, per-source score) pair of a trie node or candidate.
@@ -107,6 +110,7 @@ class DraftTreeBuilder {
   std::vector<Candidate> grouped_;     // scratch: grouped proposals of one expansion
   std::vector<Entry> root_entries_;    // scratch: the root's entries
   int32_t seq_ = 0;                    // next Candidate::seq
+  float depth_decay_ = 1.0f;           // see set_depth_decay
 };
 
 }  // namespace refdec

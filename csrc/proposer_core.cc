@@ -72,14 +72,32 @@ std::tuple<int64_t, int32_t, int64_t> ProposerCore::cursor_state(int32_t source_
   return {-1, 0, -1};
 }
 
+std::vector<CopyCandidate> ProposerCore::cursor_candidates(int32_t source_id) const {
+  for (const MatchedSource& m : matched_)
+    if (m.params.source_id == source_id && m.cursor) return m.cursor->candidates();
+  return {};
+}
+
 void ProposerCore::push_cursor_sources(const MatchedSource& m) {
   DraftSource s = m.params;
   s.copy_decay = m.cursor->params().copy_decay;
-  for (const CopyCandidate& c : m.cursor->candidates()) {
+  const std::vector<CopyCandidate>& cands = m.cursor->candidates();
+  for (const CopyCandidate& c : cands) {
     s.copy_from = c.pos;
     s.copy_end = c.end;
     s.weight = c.weight;
     sources_.push_back(s);
+  }
+  // Unsure: the unigram fallback.
+  if (cands.empty() || cands[0].weight < m.cursor->params().unigram_below) {
+    unigrams_.clear();
+    m.cursor->unigram_candidates(&unigrams_);
+    for (const CopyCandidate& c : unigrams_) {
+      s.copy_from = c.pos;
+      s.copy_end = c.end;
+      s.weight = c.weight;
+      sources_.push_back(s);
+    }
   }
 }
 
@@ -101,6 +119,16 @@ void ProposerCore::propose(int32_t max_nodes, DraftResult* out) {
     if (output_started_ && m.cursor) push_cursor_sources(m);
   }
   // Step 2. One best-first tree over all of them.
+  float decay = 1.0f;
+  if (output_started_)
+    for (const MatchedSource& m : matched_)
+      if (m.cursor) {
+        // Confident copy (top candidate weight near 1): no decay; uncertain: depth_decay.
+        const auto& c = m.cursor->candidates();
+        const float run = c.empty() ? 0.0f : static_cast<float>(c[0].match);
+        decay = std::min(decay, 1.0f - (1.0f - m.cursor->params().depth_decay) * 4.0f / (4.0f + run));
+      }
+  builder_.set_depth_decay(decay);
   builder_.build(sources_, max_nodes, max_depth_, out);
 }
 

@@ -41,6 +41,8 @@ class ProposerCore {
   // (align, run, anchor) of the cursor of the first source with the id, or
   // (-1, 0, -1) when it has none.
   std::tuple<int64_t, int32_t, int64_t> cursor_state(int32_t source_id) const;
+  // The cursor's current candidates (best first) of the first source with the id.
+  std::vector<CopyCandidate> cursor_candidates(int32_t source_id) const;
   // Appends tokens to the context: extends the context automaton and advances
   // every matcher; O(n) amortised. Throws std::invalid_argument naming the
   // first negative token.
@@ -86,6 +88,7 @@ class ProposerCore {
   std::vector<MatchedSource> matched_;     // other sources
   bool output_started_ = false;            // cursors track the fed tokens
   std::vector<DraftSource> sources_;       // scratch for the builder
+  std::vector<CopyCandidate> unigrams_;    // scratch for push_cursor_sources
   std::vector<Edge> edges_;                // scratch for with_continuation
   DraftTreeBuilder builder_;               // scratch buffers
 };

@@ -66,7 +66,12 @@ class CursorParams:
     since the anchor (k reference tokens replaced by k new ones). The best
     ``max_candidates`` become fixed-copy branches of the reference source with
     weight softmax(log-odds, null_score); each copied token multiplies the score
-    by ``copy_decay``.
+    by ``copy_decay``. While the cursor is on, every node of the tree (all
+    sources) is scored ``combined score * depth_decay ** depth``, so that a deep
+    chain yields budget to near-root alternatives. While the best candidate's
+    weight is below ``unigram_below``, the ``unigram_k`` most frequent
+    reference tokens are added too, each copied from its occurrence nearest the
+    anchor, with weight ``unigram_weight * (its share of the reference)``.
     """
 
     match_gain: float = 2.0
@@ -76,10 +81,14 @@ class CursorParams:
     null_score: float = 2.0
     anchor_bonus: float = 1.0
     diag_bonus: float = 1.0
-    copy_decay: float = 0.99
+    copy_decay: float = 1.0
+    depth_decay: float = 0.95
     confirm_run: int = 8
     max_candidates: int = 3
     max_backoff: int = 6
+    unigram_k: int = 16
+    unigram_weight: float = 1.0
+    unigram_below: float = 0.5
     max_scan: int = 16384
 
 
@@ -219,6 +228,10 @@ class Proposer:
         (token positions in the concatenated references; -1 = none)."""
         align, run, anchor = self._require_started().cursor_state(1)
         return {"align": int(align), "run": int(run), "anchor": int(anchor)}
+
+    def cursor_candidates(self) -> list[tuple[int, int, float]]:
+        """Editing mode: the cursor's candidates ``(token_pos, match, weight)``, best first."""
+        return [(int(p), int(m), float(w)) for p, m, w in self._require_started().cursor_candidates(1)]
 
     @property
     def context(self) -> ContextIndex | None:

@@ -311,3 +311,24 @@ def test_edit_prompt_fence_is_longer_than_any_backtick_run_in_the_file():
         build_edit_prompt("x", "  ")
     with pytest.raises(ValueError, match="template"):
         build_edit_prompt("x", "y", template="no fields here")
+
+
+def test_cursor_candidates_are_best_first_probabilities_and_the_anchor_is_one_of_them():
+    proposer = editing()
+    feed(proposer, A[0][:25] + [1000, 1001])
+    cands = proposer.cursor_candidates()
+    weights = [w for _, _, w in cands]
+    assert weights == sorted(weights, reverse=True) and 0 < sum(weights) <= 1
+    assert 25 in [pos for pos, _, _ in cands]  # the anchor (insertion re-join)
+    assert 27 in [pos for pos, _, _ in cands]  # the diagonal (two tokens replaced)
+
+
+def test_unsure_cursor_adds_the_most_frequent_reference_tokens_as_root_children():
+    # Reference: token 7 is by far the most frequent; after new text nothing
+    # matches, so 7 (copied from its occurrence nearest the anchor) is a root child.
+    reference = [7, 40, 7, 41, 7, 42, 7, 43, 7, 44, 50, 51, 52]
+    proposer = Proposer(references=[arr(reference)], max_depth=8, cursor=True)
+    proposer.start(arr(PROMPT))
+    proposer.accept(arr([7, 40, 7, 41, 90, 91, 92, 93, 94]))
+    tree = proposer.propose(64)
+    assert 7 in tree.token_ids[tree.parents == -1].tolist()
