@@ -25,7 +25,7 @@ def _sharpen(model, scale: float) -> None:
                 p.mul_(scale)
 
 
-def _finish(model, seed: int, scale: float):
+def _finish(model, scale: float):
     model = model.to(torch.float64).eval()
     _sharpen(model, scale)
     model.generation_config.pad_token_id = 0
@@ -40,7 +40,7 @@ def tiny_llama(seed: int = 0, scale: float = 3.0):
                       num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
                       bos_token_id=1, eos_token_id=2, pad_token_id=0, tie_word_embeddings=False,
                       initializer_range=INIT)
-    return _finish(LlamaForCausalLM(cfg), seed, scale)
+    return _finish(LlamaForCausalLM(cfg), scale)
 
 
 def tiny_qwen2(seed: int = 0, scale: float = 3.0):
@@ -51,7 +51,7 @@ def tiny_qwen2(seed: int = 0, scale: float = 3.0):
                       num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
                       bos_token_id=1, eos_token_id=2, pad_token_id=0, tie_word_embeddings=False,
                       initializer_range=INIT)
-    return _finish(Qwen2ForCausalLM(cfg), seed, scale)
+    return _finish(Qwen2ForCausalLM(cfg), scale)
 
 
 def tiny_gemma3(seed: int = 0, scale: float = 3.0, sliding_window: int = 8):
@@ -64,7 +64,7 @@ def tiny_gemma3(seed: int = 0, scale: float = 3.0, sliding_window: int = 8):
                            layer_types=["sliding_attention", "full_attention", "sliding_attention"],
                            query_pre_attn_scalar=16, bos_token_id=1, eos_token_id=2, pad_token_id=0,
                            tie_word_embeddings=False, initializer_range=INIT)
-    return _finish(Gemma3ForCausalLM(cfg), seed, scale)
+    return _finish(Gemma3ForCausalLM(cfg), scale)
 
 
 def tiny_gpt2(seed: int = 0, scale: float = 3.0):
@@ -74,7 +74,7 @@ def tiny_gpt2(seed: int = 0, scale: float = 3.0):
     cfg = GPT2Config(vocab_size=VOCAB, n_embd=48, n_layer=2, n_head=4, n_positions=512,
                      bos_token_id=1, eos_token_id=2, tie_word_embeddings=False,
                      initializer_range=INIT)
-    return _finish(GPT2LMHeadModel(cfg), seed, scale)
+    return _finish(GPT2LMHeadModel(cfg), scale)
 
 
 MODEL_BUILDERS = {"llama": tiny_llama, "qwen2": tiny_qwen2, "gemma3": tiny_gemma3, "gpt2": tiny_gpt2}
