@@ -32,7 +32,7 @@ SuffixAutomaton::SuffixAutomaton() {
 
 int32_t SuffixAutomaton::new_state(int32_t len, int32_t link, int32_t end_pos) {
   const int32_t id = static_cast<int32_t>(states_.size());
-  states_.push_back(State{len, link, end_pos, -1, 0});
+  states_.push_back(State{len, link, end_pos, -1, 0, kNoToken, kNoState});
   count_.push_back(0);
   return id;
 }
@@ -41,7 +41,7 @@ void SuffixAutomaton::reserve(int64_t n) {
   const size_t states = states_.size() + 2 * static_cast<size_t>(n);
   reserve_geometric(&states_, states);
   reserve_geometric(&count_, states);
-  reserve_geometric(&edges_, edges_.size() + 3 * static_cast<size_t>(n));  // at most 3n transitions
+  reserve_geometric(&edges_, edges_.size() + static_cast<size_t>(n));  // hashed edges: about n/3 on text
   reserve_geometric(&tokens_, tokens_.size() + n);
 }
 
@@ -56,8 +56,16 @@ const SuffixAutomaton::Slot* SuffixAutomaton::find_slot(int32_t state, int32_t t
   }
 }
 
-SuffixAutomaton::Slot* SuffixAutomaton::find_slot(int32_t state, int32_t token) {
-  return const_cast<Slot*>(static_cast<const SuffixAutomaton*>(this)->find_slot(state, token));
+const int32_t* SuffixAutomaton::target_of(int32_t state, int32_t token) const {
+  const State& s = states_[state];
+  if (s.token0 == token) return &s.target0;
+  if (s.head == -1) return nullptr;  // no hashed edge
+  const Slot* slot = find_slot(state, token);
+  return slot == nullptr ? nullptr : &slot->target;
+}
+
+int32_t* SuffixAutomaton::target_of(int32_t state, int32_t token) {
+  return const_cast<int32_t*>(static_cast<const SuffixAutomaton*>(this)->target_of(state, token));
 }
 
 void SuffixAutomaton::grow_table() {
@@ -77,7 +85,16 @@ void SuffixAutomaton::grow_table() {
 }
 
 void SuffixAutomaton::add_edge(int32_t state, int32_t token, int32_t target) {
-  // At most 3/4 full (linear probing stays short; 12-byte slots).
+  // Step 1. The first transition of a state goes inline.
+  State& s = states_[state];
+  if (s.token0 == kNoToken) {
+    s.token0 = token;
+    s.target0 = target;
+    ++num_inline_;
+    return;
+  }
+  // Step 2. Others into the hash table, at most 3/4 full (linear probing
+  // stays short; 12-byte slots), and the state's edge list.
   if (4 * (edges_.size() + 1) > 3 * table_.size()) grow_table();
   const int32_t e = static_cast<int32_t>(edges_.size());
   edges_.push_back(EdgeNode{token, states_[state].head});
@@ -96,6 +113,7 @@ int32_t SuffixAutomaton::clone_state(int32_t q, int32_t len) {
   const int32_t clone = new_state(len, states_[q].link, states_[q].end_pos);
   if (counts_valid_) count_[clone] = count_[q];
   // Step 2. Copy q's transitions.
+  if (states_[q].token0 != kNoToken) add_edge(clone, states_[q].token0, states_[q].target0);
   for (int32_t e = states_[q].head; e != -1; e = edges_[e].next) {
     const int32_t token = edges_[e].token;
     add_edge(clone, token, find_slot(q, token)->target);
@@ -108,9 +126,9 @@ int32_t SuffixAutomaton::clone_state(int32_t q, int32_t len) {
 void SuffixAutomaton::redirect(int32_t p, int32_t token, int32_t from, int32_t to) {
   // Walk the suffix links from p while (p, token) still leads to `from`.
   while (p != kNoState) {
-    Slot* slot = find_slot(p, token);
-    if (slot == nullptr || slot->target != from) break;
-    slot->target = to;
+    int32_t* target = target_of(p, token);
+    if (target == nullptr || *target != from) break;
+    *target = to;
     p = states_[p].link;
   }
 }
@@ -134,7 +152,11 @@ void SuffixAutomaton::release_transitions() {
   released_ = true;
   std::vector<Slot>().swap(table_);
   std::vector<EdgeNode>().swap(edges_);
-  for (State& s : states_) s.head = -1;
+  for (State& s : states_) {
+    s.head = -1;
+    s.token0 = kNoToken;
+  }
+  num_inline_ = 0;
 }
 
 void SuffixAutomaton::release() {
@@ -166,8 +188,8 @@ void SuffixAutomaton::extend(int32_t token) {
 
   // Step 1. Generalised construction: the string last+token already exists
   // (it occurred in an earlier document). Reuse its state, or split it.
-  if (const Slot* existing = find_slot(last, token)) {
-    const int32_t q = existing->target;
+  if (const int32_t* existing = target_of(last, token)) {
+    const int32_t q = *existing;
     if (states_[q].len == last_len + 1) {
       last_ = q;
     } else {
@@ -185,8 +207,8 @@ void SuffixAutomaton::extend(int32_t token) {
   const int32_t cur = new_state(last_len + 1, kNoState, pos);
   states_[cur].own = 1;
   int32_t p = last;
-  const Slot* slot = nullptr;
-  while (p != kNoState && (slot = find_slot(p, token)) == nullptr) {
+  const int32_t* found = nullptr;
+  while (p != kNoState && (found = target_of(p, token)) == nullptr) {
     add_edge(p, token, cur);
     p = states_[p].link;
   }
@@ -196,7 +218,7 @@ void SuffixAutomaton::extend(int32_t token) {
   if (p == kNoState) {
     states_[cur].link = kRoot;
   } else {
-    const int32_t q = slot->target;
+    const int32_t q = *found;
     if (states_[p].len + 1 == states_[q].len) {
       states_[cur].link = q;
     } else {
@@ -263,8 +285,8 @@ int32_t SuffixAutomaton::match_state() const {
 
 int32_t SuffixAutomaton::transition(int32_t state, int32_t token) const {
   if (!valid(state) || token < 0) return kNoState;
-  const Slot* slot = find_slot(state, token);
-  return slot == nullptr ? kNoState : slot->target;
+  const int32_t* target = target_of(state, token);
+  return target == nullptr ? kNoState : *target;
 }
 
 int32_t SuffixAutomaton::link(int32_t state) const { return valid(state) ? states_[state].link : kNoState; }
@@ -284,14 +306,17 @@ int64_t SuffixAutomaton::unique_end_pos(int32_t state) const {
 
 int32_t SuffixAutomaton::num_children(int32_t state) const {
   int32_t n = 0;
-  if (valid(state))
+  if (valid(state)) {
+    if (states_[state].token0 != kNoToken) ++n;
     for (int32_t e = states_[state].head; e != -1; e = edges_[e].next) ++n;
+  }
   return n;
 }
 
 void SuffixAutomaton::children(int32_t state, std::vector<Edge>* out) const {
   out->clear();
   if (!valid(state)) return;
+  if (states_[state].token0 != kNoToken) out->push_back({states_[state].token0, states_[state].target0});
   for (int32_t e = states_[state].head; e != -1; e = edges_[e].next) {
     const int32_t token = edges_[e].token;
     out->push_back({token, find_slot(state, token)->target});
