@@ -311,6 +311,7 @@ PYBIND11_MODULE(_C, m) {
               else if (key == "max_candidates") c.max_candidates = v.cast<int32_t>();
               else if (key == "max_backoff") c.max_backoff = v.cast<int32_t>();
               else if (key == "max_scan") c.max_scan = v.cast<int32_t>();
+              else if (key == "max_substitutions") c.max_substitutions = v.cast<int32_t>();
               else if (key == "unigram_k") c.unigram_k = v.cast<int32_t>();
               else if (key == "unigram_weight") c.unigram_weight = v.cast<float>();
               else if (key == "unigram_below") c.unigram_below = v.cast<float>();

@@ -101,6 +101,9 @@ void CopyCursor::reset() {
   run_ = 0;
   fed_ = 0;
   tail_.assign(params_.match_cap, -1);
+  sub_counts_.clear();
+  substitutions_.clear();
+  pending_next_ = -1;
   const AutomatonView* view = occ_->view();
   set_anchor(view->num_documents() > 0 ? view->document_begin(0) : -1);
   if (anchor_ >= view->num_tokens()) anchor_ = -1;
@@ -180,13 +183,61 @@ void CopyCursor::normalise() {
   for (CopyCandidate& c : candidates_) c.weight = static_cast<float>(std::exp(static_cast<double>(c.weight - top)) / sum);
 }
 
+void CopyCursor::learn(int32_t from, int32_t to) {
+  for (size_t i = 0; i < sub_counts_.size(); ++i) {
+    if (sub_counts_[i].from == from && sub_counts_[i].to == to) {
+      SubCount c = sub_counts_[i];
+      ++c.hits;
+      sub_counts_.erase(sub_counts_.begin() + i);
+      sub_counts_.insert(sub_counts_.begin(), c);
+      refresh_substitutions();
+      return;
+    }
+  }
+  // A new pair replaces any older one for the same `from`; the latest first.
+  for (size_t i = 0; i < sub_counts_.size(); ++i)
+    if (sub_counts_[i].from == from) {
+      sub_counts_.erase(sub_counts_.begin() + i);
+      break;
+    }
+  sub_counts_.insert(sub_counts_.begin(), SubCount{from, to, 1, 0});
+  if (static_cast<int32_t>(sub_counts_.size()) > params_.max_substitutions) sub_counts_.resize(std::max(params_.max_substitutions, 0));
+  refresh_substitutions();
+}
+
+void CopyCursor::refresh_substitutions() {
+  substitutions_.clear();
+  for (const SubCount& c : sub_counts_)
+    substitutions_.push_back({c.from, c.to, static_cast<float>(c.hits) / static_cast<float>(c.hits + c.misses + 1)});
+}
+
 void CopyCursor::advance(int32_t token, int32_t match_state, int32_t match_len) {
   const AutomatonView* view = occ_->view();
   tail_[fed_ % params_.match_cap] = token;
   ++fed_;
   ++since_;
   candidates_.clear();
-  if (align_ >= 0 && align_ < align_end_ && view->token_at(align_) == token) {
+  // Step 0. Substitutions: a pending mismatch is confirmed when the copy goes
+  // on right after it; a copied token with a learnt substitution counts a miss.
+  if (pending_next_ >= 0) {
+    if (pending_next_ < view->num_tokens() && view->token_at(pending_next_) == token) learn(pending_from_, pending_to_);
+    pending_next_ = -1;
+  }
+  const bool copies = align_ >= 0 && align_ < align_end_ && view->token_at(align_) == token;
+  if (!copies && align_ >= 0 && align_ < align_end_ && run_ >= 1 && params_.max_substitutions > 0) {
+    pending_from_ = view->token_at(align_);
+    pending_to_ = token;
+    pending_next_ = align_ + 1 < align_end_ ? align_ + 1 : -1;
+  }
+  if (copies && !sub_counts_.empty()) {
+    for (SubCount& c : sub_counts_)
+      if (c.from == token) {
+        ++c.misses;
+        refresh_substitutions();
+        break;
+      }
+  }
+  if (copies) {
     // Step 1. The copy goes on: the token is the reference's next one.
     ++align_;
     if (run_ < std::numeric_limits<int32_t>::max()) ++run_;

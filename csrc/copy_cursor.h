@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "automaton_view.h"
+#include "draft_tree.h"
 
 namespace refdec {
 
@@ -72,6 +73,10 @@ struct CursorParams {
   int32_t unigram_k = 16;
   float unigram_weight = 1.0f;
   float unigram_below = 0.5f;
+  // Substitutions learnt (a reference token written as another one, the
+  // copy going on after it): at most max_substitutions kept, the latest
+  // first; a copy of `from` forks with probability hits / (hits + misses + 1).
+  int32_t max_substitutions = 8;
   // Occurrence lists longer than this are not scanned (the suffix is too
   // short to say where the output is).
   int32_t max_scan = 16384;
@@ -113,6 +118,8 @@ class CopyCursor {
   // Candidates, best first (at most max_candidates; empty before any output
   // only if the reference is empty).
   const std::vector<CopyCandidate>& candidates() const { return candidates_; }
+  // Learnt substitutions, for DraftSource::substitutions.
+  const std::vector<Substitution>& substitutions() const { return substitutions_; }
   // Appends the unigram fallback chains (see CursorParams::unigram_k).
   void unigram_candidates(std::vector<CopyCandidate>* out) const;
   int64_t align() const { return align_; }
@@ -149,7 +156,19 @@ class CopyCursor {
   int64_t since_ = 0;  // output tokens since anchor_ was set
   std::vector<CopyCandidate> candidates_;
   std::vector<int32_t> tail_;  // ring buffer of the last match_cap output tokens
-  std::vector<std::pair<int32_t, float>> unigrams_;  // (1-token state, share), most frequent first
+  std::vector<std::pair<int32_t, float>> unigrams_;
+  // Substitution bookkeeping: counts per learnt pair, and the pending one
+  // (a mismatch at align whose next token will tell).
+  struct SubCount {
+    int32_t from, to;
+    int32_t hits, misses;
+  };
+  std::vector<SubCount> sub_counts_;
+  std::vector<Substitution> substitutions_;
+  int32_t pending_from_ = -1, pending_to_ = -1;
+  int64_t pending_next_ = -1;  // reference position the next token must equal
+  void learn(int32_t from, int32_t to);
+  void refresh_substitutions();  // (1-token state, share), most frequent first
   int64_t fed_ = 0;            // output tokens seen
 };
 

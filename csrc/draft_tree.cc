@@ -90,8 +90,18 @@ void DraftTreeBuilder::expand(const std::vector<DraftSource>& sources, int32_t n
     if (source.copy_from >= 0) {
       const int64_t read = e.pos;
       const float score = e.score * source.copy_decay;
-      if (read < source.copy_end && score > 0.0f)
-        proposals_.push_back({view->token_at(read), {e.source, kCopyState, score, static_cast<int32_t>(read + 1)}});
+      if (read >= source.copy_end || score <= 0.0f) continue;
+      const int32_t token = view->token_at(read);
+      float keep = 1.0f;
+      if (source.substitutions != nullptr) {
+        for (const Substitution& sub : *source.substitutions) {
+          if (sub.from != token || sub.to == token) continue;
+          proposals_.push_back({sub.to, {e.source, kCopyState, score * sub.prob, static_cast<int32_t>(read + 1)}});
+          keep = 1.0f - sub.prob;
+          break;
+        }
+      }
+      proposals_.push_back({token, {e.source, kCopyState, score * keep, static_cast<int32_t>(read + 1)}});
       continue;
     }
     // Step 1b. Live source with a unique occurrence: overlapping copy. The

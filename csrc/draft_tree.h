@@ -10,6 +10,14 @@
 
 namespace refdec {
 
+// A token the output has been seen to write in place of a reference token
+// (re-indentation, a rename): copies of `from` also propose `to`.
+struct Substitution {
+  int32_t from;  // reference token
+  int32_t to;    // output token written in its place
+  float prob;    // probability that a copied `from` is written as `to`
+};
+
 // One source of continuations: an automaton and where the live context
 // currently matches in it.
 struct DraftSource {
@@ -29,6 +37,7 @@ struct DraftSource {
                                         // match_len unused)
   int64_t copy_end = 0;                 // copy_from >= 0: end of the copied document
   float copy_decay = 1.0f;              // copy_from >= 0: score factor per copied token
+  const std::vector<Substitution>* substitutions = nullptr;  // copy_from >= 0: forks of copied tokens
 };
 
 // Confidence of a source with a match of `match_len` tokens:

@@ -81,6 +81,7 @@ std::vector<CopyCandidate> ProposerCore::cursor_candidates(int32_t source_id) co
 void ProposerCore::push_cursor_sources(const MatchedSource& m) {
   DraftSource s = m.params;
   s.copy_decay = m.cursor->params().copy_decay;
+  s.substitutions = &m.cursor->substitutions();
   const std::vector<CopyCandidate>& cands = m.cursor->candidates();
   for (const CopyCandidate& c : cands) {
     s.copy_from = c.pos;

@@ -72,6 +72,10 @@ class CursorParams:
     weight is below ``unigram_below``, the ``unigram_k`` most frequent
     reference tokens are added too, each copied from its occurrence nearest the
     anchor, with weight ``unigram_weight * (its share of the reference)``.
+    Substitutions (a reference token written as another while the copy goes on
+    right after it: re-indentation, a rename) are learnt, the latest
+    ``max_substitutions`` kept; a cursor chain copying such a token forks into
+    both, the new one with probability hits / (hits + misses + 1).
     """
 
     match_gain: float = 2.0
@@ -89,6 +93,7 @@ class CursorParams:
     unigram_k: int = 16
     unigram_weight: float = 1.0
     unigram_below: float = 0.5
+    max_substitutions: int = 8
     max_scan: int = 16384
 
 

@@ -332,3 +332,19 @@ def test_unsure_cursor_adds_the_most_frequent_reference_tokens_as_root_children(
     proposer.accept(arr([7, 40, 7, 41, 90, 91, 92, 93, 94]))
     tree = proposer.propose(64)
     assert 7 in tree.token_ids[tree.parents == -1].tolist()
+
+
+def test_a_learnt_substitution_forks_later_copies_of_the_same_token():
+    # Reference lines "4 x x x 9" (4 = an indentation token, 9 = newline); the
+    # output re-indents: 4 -> 5. After one re-indented line has been seen, the
+    # draft of the next line offers 5 where the reference has 4.
+    lines = [[4, 60 + i, 61 + i, 62 + i, 9] for i in range(0, 30, 3)]
+    reference = [t for line in lines for t in line]
+    proposer = Proposer(references=[arr(reference)], max_depth=16, cursor=True)
+    proposer.start(arr(PROMPT))
+    out = lines[0] + lines[1] + [5] + lines[2][1:]
+    proposer.accept(arr(out))
+    assert proposer.cursor_state()["align"] == 15
+    tree = proposer.propose(64)
+    first = tree.token_ids[tree.parents == -1].tolist()
+    assert 5 in first and 4 in first
