@@ -58,7 +58,10 @@ struct CursorParams {
   // cursor is on (DraftTreeBuilder::set_depth_decay): < 1 lets the cursor's
   // second and third candidates and the other sources' alternatives in once
   // the best chain is deep.
-  float depth_decay = 0.95f;
+  float depth_decay = 0.85f;
+  // Levels that decay at a budget of 64 nodes, in proportion to the budget
+  // (max_nodes * decay_levels / 64, at least 1): depth_decay^min(depth, levels).
+  int32_t decay_levels = 16;
   // Aligned tokens in a row after which the alignment becomes the anchor.
   int32_t confirm_run = 8;
   // Candidates kept (the best one is the alignment).

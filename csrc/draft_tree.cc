@@ -141,7 +141,7 @@ void DraftTreeBuilder::expand(const std::vector<DraftSource>& sources, int32_t n
   if (proposals_.empty()) return;
 
   float level_factor = 1.0f;  // depth_decay_^(depth + 1)
-  if (depth_decay_ != 1.0f) level_factor = std::pow(depth_decay_, static_cast<float>(depth + 1));
+  if (depth_decay_ != 1.0f) level_factor = std::pow(depth_decay_, static_cast<float>(std::min(depth + 1, decay_levels_)));
   // Step 2. Group equal tokens across sources into one candidate: max over
   // the entries of one source_id, then 1 - prod(1 - score) over source_ids;
   // best source = the source_id with the largest score.

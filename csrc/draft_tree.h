@@ -79,7 +79,11 @@ class DraftTreeBuilder {
   void build(const std::vector<DraftSource>& sources, int32_t max_nodes, int32_t max_depth, DraftResult* out);
   // Score factor per level: a node at depth d scores (combined score) * decay^d
   // (1 = none). Below 1 a deep chain yields budget to near-root alternatives.
-  void set_depth_decay(float decay) { depth_decay_ = decay; }
+  // Levels below decay_levels do not decay further: (decay)^min(d, decay_levels).
+  void set_depth_decay(float decay, int32_t decay_levels = 1 << 30) {
+    depth_decay_ = decay;
+    decay_levels_ = decay_levels;
+  }
 
  private:
   // One (source, state, per-source score) pair of a trie node or candidate.
@@ -120,6 +124,7 @@ class DraftTreeBuilder {
   std::vector<Entry> root_entries_;    // scratch: the root's entries
   int32_t seq_ = 0;                    // next Candidate::seq
   float depth_decay_ = 1.0f;           // see set_depth_decay
+  int32_t decay_levels_ = 1 << 30;     // see set_depth_decay
 };
 
 }  // namespace refdec

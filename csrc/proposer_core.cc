@@ -126,10 +126,14 @@ void ProposerCore::propose(int32_t max_nodes, DraftResult* out) {
       if (m.cursor) {
         // Confident copy (top candidate weight near 1): no decay; uncertain: depth_decay.
         const auto& c = m.cursor->candidates();
-        const float run = c.empty() ? 0.0f : static_cast<float>(c[0].match);
+        const float run = c.empty() ? 0.0f
+                                    : static_cast<float>(c[0].pos == m.cursor->align() ? m.cursor->run() : c[0].match);
         decay = std::min(decay, 1.0f - (1.0f - m.cursor->params().depth_decay) * 4.0f / (4.0f + run));
       }
-  builder_.set_depth_decay(decay);
+  int32_t levels = 1 << 30;
+  for (const MatchedSource& m : matched_)
+    if (m.cursor) levels = std::min(levels, std::max(1, m.cursor->params().decay_levels * max_nodes / 64));
+  builder_.set_depth_decay(decay, levels);
   builder_.build(sources_, max_nodes, max_depth_, out);
 }
 

@@ -86,7 +86,8 @@ class CursorParams:
     anchor_bonus: float = 1.0
     diag_bonus: float = 1.0
     copy_decay: float = 1.0
-    depth_decay: float = 0.95
+    depth_decay: float = 0.85
+    decay_levels: int = 16
     confirm_run: int = 8
     max_candidates: int = 3
     max_backoff: int = 6
