@@ -86,6 +86,10 @@ import numpy as np, psutil
 proc = psutil.Process()
 from refdec.index import CorpusIndex
 flat_path, index_path, n_queries = sys.argv[1], sys.argv[2], int(sys.argv[3])
+def rss_parts():
+    # (anonymous, file-backed) resident bytes: mapped index pages are file-backed page cache.
+    fields = dict(line.split(":", 1) for line in open("/proc/self/status") if line.startswith("Rss"))
+    return tuple(int(fields[k].split()[0]) * 1024 for k in ("RssAnon", "RssFile"))
 flat = np.load(flat_path, mmap_mode="r")
 rng = np.random.default_rng(0)
 starts = rng.integers(0, len(flat) - 16, size=n_queries)
@@ -100,7 +104,8 @@ for q in queries:
     index.match_length(q); index.next_tokens(q, 8); index.continuation(q, 32)
 query_s = time.perf_counter() - t0
 rss_after_queries = proc.memory_info().rss
-print(json.dumps({"rss_before_load": rss_before, "rss_after_load": rss_after_load,
+anon, file_backed = rss_parts()
+print(json.dumps({"rss_anon_after_queries": anon, "rss_file_after_queries": file_backed, "rss_before_load": rss_before, "rss_after_load": rss_after_load,
                   "rss_after_queries": rss_after_queries, "load_ms": load_ms,
                   "query_us_mean": query_s / n_queries * 1e6}))
 """
@@ -189,6 +194,8 @@ def main() -> int:
         "rss_after_load_mb": load["rss_after_load"] / 2**20,
         "rss_after_queries_mb": load["rss_after_queries"] / 2**20,
         "query_us_mean": load["query_us_mean"],
+        "rss_anon_after_queries_mb": load["rss_anon_after_queries"] / 2**20,
+        "rss_file_after_queries_mb": load["rss_file_after_queries"] / 2**20,
         "queries": args.queries,
         "largest_corpus_tokens_in_budget": min(largest, format_limit),
         "largest_by_memory": largest,
@@ -206,7 +213,8 @@ def main() -> int:
     print(f"index file                 {file_bytes / 2**20:.0f} MiB ({result['file_bytes_per_token']:.1f} bytes/token)")
     print(f"load                       {load['load_ms']:.2f} ms; RSS {result['rss_before_load_mb']:.0f} -> "
           f"{result['rss_after_load_mb']:.0f} MiB after load -> {result['rss_after_queries_mb']:.0f} MiB after "
-          f"{args.queries} queries ({load['query_us_mean']:.0f} us/query)")
+          f"{args.queries} queries ({load['query_us_mean']:.0f} us/query; file-backed "
+          f"{result['rss_file_after_queries_mb']:.0f} MiB, anonymous {result['rss_anon_after_queries_mb']:.0f} MiB)")
     print(f"largest corpus in {args.budget_gib:g} GiB   {result['largest_corpus_tokens_in_budget'] / 1e6:.0f} M tokens "
           f"(memory: {largest / 1e6:.0f} M, format: {format_limit / 1e6:.0f} M)")
     print(f"wrote {path}", file=sys.stderr)

@@ -94,8 +94,8 @@ class FrozenIndex : public AutomatonView {
   FrozenIndex(const FrozenIndex&) = delete;
   FrozenIndex& operator=(const FrozenIndex&) = delete;
 
-  // Writes the whole image to `path` (fsync'ed). Atomic rename is the caller's job.
-  void save(const std::string& path) const;
+  // (Saving is CorpusIndex.save in Python: write buffer() to a temporary
+  // file, fsync, rename over the target.)
   // Recomputes the body checksum and compares it with the header's.
   bool verify() const;
 

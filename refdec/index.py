@@ -24,12 +24,28 @@ Queries (on both):
 Token ids must be in ``[0, 2**31)``, else ``ValueError`` naming the value; ids
 at or above the index's ``vocab_size`` are simply not found.
 
-Thread-safety: a :class:`CorpusIndex` (loaded, or built: ``build`` and
-``add_documents`` freeze it before returning) answers queries from the frozen
-arrays only, read-only, so several threads may query it (and share it between
-Proposers) concurrently; the C++ calls release the GIL. ``add_documents`` must not run concurrently with
-anything else on the same index. A :class:`ContextIndex` belongs to one request
-(its occurrence counts are updated lazily on query) -- do not share one.
+An empty corpus (no documents, or only empty ones) is a valid index that
+answers "no match" everywhere (``match_length`` 0, ``count`` 0, no next
+tokens, empty continuations); it saves and loads. ``refdec index build``
+refuses to write one (an error naming why no document was read).
+
+Thread-safety:
+
+* :class:`CorpusIndex` and :class:`ShardedIndex` -- thread-safe for queries.
+  ``build`` and ``add_documents`` freeze the index before returning; queries
+  then read the frozen arrays only (no cache, nothing mutable), so any number
+  of threads may query one index and share it between Proposers. The C++
+  calls (queries, build, freeze, verify, load) release the GIL.
+  ``add_documents`` must not run concurrently with anything else on the
+  same index.
+* :class:`ContextIndex` -- NOT thread-safe: it grows, and its occurrence
+  counts are recomputed lazily inside queries. One per request.
+* :class:`refdec.Proposer` -- NOT thread-safe (it owns a ContextIndex and
+  matcher state): one per request; the CorpusIndex it reads may be shared.
+
+Limits: fewer than 2**31 - 1 tokens per index, and internal states + tokens
+< 2**31 (about 1.4 billion tokens of text); beyond that, shard
+(:class:`ShardedIndex`, docs/SHARDING.md).
 """
 
 from __future__ import annotations
@@ -225,9 +241,10 @@ class CorpusIndex(_Queries):
         image, and afterwards only the frozen image stays resident);
         :meth:`add_documents` then raises. Use it to build an index to save.
 
-        Memory: about 130 bytes per token at the peak with ``growable=False``
-        (numbers in benchmarks/memory_bench.py); the saved file is about 24
-        bytes per token and is memory-mapped on load."""
+        Memory (``growable=False``, source code): about 92 bytes per token at
+        the peak (56M stdlib tokens: 5.2 GiB; benchmarks/memory_bench.py), so
+        about 280M tokens per 24 GiB; the saved file is about 24 bytes per
+        token and is memory-mapped on load (nothing resident until queried)."""
         if vocab_size is None:
             vocab_size = len(tokenizer) if tokenizer is not None else 0
         if isinstance(vocab_size, bool) or not isinstance(vocab_size, (int, np.integer)) or not (
