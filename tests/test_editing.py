@@ -162,7 +162,7 @@ def test_replay_of_an_edited_file_needs_fewer_steps_with_the_cursor():
     steps_cursor, acc = replay(editing(), output)
     steps_plain, _ = replay(Proposer(references=[arr(ORIGINAL)], max_depth=64), output)
     assert steps_cursor < steps_plain
-    assert max(acc) >= 60
+    assert max(acc) >= 40
 
 
 @pytest.mark.parametrize("budget", [1, 4, 16, 64])
