@@ -226,12 +226,16 @@ class CorpusIndex(_Queries):
         self._fingerprint = fingerprint or None
         self._vocab_size = int(vocab_size or 0)
         self._path = path
+        self.dropped_documents = 0  # near-duplicates dropped by build(dedup_threshold=...)
+        self._signatures = None     # refdec.retrieval.DocumentSignatures, one row per document
+        self._retriever = None      # refdec.retrieval.Retriever, made on first use
 
     # ------------------------------------------------------------------ build / load
 
     @classmethod
     def build(cls, documents: Iterable, tokenizer=None, *, show_progress: bool = True,
-              vocab_size: int | None = None, growable: bool = True) -> "CorpusIndex":
+              vocab_size: int | None = None, growable: bool = True, dedup_threshold: float | None = None,
+              signatures: bool | None = None) -> "CorpusIndex":
         """Indexes ``documents``: str (tokenised with ``tokenizer``,
         ``add_special_tokens=False``) or sequences / int arrays of token ids.
         ``vocab_size`` defaults to ``len(tokenizer)`` (0 = unknown).
@@ -244,7 +248,17 @@ class CorpusIndex(_Queries):
         Memory (``growable=False``, source code): about 92 bytes per token at
         the peak (56M stdlib tokens: 5.2 GiB; benchmarks/memory_bench.py), so
         about 280M tokens per 24 GiB; the saved file is about 24 bytes per
-        token and is memory-mapped on load (nothing resident until queried)."""
+        token and is memory-mapped on load (nothing resident until queried).
+
+        Retrieval (``refdec.retrieval``): ``dedup_threshold`` (a float in
+        (0, 1], e.g. 0.9) drops exact and near-duplicate documents (shingle
+        Jaccard >= threshold with an earlier kept one) before indexing; their
+        number is ``dropped_documents``. ``signatures`` (default: True when
+        de-duplicating) keeps the kept documents' MinHash signatures, which
+        :meth:`save` writes beside the index (``signature_path(path)``) and
+        :meth:`retriever` serves to ``generate(..., retrieve=k)``. Both hold
+        the tokenised documents in memory once (4 bytes per token) and cost
+        about 0.5 s per million tokens."""
         if vocab_size is None:
             vocab_size = len(tokenizer) if tokenizer is not None else 0
         if isinstance(vocab_size, bool) or not isinstance(vocab_size, (int, np.integer)) or not (
@@ -254,6 +268,19 @@ class CorpusIndex(_Queries):
             raise ValueError("documents must be an iterable of documents, got a single str")
         fingerprint = tokenizer_fingerprint(tokenizer) if tokenizer is not None else None
         index = cls(_sam=_C.SuffixAutomaton(), fingerprint=fingerprint, vocab_size=int(vocab_size))
+        if signatures is None:
+            signatures = dedup_threshold is not None
+        if dedup_threshold is not None or signatures:
+            from refdec.retrieval import DocumentSignatures, deduplicate
+
+            documents = list(_tokenize_documents(documents, tokenizer, int(vocab_size), show_progress))
+            sigs = DocumentSignatures.from_documents(documents)
+            if dedup_threshold is not None:
+                kept, index.dropped_documents = deduplicate(documents, dedup_threshold, signatures=sigs)
+                documents = [documents[i] for i in kept.tolist()]
+                sigs = sigs.take(kept)
+            index._signatures = sigs if signatures else None
+            show_progress = False
         index._add(documents, tokenizer, show_progress, release=not growable)
         return index
 
@@ -272,6 +299,17 @@ class CorpusIndex(_Queries):
             fp = tokenizer_fingerprint(tokenizer)
             if fp != self._fingerprint:
                 raise ValueError(f"tokenizer fingerprint {fp} differs from the index's {self._fingerprint}")
+        if self._signatures is not None:  # keep one signature row per document (no de-duplication here)
+            from refdec.retrieval import DocumentSignatures
+
+            documents = list(_tokenize_documents(documents, tokenizer, self._vocab_size, False))
+            old, new = self._signatures, DocumentSignatures.from_documents(
+                documents, num_perm=self._signatures.num_perm, seed=self._signatures.seed,
+                ngram=self._signatures.ngram)
+            self._signatures = DocumentSignatures(
+                np.concatenate([old.matrix, new.matrix]), np.concatenate([old.sizes, new.sizes]),
+                num_perm=old.num_perm, seed=old.seed, ngram=old.ngram)
+            self._retriever = None
         self._add(documents, tokenizer, show_progress)
 
     def _add(self, documents, tokenizer, show_progress: bool, release: bool = False) -> None:
@@ -309,9 +347,12 @@ class CorpusIndex(_Queries):
         return cls(_frozen=frozen, fingerprint=stored, vocab_size=frozen.vocab_size, path=path)
 
     def save(self, path) -> None:
-        """Writes the index to ``path`` atomically (temporary file, fsync, rename)."""
+        """Writes the index to ``path`` atomically (temporary file, fsync, rename),
+        and its MinHash signatures, if any, to ``signature_path(path)`` (likewise;
+        a signature file left there by an earlier index is removed)."""
         path = os.fspath(path)
         frozen = self._frozen_index()
+        sigs = self.signatures  # read a loaded index's sibling file before it may be overwritten
         tmp = f"{path}.tmp-{os.getpid()}-{secrets.token_hex(4)}"
         try:
             with open(tmp, "wb") as f:
@@ -325,7 +366,47 @@ class CorpusIndex(_Queries):
             except FileNotFoundError:
                 pass
             raise
+        from refdec.retrieval import signature_path
+
+        if sigs is not None:
+            sigs.save(signature_path(path))
+        else:
+            try:
+                os.unlink(signature_path(path))
+            except FileNotFoundError:
+                pass
         self._path = path
+
+    @property
+    def signatures(self):
+        """The documents' MinHash signatures (``refdec.retrieval.DocumentSignatures``),
+        or None: kept by ``build(signatures=True)`` / de-duplication, or read on first
+        use from the sibling file of a loaded index (``signature_path(path)``)."""
+        if self._signatures is None and self._path is not None and self._retriever is None:
+            self.retriever(_missing_ok=True)
+        return self._signatures
+
+    def retriever(self, _missing_ok: bool = False):
+        """The ``refdec.retrieval.Retriever`` over this index's documents (made once).
+        A sibling signature file is checked against the index (document count and
+        spot-checked signatures: ValueError naming the file when stale). Raises
+        ValueError when the index has no signatures."""
+        if self._retriever is not None:
+            return self._retriever
+        from refdec.retrieval import Retriever, signature_path
+
+        if self._signatures is not None:
+            self._retriever = Retriever(self._signatures, self.document)
+        elif self._path is not None and os.path.exists(signature_path(self._path)):
+            self._retriever = Retriever.load(signature_path(self._path), self.document,
+                                             num_docs=self.num_documents)
+            self._signatures = self._retriever.signatures
+        elif not _missing_ok:
+            where = f"no signature file {signature_path(self._path)!r}" if self._path else "built without them"
+            raise ValueError(f"this corpus index has no MinHash signatures for retrieval ({where}); rebuild it "
+                             "with `refdec index build` (writes them by default) or "
+                             "CorpusIndex.build(..., signatures=True) and save it")
+        return self._retriever
 
     def verify(self) -> bool:
         """Recomputes the body checksum; False when the file is corrupt."""
