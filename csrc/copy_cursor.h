@@ -55,9 +55,10 @@ struct CursorParams {
   // Score factor per copied token of a candidate chain.
   float copy_decay = 1.0f;
   // Score factor per tree level for every source of the draft while the
-  // cursor is on (DraftTreeBuilder::set_depth_decay): < 1 lets the cursor's
-  // second and third candidates and the other sources' alternatives in once
-  // the best chain is deep.
+  // cursor is on (DraftTreeBuilder::set_depth_decay), weakened by the best
+  // candidate's aligned run r: 1 - (1 - depth_decay) * 4 / (4 + r). Below 1 it
+  // lets the cursor's other candidates and the other sources' alternatives in
+  // near the root before the best chain takes the rest of the budget.
   float depth_decay = 0.85f;
   // Levels that decay at a budget of 64 nodes, in proportion to the budget
   // (max_nodes * decay_levels / 64, at least 1): depth_decay^min(depth, levels).

@@ -124,7 +124,7 @@ void ProposerCore::propose(int32_t max_nodes, DraftResult* out) {
   if (output_started_)
     for (const MatchedSource& m : matched_)
       if (m.cursor) {
-        // Confident copy (top candidate weight near 1): no decay; uncertain: depth_decay.
+        // A long aligned run: little decay; a fresh re-synchronisation: depth_decay.
         const auto& c = m.cursor->candidates();
         const float run = c.empty() ? 0.0f
                                     : static_cast<float>(c[0].pos == m.cursor->align() ? m.cursor->run() : c[0].match);

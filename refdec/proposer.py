@@ -67,8 +67,10 @@ class CursorParams:
     ``max_candidates`` become fixed-copy branches of the reference source with
     weight softmax(log-odds, null_score); each copied token multiplies the score
     by ``copy_decay``. While the cursor is on, every node of the tree (all
-    sources) is scored ``combined score * depth_decay ** depth``, so that a deep
-    chain yields budget to near-root alternatives. While the best candidate's
+    sources) is scored ``combined score * g ** min(depth, levels)`` with
+    ``g = 1 - (1 - depth_decay) * 4 / (4 + r)`` (r = the best candidate's aligned
+    run) and ``levels = decay_levels * max_nodes / 64``: near the root,
+    alternatives get budget before the best chain goes deep. While the best candidate's
     weight is below ``unigram_below``, the ``unigram_k`` most frequent
     reference tokens are added too, each copied from its occurrence nearest the
     anchor, with weight ``unigram_weight * (its share of the reference)``.
