@@ -64,6 +64,8 @@ class DecodingStats:
     wall_seconds: float = 0.0
     stop_reason: str = ""
     seed: int | None = None
+    retrieved_documents: list[int] = field(default_factory=list)  # retrieve=k: doc_idx in the index, best first
+    retrieve_seconds: float = 0.0
 
     @property
     def tokens_per_pass(self) -> float:
@@ -200,6 +202,37 @@ def _normalize_references(references, tokenizer) -> list[np.ndarray]:
     return out
 
 
+def _drop_out_of_vocab(tree: DraftTree, vocab_size: int) -> DraftTree:
+    """The subtree without nodes whose token is >= ``vocab_size`` (and their descendants).
+
+    A reference or an index built for a larger vocabulary can draft ids the model has
+    no embedding for; such a node could never be accepted and must not reach the model."""
+    parents = tree.parents
+    keep = tree.token_ids < vocab_size
+    for node_idx in range(len(tree)):  # parents precede children
+        if keep[node_idx] and parents[node_idx] >= 0 and not keep[parents[node_idx]]:
+            keep[node_idx] = False
+    kept = np.flatnonzero(keep)
+    if kept.size == 0:
+        return DraftTree.empty()
+    new_index = np.full(len(tree), -1, dtype=np.int32)
+    new_index[kept] = np.arange(kept.size, dtype=np.int32)
+    old_parents = parents[kept]
+    new_parents = np.where(old_parents < 0, -1, new_index[np.maximum(old_parents, 0)]).astype(np.int32)
+    return DraftTree(tree.token_ids[kept], new_parents, tree.scores[kept], tree.source_ids[kept],
+                     source_names=tree.source_names)
+
+
+def _check_retrieve(retrieve, index) -> int:
+    if not _is_int(retrieve) or retrieve < 0:
+        raise ValueError(f"retrieve must be an int >= 0 (documents to retrieve from the index), got {retrieve!r}")
+    if retrieve and index is None:
+        raise ValueError(f"retrieve={retrieve} needs a corpus index (index=...) to retrieve documents from")
+    if retrieve:
+        index.retriever()  # ValueError when the index has no MinHash signatures
+    return int(retrieve)
+
+
 # --------------------------------------------------------------------------- stops
 
 
@@ -259,6 +292,21 @@ class SpeculativeDecoder:
     ``proposer_factory(index, references, max_depth) -> Proposer`` builds the
     per-call proposer (default: ``refdec.proposer.Proposer``); ``max_depth`` caps
     the draft tree depth.
+
+    Drafts are never fed to the model when they hold a token id >= the model's
+    vocabulary size (a reference or an index built for a larger vocabulary):
+    such nodes and their subtrees are dropped from the tree. References only
+    draft (they are never fed to the model), so they may be longer than its
+    context window.
+
+    ``retrieve=k`` (``generate``): the k documents of the corpus index most
+    similar to the prompt (``refdec.retrieval.Retriever.top_k``, containment
+    score: how much of the prompt a document covers) are added to the
+    per-request references, so they draft with the reference source's weight
+    next to the live context and the whole-corpus index
+    (``stats.retrieved_documents``). Needs an index with MinHash signatures
+    (``refdec index build`` writes them). Default 0: see
+    benchmarks/retrieval_sim.py for when it helps.
     """
 
     def __init__(self, model, tokenizer=None, index=None, *, max_depth: int = 64, proposer_factory=None) -> None:
@@ -287,7 +335,7 @@ class SpeculativeDecoder:
     def generate(self, input_ids, *, tokenizer=None, index=None, references=None, max_new_tokens: int = 256,
                  do_sample: bool = False, temperature: float = 1.0, top_k: int | None = None,
                  top_p: float | None = None, seed: int | None = None, eos_token_id=None, stop_strings=None,
-                 streamer=None, max_draft_tokens="auto") -> GenerateOutput:
+                 streamer=None, max_draft_tokens="auto", retrieve: int = 0) -> GenerateOutput:
         wall_start = time.perf_counter()
         tokenizer = tokenizer if tokenizer is not None else self.tokenizer
         index = index if index is not None else self.index
@@ -307,6 +355,7 @@ class SpeculativeDecoder:
 
             if not isinstance(index, CorpusIndex):
                 raise ValueError(f"index must be a refdec.CorpusIndex or None, got {type(index).__name__}")
+        retrieve = _check_retrieve(retrieve, index)
         if max_draft_tokens == "auto":
             if self._auto_budget is None:
                 self._auto_budget = make_budget("auto")
@@ -346,6 +395,12 @@ class SpeculativeDecoder:
         # The proposer is only built when drafting can happen (max_draft_tokens=0 needs no proposer).
         proposer = None
         if not (isinstance(budget, FixedBudget) and budget.max_nodes == 0):
+            if retrieve:
+                t0 = time.perf_counter()
+                hits = index.retriever().top_k(prompt, retrieve, score="containment")
+                stats.retrieved_documents = [doc_idx for doc_idx, _ in hits]
+                refs = refs + [index.document(doc_idx) for doc_idx in stats.retrieved_documents]
+                stats.retrieve_seconds = time.perf_counter() - t0
             proposer = self.proposer_factory(index, refs, self.max_depth)
             proposer.start(prompt.astype(np.int32))
         accepted_by_source = stats.accepted_by_source
@@ -398,6 +453,8 @@ class SpeculativeDecoder:
                     useful_depth = max_total - len(seq) - 1
                     if len(tree) and useful_depth < self.max_depth:
                         tree = prune_to_depth(tree, useful_depth)
+                    if len(tree) and int(tree.token_ids.max()) >= self.vocab_size:
+                        tree = _drop_out_of_vocab(tree, self.vocab_size)
             t1 = time.perf_counter()
             # -- prepare
             inputs = build_tree_inputs(tree, root, root_pos, self.mask_spec, self.device)
@@ -448,10 +505,10 @@ class SpeculativeDecoder:
 def generate(model, input_ids, *, tokenizer=None, index=None, references=None, max_new_tokens: int = 256,
              do_sample: bool = False, temperature: float = 1.0, top_k: int | None = None,
              top_p: float | None = None, seed: int | None = None, eos_token_id=None, stop_strings=None,
-             streamer=None, max_draft_tokens="auto", proposer_factory=None) -> GenerateOutput:
+             streamer=None, max_draft_tokens="auto", proposer_factory=None, retrieve: int = 0) -> GenerateOutput:
     """One-shot speculative generation (a fresh ``SpeculativeDecoder``); see that class for details."""
     decoder = SpeculativeDecoder(model, tokenizer=tokenizer, index=index, proposer_factory=proposer_factory)
     return decoder.generate(input_ids, references=references, max_new_tokens=max_new_tokens,
                             do_sample=do_sample, temperature=temperature, top_k=top_k, top_p=top_p, seed=seed,
                             eos_token_id=eos_token_id, stop_strings=stop_strings, streamer=streamer,
-                            max_draft_tokens=max_draft_tokens)
+                            max_draft_tokens=max_draft_tokens, retrieve=retrieve)
