@@ -1,7 +1,7 @@
 """``refdec generate``: speculative generation from the command line, streamed.
 
     refdec generate --prompt TEXT | --prompt-file FILE [--model DIR] [--index FILE]
-                    [--reference FILE]... [--max-new-tokens N]
+                    [--reference FILE]... [--retrieve K] [--max-new-tokens N]
                     [--sample [--temperature T] [--top-k K] [--top-p P] [--seed S]]
                     [--max-draft-tokens N|auto] [--stop STRING]...
 
@@ -44,6 +44,9 @@ def register(subparsers) -> None:
     p.add_argument("--index", metavar="FILE", default=None, help="a corpus index file (refdec index build)")
     p.add_argument("--reference", metavar="FILE", action="append", default=[],
                    help="a reference document to draft from (repeatable), e.g. the file being edited")
+    p.add_argument("--retrieve", type=int, default=0, metavar="K",
+                   help="also draft from the K documents of --index most similar to the prompt "
+                        "(needs the index's signatures, FILE.minhash; default 0)")
     p.add_argument("--max-new-tokens", type=int, default=256, metavar="N")
     p.add_argument("--sample", action="store_true", help="sample instead of greedy decoding")
     p.add_argument("--temperature", type=float, default=1.0, metavar="T")
@@ -76,6 +79,10 @@ def run(args) -> int:
     prompt = args.prompt if args.prompt is not None else _read(args.prompt_file)
     references = [_read(f) for f in args.reference]
     model, tokenizer = load_default() if args.model is None else load_model(args.model)
+    if args.retrieve < 0:
+        raise ValueError(f"--retrieve must be >= 0, got {args.retrieve}")
+    if args.retrieve and not args.index:
+        raise ValueError(f"--retrieve {args.retrieve} needs --index FILE (the corpus to retrieve documents from)")
     index = None
     if args.index:
         from refdec.index import CorpusIndex
@@ -88,8 +95,10 @@ def run(args) -> int:
         input_ids, references=references or None, max_new_tokens=args.max_new_tokens, do_sample=args.sample,
         temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, seed=args.seed,
         stop_strings=args.stop, streamer=streamer, max_draft_tokens=args.max_draft_tokens,
+        retrieve=args.retrieve,
     )
     s = out.stats
     seed = f", seed {s.seed}" if s.seed is not None else ""
-    print(f"\n[refdec] {s.summary()}{seed}; stop: {s.stop_reason}", file=sys.stderr)
+    retrieved = f"; retrieved documents {s.retrieved_documents}" if s.retrieved_documents else ""
+    print(f"\n[refdec] {s.summary()}{seed}; stop: {s.stop_reason}{retrieved}", file=sys.stderr)
     return 0

@@ -1,7 +1,7 @@
 """``refdec index build`` and ``refdec index info``: build a corpus index from files, inspect one.
 
     refdec index build PATH... [--tokenizer NAME_OR_DIR] --out FILE [--glob '*.py']
-                               [--jsonl-field text] [--no-progress]
+                               [--jsonl-field text] [--dedup 0.9] [--no-signatures] [--no-progress]
     refdec index info FILE [--verify]
 """
 
@@ -57,6 +57,20 @@ def register(subparsers) -> None:
         metavar="FIELD",
         help="field holding the document text in each line of a .jsonl file (default: text)",
     )
+    build.add_argument(
+        "--dedup",
+        type=_threshold,
+        default=None,
+        metavar="THRESHOLD",
+        help="drop exact and near-duplicate documents: shingle Jaccard >= THRESHOLD (in (0, 1], e.g. 0.9) "
+        "with an earlier kept document (default: keep every document)",
+    )
+    build.add_argument(
+        "--no-signatures",
+        action="store_true",
+        help="do not write the documents' MinHash signatures beside the index (FILE.minhash); "
+        "`refdec generate --retrieve K` needs them",
+    )
     build.add_argument("--no-progress", action="store_true", help="do not show a progress bar")
     build.set_defaults(handler=run_build)
 
@@ -70,6 +84,16 @@ def register(subparsers) -> None:
         "--verify", action="store_true", help="recompute the body checksum (exit code 1 if the file is corrupt)"
     )
     info.set_defaults(handler=run_info)
+
+
+def _threshold(value: str) -> float:
+    try:
+        t = float(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a number in (0, 1], got {value!r}") from None
+    if not 0.0 < t <= 1.0:
+        raise argparse.ArgumentTypeError(f"must be a number in (0, 1], got {value!r}")
+    return t
 
 
 def _plural(n: int, word: str) -> str:
@@ -177,7 +201,8 @@ def run_build(args: argparse.Namespace) -> int:
     tokenizer_fingerprint(tokenizer)
     tokenize_s += time.perf_counter() - t0
     t0 = time.perf_counter()
-    index = CorpusIndex.build(token_ids, tokenizer, show_progress=not args.no_progress)
+    index = CorpusIndex.build(token_ids, tokenizer, show_progress=not args.no_progress,
+                              dedup_threshold=args.dedup, signatures=not args.no_signatures)
     build_s = time.perf_counter() - t0
     t0 = time.perf_counter()
     index.save(args.out)
@@ -191,6 +216,13 @@ def run_build(args: argparse.Namespace) -> int:
         skipped.append(f"{_plural(len(stats.non_utf8), 'file')} skipped (not UTF-8)")
     if stats.bad_records:
         skipped.append(f"{_plural(stats.bad_records, '.jsonl line')} skipped (no string field {args.jsonl_field!r})")
+    if args.dedup is not None:
+        skipped.append(f"{_plural(index.dropped_documents, 'near-duplicate document')} dropped "
+                       f"(Jaccard >= {args.dedup:g})")
+    if index.signatures is not None:
+        from refdec.retrieval import signature_path
+
+        skipped.append(f"signatures in {signature_path(args.out)}")
     print(
         f"{args.out}: {_plural(index.num_documents, 'document')}, {_plural(num_tokens, 'token')}, "
         f"{file_bytes / max(num_tokens, 1):.1f} bytes/token ({file_bytes} bytes); "
@@ -220,7 +252,10 @@ def header_fields(index, path: str) -> list[tuple[str, object]]:
     num_states = getattr(index, "num_states", None)
     if num_states is not None:
         fields.append(("states", num_states))
+    from refdec.retrieval import signature_path
+
     fields += [
+        ("signatures", signature_path(path) if os.path.exists(signature_path(path)) else "(none)"),
         ("vocab size", index.vocab_size),
         ("fingerprint", index.fingerprint or "(none)"),
         ("file size", f"{file_bytes} bytes"),
