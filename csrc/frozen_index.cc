@@ -449,6 +449,9 @@ int32_t FrozenIndex::link(int32_t state) const {
   int32_t l = kRoot;
   if (state > 0 && state < num_internal_) {
     l = state_link_[state];
+    // A link leads to a strictly shorter state: a corrupt file cannot make
+    // a cycle of links (callers walk links until the root).
+    if (l > 0 && l < num_internal_ && state_len_[l] >= state_len_[state]) return kRoot;
   } else if (is_leaf(state)) {
     l = leaf_link_[state - num_internal_];
   }

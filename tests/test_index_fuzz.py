@@ -304,3 +304,18 @@ def test_every_section_swapped_with_the_next_raises(worker, tmp_path, original):
         mutated[a : a + 16], mutated[b : b + 16] = original[b : b + 16], original[a : a + 16]
         result = _check(worker, tmp_path, reseal(bytes(mutated)), original)
         assert result["outcome"] == "format_error", f"sections {sec} and {sec + 1} swapped loaded"
+
+
+def test_a_cycle_of_suffix_links_in_a_corrupt_body_neither_hangs_nor_crashes(worker, tmp_path, original):
+    # The body is not checked on load (verify() is O(file)): a corrupt state_link
+    # section may point two states at each other. Every walk up the links must end.
+    link_offset = struct.unpack_from("<Q", original, _field("section4.offset")[0])[0]
+    num_internal = struct.unpack_from("<Q", original, _field("num_internal")[0])[0]
+    for a in range(1, min(num_internal, 8)):
+        for b in (a, a % (num_internal - 1) + 1):
+            mutated = bytearray(original)
+            struct.pack_into("<i", mutated, link_offset + 4 * a, b)
+            struct.pack_into("<i", mutated, link_offset + 4 * b, a)
+            if bytes(mutated) != original:
+                result = _check(worker, tmp_path, bytes(mutated), original)
+                assert result["outcome"] == "loaded"
