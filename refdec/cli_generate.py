@@ -74,15 +74,15 @@ def run(args) -> int:
     from refdec.decoding import SpeculativeDecoder
     from refdec.models import load_default, load_model
 
+    if args.retrieve < 0:
+        raise ValueError(f"--retrieve must be >= 0, got {args.retrieve}")
+    if args.retrieve and not args.index:
+        raise ValueError(f"--retrieve {args.retrieve} needs --index FILE (the corpus to retrieve documents from)")
     if args.threads:
         torch.set_num_threads(args.threads)
     prompt = args.prompt if args.prompt is not None else _read(args.prompt_file)
     references = [_read(f) for f in args.reference]
     model, tokenizer = load_default() if args.model is None else load_model(args.model)
-    if args.retrieve < 0:
-        raise ValueError(f"--retrieve must be >= 0, got {args.retrieve}")
-    if args.retrieve and not args.index:
-        raise ValueError(f"--retrieve {args.retrieve} needs --index FILE (the corpus to retrieve documents from)")
     index = None
     if args.index:
         from refdec.index import CorpusIndex

@@ -1,0 +1,124 @@
+"""Does request-time retrieval (``generate(..., retrieve=k)``) raise tokens/step?
+
+Model-free, with simulate.py's replay harness (the drafter is told the true
+output step by step; tokens/step = output tokens / steps). For each case the k
+documents of the stdlib corpus index most similar to the prompt
+(``CorpusIndex.retriever().top_k``) become extra per-request references, as
+``refdec.decoding`` does, next to the live context and the whole corpus.
+
+    python benchmarks/retrieval_sim.py [--workloads humaneval,rag,stdlib-tail]
+        [--budgets 32,64] [--k 1,3] [--score containment] [--limit N] [--json OUT]
+
+Methods per workload:
+    nocorpus          live context + the case's references only
+    corpus            + the stdlib corpus index (simulate.py's ``refdec``)
+    corpus+rK         + the K retrieved documents as references
+    rK-only           the K retrieved documents, no corpus index
+
+Workloads: simulate.py's (humaneval: HumanEval prompts, canonical solutions;
+rag: Spec-Bench RAG prompts, Gemma 3 270M's greedy outputs), plus
+``stdlib-tail``: a stdlib file's first 256 tokens as the prompt, its next 256
+as the output. The file itself is in the index, so this is a sanity check
+(retrieval finds the right document among 836: ``r1-only`` reaches what the
+whole corpus reaches), not a measure of gain.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import simulate  # noqa: E402
+import workloads  # noqa: E402
+
+
+def stdlib_tail_workload(limit: int | None, index) -> workloads.Workload:
+    """Every 8th stdlib file with >= 1024 tokens: prompt = its first 256 tokens, output = the next 256."""
+    cases = []
+    for doc_idx in range(0, index.num_documents, 8):
+        doc = index.document(doc_idx)
+        if doc.size < 1024:
+            continue
+        cases.append(workloads.Case(prompt=doc[:256].copy(), output=doc[256:512].copy(), name=f"stdlib/{doc_idx}"))
+        if limit and len(cases) >= limit:
+            break
+    return workloads.Workload("stdlib-tail", cases, corpus="stdlib")
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--workloads", default="humaneval,rag,stdlib-tail")
+    ap.add_argument("--budgets", default="32,64")
+    ap.add_argument("--k", default="1,3", help="documents retrieved per prompt (comma-separated)")
+    ap.add_argument("--score", default="containment", choices=("containment", "jaccard"))
+    ap.add_argument("--limit", type=int, default=None, help="cases per workload")
+    ap.add_argument("--json", default=None)
+    args = ap.parse_args(argv)
+
+    import refdec
+
+    budgets = [int(b) for b in args.budgets.split(",")]
+    ks = [int(k) for k in args.k.split(",")]
+    index = workloads.corpus_index("stdlib")
+    t0 = time.time()
+    retriever = index.retriever()  # signatures: benchmarks/cache/stdlib.refdec.minhash
+    if retriever is None:
+        raise SystemExit("no signatures")
+    print(f"retriever ready in {time.time() - t0:.1f}s: {retriever!r}", file=sys.stderr)
+
+    results = {}
+    for wname in args.workloads.split(","):
+        wl = stdlib_tail_workload(args.limit, index) if wname == "stdlib-tail" else \
+            workloads.load_workload(wname, args.limit)
+        if not wl.cases:
+            print(f"[{wname}] no cases: skipped", file=sys.stderr)
+            continue
+        t0 = time.time()
+        hits = [retriever.top_k(case.prompt, max(ks), score=args.score) for case in wl.cases]
+        retrieve_ms = (time.time() - t0) * 1e3 / len(wl.cases)
+        docs = {d: index.document(d) for h in hits for d, _ in h}
+        res = {"cases": len(wl.cases), "retrieve_ms_mean": retrieve_ms,
+               "mean_top1_score": float(np.mean([h[0][1] if h else 0.0 for h in hits])), "methods": {}}
+        methods = {"nocorpus": (None, 0), "corpus": (index, 0)}
+        for k in ks:
+            methods[f"corpus+r{k}"] = (index, k)
+            methods[f"r{k}-only"] = (None, k)
+        for mname, (corpus, k) in methods.items():
+            per_budget = {}
+            for budget in budgets:
+                t0 = time.time()
+                reps = []
+                for case, h in zip(wl.cases, hits):
+                    refs = list(case.references) + [docs[d] for d, _ in h[:k]]
+                    prop = refdec.Proposer(index=corpus, references=refs or None, max_depth=64)
+                    reps.append(simulate.replay(prop, case.prompt, case.output, budget))
+                s = simulate.summarize(reps)
+                per_budget[str(budget)] = s
+                print(f"[{wname}] {mname:>14} k={budget:<3} {s['tokens_per_step']:6.3f} tok/step "
+                      f"by source {s['accepted_by_source']} ({time.time() - t0:.1f}s)", file=sys.stderr)
+            res["methods"][mname] = per_budget
+        results[wname] = res
+
+    print("\n| workload | method | " + " | ".join(f"k={b}" for b in budgets) + " |")
+    print("|---|---|" + "---|" * len(budgets))
+    for wname, res in results.items():
+        for mname, per_budget in res["methods"].items():
+            cells = " | ".join(f"{per_budget[str(b)]['tokens_per_step']:.3f}" for b in budgets)
+            print(f"| {wname} | {mname} | {cells} |")
+    out = Path(args.json) if args.json else simulate.OUT_DIR / "retrieval_sim.json"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps({"args": vars(args), "results": results}, indent=1))
+    print(f"wrote {out}", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
