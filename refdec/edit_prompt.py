@@ -13,6 +13,14 @@ longer than any inside the file, so the file cannot close it). A user template
 
 The default model (Gemma 3 270M) is a small base model, not an instruction
 follower: the template decides whether it copies the file or paraphrases it.
+Measured on four edits-click files (160 new tokens, greedy; character
+similarity of the result to the updated file, and refdec tokens/pass):
+
+    original-change  0.66 0.20 0.95 0.94   tokens/pass  7.0 10.7 20.1 20.4
+    commit           0.44 0.04 0.88 0.88                6.7  6.4 15.6 15.8
+    rewrite          0.63 0.01 0.88 0.88                7.0  5.7 15.6 15.8
+
+so ``original-change`` (the simulator's edit prompt) is the default.
 """
 
 from __future__ import annotations
