@@ -66,6 +66,7 @@ class DecodingStats:
     seed: int | None = None
     retrieved_documents: list[int] = field(default_factory=list)  # retrieve=k: doc_idx in the index, best first
     retrieve_seconds: float = 0.0
+    rows: list = field(default_factory=list)  # batched calls: one DecodingStats per batch row
 
     @property
     def tokens_per_pass(self) -> float:
@@ -93,7 +94,7 @@ class DecodingStats:
 
 @dataclass
 class GenerateOutput:
-    sequences: torch.LongTensor  # [1, prompt_len + new]
+    sequences: torch.LongTensor  # [1, prompt_len + new]; batched: [B, max_len] (see refdec.batch)
     stats: DecodingStats
 
 
@@ -335,10 +336,27 @@ class SpeculativeDecoder:
     def generate(self, input_ids, *, tokenizer=None, index=None, references=None, max_new_tokens: int = 256,
                  do_sample: bool = False, temperature: float = 1.0, top_k: int | None = None,
                  top_p: float | None = None, seed: int | None = None, eos_token_id=None, stop_strings=None,
-                 streamer=None, max_draft_tokens="auto", retrieve: int = 0) -> GenerateOutput:
-        wall_start = time.perf_counter()
+                 streamer=None, max_draft_tokens="auto", attention_mask=None, pad_token_id=None,
+                 retrieve: int = 0) -> GenerateOutput:
+        """Speculative generation of one prompt, or of a batch (see refdec.batch).
+
+        Batched input: a left-padded LongTensor [B, L] with ``attention_mask`` (as
+        ``model.generate`` takes it) or a list of prompts of different lengths;
+        ``references`` shared by all rows or one list per row; ``seed`` an int (row
+        ``b`` uses ``seed + b``) or a list of per-row seeds; ``streamer`` unsupported.
+        """
         tokenizer = tokenizer if tokenizer is not None else self.tokenizer
         index = index if index is not None else self.index
+        from refdec import batch as _batch
+
+        if _batch.is_batched_input(input_ids, attention_mask):
+            return self._generate_batch(input_ids, attention_mask, tokenizer=tokenizer, index=index,
+                                        references=references, max_new_tokens=max_new_tokens,
+                                        do_sample=do_sample, temperature=temperature, top_k=top_k, top_p=top_p,
+                                        seed=seed, eos_token_id=eos_token_id, stop_strings=stop_strings,
+                                        streamer=streamer, max_draft_tokens=max_draft_tokens,
+                                        pad_token_id=pad_token_id, retrieve=retrieve)
+        wall_start = time.perf_counter()
         prompt = _normalize_prompt(input_ids)
         if not _is_int(max_new_tokens) or max_new_tokens < 0:
             raise ValueError(f"max_new_tokens must be an int >= 0, got {max_new_tokens!r}")
@@ -501,14 +519,53 @@ class SpeculativeDecoder:
         stats.wall_seconds = time.perf_counter() - wall_start
         return GenerateOutput(torch.tensor([seq], dtype=torch.long), stats)
 
+    def _generate_batch(self, input_ids, attention_mask, *, tokenizer, index, references, max_new_tokens,
+                        do_sample, temperature, top_k, top_p, seed, eos_token_id, stop_strings, streamer,
+                        max_draft_tokens, pad_token_id, retrieve) -> GenerateOutput:
+        from refdec import batch as _batch
+
+        if streamer is not None:
+            raise ValueError("streamer supports batch size 1 only (as transformers' streamers); "
+                             "generate the rows one at a time to stream them")
+        if not _is_int(max_new_tokens) or max_new_tokens < 0:
+            raise ValueError(f"max_new_tokens must be an int >= 0, got {max_new_tokens!r}")
+        _validate_sampling(do_sample, temperature, top_k, top_p, None if isinstance(seed, (list, tuple)) else seed)
+        eos = _normalize_eos(eos_token_id, self.model)
+        stops = _normalize_stop_strings(stop_strings, tokenizer)
+        if index is not None:
+            from refdec.index import CorpusIndex
+
+            if not isinstance(index, CorpusIndex):
+                raise ValueError(f"index must be a refdec.CorpusIndex or None, got {type(index).__name__}")
+        retrieve = _check_retrieve(retrieve, index)
+        if max_draft_tokens != "auto":
+            make_budget(max_draft_tokens)  # validates
+        if pad_token_id is None:
+            gen_config = getattr(self.model, "generation_config", None)
+            pad_token_id = getattr(gen_config, "pad_token_id", None)
+            if pad_token_id is None:
+                pad_token_id = min(eos) if eos else 0
+        if not _is_int(pad_token_id) or pad_token_id < 0:
+            raise ValueError(f"pad_token_id must be an int >= 0, got {pad_token_id!r}")
+        prompts, padded = _batch.normalize_batch(input_ids, attention_mask, self.vocab_size)
+        return _batch.generate_batch(
+            self, prompts, padded, tokenizer=tokenizer, index=index, references=references,
+            max_new_tokens=max_new_tokens, do_sample=do_sample, temperature=temperature, top_k=top_k, top_p=top_p,
+            seed=seed, eos=eos, stops=stops, max_draft_tokens=max_draft_tokens, pad_token_id=int(pad_token_id),
+            retrieve=retrieve, normalize_references=_normalize_references, stop_checker_cls=_StopChecker,
+            stats_cls=DecodingStats, output_cls=GenerateOutput)
+
 
 def generate(model, input_ids, *, tokenizer=None, index=None, references=None, max_new_tokens: int = 256,
              do_sample: bool = False, temperature: float = 1.0, top_k: int | None = None,
              top_p: float | None = None, seed: int | None = None, eos_token_id=None, stop_strings=None,
-             streamer=None, max_draft_tokens="auto", proposer_factory=None, retrieve: int = 0) -> GenerateOutput:
-    """One-shot speculative generation (a fresh ``SpeculativeDecoder``); see that class for details."""
+             streamer=None, max_draft_tokens="auto", proposer_factory=None, attention_mask=None,
+             pad_token_id=None, retrieve: int = 0) -> GenerateOutput:
+    """One-shot speculative generation (a fresh ``SpeculativeDecoder``); see that class for details.
+    Batches: a left-padded [B, L] ``input_ids`` with ``attention_mask``, or a list of prompts (refdec.batch)."""
     decoder = SpeculativeDecoder(model, tokenizer=tokenizer, index=index, proposer_factory=proposer_factory)
     return decoder.generate(input_ids, references=references, max_new_tokens=max_new_tokens,
                             do_sample=do_sample, temperature=temperature, top_k=top_k, top_p=top_p, seed=seed,
                             eos_token_id=eos_token_id, stop_strings=stop_strings, streamer=streamer,
-                            max_draft_tokens=max_draft_tokens, retrieve=retrieve)
+                            max_draft_tokens=max_draft_tokens, attention_mask=attention_mask,
+                            pad_token_id=pad_token_id, retrieve=retrieve)

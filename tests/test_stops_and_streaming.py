@@ -191,7 +191,7 @@ def test_bad_arguments_raise_value_errors_naming_them(llama, kwargs, message):
 
 
 @pytest.mark.parametrize("input_ids, message", [
-    (torch.tensor([[1, 2], [3, 4]]), r"batch size 2; batching is not supported yet"),
+    (torch.tensor([[[1, 2], [3, 4]]]), r"input_ids must have shape \[1, L\] or \[L\], got shape \(1, 2, 2\)"),
     ([], r"input_ids is empty"),
     (torch.zeros(1, 0, dtype=torch.long), r"input_ids is empty"),
     (torch.tensor([[1.0, 2.0]]), r"input_ids must hold integer token ids"),

@@ -1,0 +1,168 @@
+"""Batched speculative decoding (refdec.batch): every row is exactly its own single-row run.
+
+Rows of different prompt lengths share one verification forward per step and
+accept different numbers of tokens; the checks are per row against
+``model.generate`` on that row alone (greedy) or against a single-row refdec run
+with the row's seed (sampling), on tiny float64 models whose masks differ:
+Llama (rotary, one mask), Gemma 3 (a dict of masks, sliding window 8, far
+exceeded by 40 new tokens) and GPT-2 (absolute position embeddings).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+import refdec
+import refdec.decoding as decoding
+from tiny_models import lookup_factory, repetitive_prompts, tiny_llama
+
+NEW = 40
+FAMILIES = ["gemma3", "gpt2", "llama"]
+
+
+@pytest.fixture(params=FAMILIES)
+def model3(request, tiny_model_cache):
+    from tiny_models import MODEL_BUILDERS
+
+    name = request.param
+    if name not in tiny_model_cache:
+        tiny_model_cache[name] = MODEL_BUILDERS[name]()
+    return name, tiny_model_cache[name]
+
+
+def hf_row(model, prompt, max_new_tokens=NEW, eos_token_id=None):
+    with torch.no_grad():
+        return model.generate(torch.tensor([prompt]), do_sample=False, max_new_tokens=max_new_tokens,
+                              eos_token_id=eos_token_id, pad_token_id=0)[0].tolist()
+
+
+def row_tokens(out, b, prompt_len, pad=0):
+    """Row ``b`` of a batched output without its left padding and right padding (prompt + new tokens)."""
+    new = out.stats.rows[b].new_tokens
+    width = out.sequences.shape[1]
+    seq = out.sequences[b].tolist()
+    head = width - max(r.new_tokens for r in out.stats.rows)  # the padded prompt width
+    assert all(t == pad for t in seq[head + new:]), "right padding after the row's end"
+    return seq[head - prompt_len: head + new]
+
+
+def mixed_batch():
+    """Prompts of different lengths: repetitive ones (drafts accepted) and a random one (drafts rejected)."""
+    rng = np.random.default_rng(7)
+    prompts = repetitive_prompts(4, seed=11)
+    prompts.insert(2, [1] + rng.integers(3, 96, size=5).tolist())  # short, nothing to copy
+    prompts.append([1] + rng.integers(3, 96, size=23).tolist())
+    return prompts
+
+
+@pytest.mark.parametrize("kind", ["cxx", "tree"])
+def test_each_row_equals_generate_on_that_row_alone(model3, kind):
+    name, model = model3
+    prompts = mixed_batch()
+    free = [hf_row(model, p) for p in prompts]
+    eos = free[1][len(prompts[1]) + 6]  # row 1 stops early; rows emitting this token stop too
+    want = [hf_row(model, p, eos_token_id=eos) for p in prompts]
+    # row 0 has a reference holding its continuation: long accepted drafts
+    references = [[free[0][len(prompts[0]) - 3:]]] + [None] * (len(prompts) - 1)
+    factory = None if kind == "cxx" else lookup_factory(kind)
+    out = refdec.generate(model, prompts, references=references, max_new_tokens=NEW, eos_token_id=eos,
+                          max_draft_tokens=16, proposer_factory=factory)
+    for b, p in enumerate(prompts):
+        assert row_tokens(out, b, len(p)) == want[b], (name, b)
+    rows = out.stats.rows
+    assert sum(r.accepted_tokens for r in rows) > 10
+    assert sum(r.proposed_tokens - r.accepted_tokens for r in rows) > 10
+    assert rows[0].accepted_tokens >= 10 and rows[0].tokens_per_pass > 3  # the reference row
+    assert len({r.forward_passes for r in rows}) > 1  # rows finished at different steps
+    assert rows[1].stop_reason == "eos" and rows[1].new_tokens < NEW
+    assert out.stats.new_tokens == sum(r.new_tokens for r in rows)
+    assert out.stats.forward_passes == max(r.forward_passes for r in rows)
+
+
+def test_left_padded_tensor_with_attention_mask_equals_the_list_form(model3):
+    name, model = model3
+    prompts = mixed_batch()
+    width = max(len(p) for p in prompts)
+    ids = torch.zeros(len(prompts), width, dtype=torch.long)
+    mask = torch.zeros(len(prompts), width, dtype=torch.long)
+    for b, p in enumerate(prompts):
+        ids[b, width - len(p):] = torch.tensor(p)
+        mask[b, width - len(p):] = 1
+    a = refdec.generate(model, prompts, max_new_tokens=NEW, eos_token_id=[], max_draft_tokens=8)
+    b = refdec.generate(model, ids, attention_mask=mask, max_new_tokens=NEW, eos_token_id=[], max_draft_tokens=8)
+    assert a.sequences.tolist() == b.sequences.tolist()
+    assert a.sequences.shape == (len(prompts), width + NEW)
+    # model.generate's layout: the padded prompt as given, then the new tokens
+    assert torch.equal(b.sequences[:, :width], ids)
+
+
+@pytest.mark.parametrize("setting", [dict(temperature=1.0), dict(temperature=0.7, top_k=8, top_p=0.9)])
+def test_sampling_rows_equal_single_row_runs_with_their_seed(setting):
+    model = tiny_llama()
+    prompts = mixed_batch()
+    refs = []
+    for b, p in enumerate(prompts):  # per-row references holding the row's own sampled continuation
+        plain = decoding.generate(model, p, max_new_tokens=NEW, do_sample=True, seed=50 + b, eos_token_id=[],
+                                  max_draft_tokens=0, **setting)
+        cont = plain.sequences[0].tolist()[len(p) - 3:]
+        for j in range(7, len(cont), 9):
+            cont[j] = (cont[j] + 1) % 96
+        refs.append([cont])
+    out = refdec.generate(model, prompts, references=refs, max_new_tokens=NEW, do_sample=True, seed=50,
+                          eos_token_id=[], max_draft_tokens=16, **setting)
+    listed = refdec.generate(model, prompts, max_new_tokens=NEW, do_sample=True, seed=[50 + b for b in range(6)],
+                             eos_token_id=[], max_draft_tokens=16, **setting)
+    for b, p in enumerate(prompts):
+        single = decoding.generate(model, p, max_new_tokens=NEW, do_sample=True, seed=50 + b, eos_token_id=[],
+                                   max_draft_tokens=0, **setting).sequences[0].tolist()
+        assert row_tokens(out, b, len(p)) == single
+        assert row_tokens(listed, b, len(p)) == single
+        assert out.stats.rows[b].seed == 50 + b
+    assert sum(r.accepted_tokens for r in out.stats.rows) > 20
+    assert sum(r.proposed_tokens - r.accepted_tokens for r in out.stats.rows) > 5
+
+
+def test_shared_references_serve_every_row():
+    model = tiny_llama()
+    prompts = repetitive_prompts(3, seed=4)
+    refs = [hf_row(model, p)[len(p) - 3:] for p in prompts]  # one shared list: every row's continuation
+    out = refdec.generate(model, prompts, references=refs, max_new_tokens=NEW, eos_token_id=[],
+                          max_draft_tokens=32)
+    for b, p in enumerate(prompts):
+        assert row_tokens(out, b, len(p)) == hf_row(model, p)
+        assert out.stats.rows[b].accepted_by_source.get("reference", 0) > 10
+
+
+def test_a_single_padded_row_and_max_new_tokens_zero_and_one():
+    model = tiny_llama()
+    p = repetitive_prompts(1, seed=3)[0]
+    ids = torch.tensor([[0, 0] + p])
+    out = refdec.generate(model, ids, attention_mask=torch.tensor([[0, 0] + [1] * len(p)]), max_new_tokens=NEW,
+                          eos_token_id=[], max_draft_tokens=16)
+    assert out.sequences[0].tolist() == [0, 0] + hf_row(model, p)
+    prompts = repetitive_prompts(3, seed=3)
+    zero = refdec.generate(model, prompts, max_new_tokens=0)
+    assert zero.sequences.shape == (3, max(len(q) for q in prompts)) and zero.stats.new_tokens == 0
+    one = refdec.generate(model, prompts, max_new_tokens=1, eos_token_id=[])
+    for b, q in enumerate(prompts):
+        assert row_tokens(one, b, len(q)) == hf_row(model, q, max_new_tokens=1)
+
+
+def test_batched_input_errors_name_the_problem():
+    model = tiny_llama()
+    prompts = repetitive_prompts(2, seed=1)
+    from transformers.generation.streamers import BaseStreamer
+
+    with pytest.raises(ValueError, match="streamer supports batch size 1"):
+        refdec.generate(model, prompts, streamer=BaseStreamer(), max_new_tokens=4)
+    with pytest.raises(ValueError, match="not left-padded"):
+        refdec.generate(model, torch.tensor([[5, 6, 0], [5, 6, 7]]),
+                        attention_mask=torch.tensor([[1, 1, 0], [1, 1, 1]]), max_new_tokens=4)
+    with pytest.raises(ValueError, match="per-row lists for a batch of 2"):
+        refdec.generate(model, prompts, references=[[[5, 6]], [[7]], None], max_new_tokens=4)
+    with pytest.raises(ValueError, match="prompt 1 is empty"):
+        refdec.generate(model, [[5, 6], []], max_new_tokens=4)
+    with pytest.raises(ValueError, match="seed must be"):
+        refdec.generate(model, prompts, do_sample=True, seed=[1], max_new_tokens=4)
