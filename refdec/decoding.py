@@ -284,7 +284,10 @@ class _StopChecker:
 def _default_proposer_factory(index, references, max_depth):
     from refdec.proposer import Proposer
 
-    return Proposer(index=index, references=references or None, max_depth=max_depth)
+    # With references (editing), the copy cursor follows the output through them:
+    # +6.5% tokens/step at 64 nodes on edits-click (benchmarks/RESULTS.md).
+    return Proposer(index=index, references=references or None, max_depth=max_depth,
+                    cursor=bool(references))
 
 
 class SpeculativeDecoder:

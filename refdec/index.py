@@ -54,6 +54,7 @@ import hashlib
 import json
 import os
 import secrets
+import threading
 import weakref
 from collections.abc import Iterable
 from pathlib import Path
@@ -229,6 +230,7 @@ class CorpusIndex(_Queries):
         self.dropped_documents = 0  # near-duplicates dropped by build(dedup_threshold=...)
         self._signatures = None     # refdec.retrieval.DocumentSignatures, one row per document
         self._retriever = None      # refdec.retrieval.Retriever, made on first use
+        self._lazy_lock = threading.RLock()  # guards the lazy _signatures / _retriever (shared between threads)
 
     # ------------------------------------------------------------------ build / load
 
@@ -391,6 +393,12 @@ class CorpusIndex(_Queries):
         A sibling signature file is checked against the index (document count and
         spot-checked signatures: ValueError naming the file when stale). Raises
         ValueError when the index has no signatures."""
+        if self._retriever is not None:
+            return self._retriever
+        with self._lazy_lock:  # made once even when several threads ask at the same time
+            return self._make_retriever(_missing_ok)
+
+    def _make_retriever(self, _missing_ok: bool):
         if self._retriever is not None:
             return self._retriever
         from refdec.retrieval import Retriever, signature_path

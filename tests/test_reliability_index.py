@@ -239,7 +239,9 @@ def big_corpus(tmp_path_factory, tokenizer_dir):
     proc = _cli("index", "build", root / "src", "--tokenizer", tokenizer_dir, "--out", out, "--no-progress")
     seconds = time.perf_counter() - t0
     assert proc.returncode == 0, proc.stderr
-    assert sorted(p.name for p in root.iterdir()) == ["clean.refdec", "src"], "a clean run left temporary files"
+    # The index and its MinHash signature file (refdec.retrieval.signature_path), nothing else.
+    assert sorted(p.name for p in root.iterdir()) == ["clean.refdec", "clean.refdec.minhash", "src"], (
+        "a clean run left temporary files")
     return root / "src", seconds
 
 
@@ -261,14 +263,16 @@ def test_a_build_killed_mid_way_leaves_the_previous_index_intact(tmp_path, token
     data = out.read_bytes()
     index = CorpusIndex.load(out)
     assert index.verify()
+    signatures = Path(str(out) + ".minhash")
     if proc.returncode == -signal.SIGKILL:
         if data != before:  # killed after the rename: the new index is complete
             assert len(index) > 1000
         else:
             assert index.match_length([1, 2, 4]) == 3
-    # A temporary file may survive a SIGKILL during the write, but only under a temporary name.
-    others = [p.name for p in tmp_path.iterdir() if p.name != out.name]
-    assert all(".tmp-" in name for name in others), others
+            assert not signatures.exists(), "signatures of the new index beside the old index"
+    # A temporary file may survive a SIGKILL during a write, but only under a temporary name.
+    others = [p.name for p in tmp_path.iterdir() if p.name not in (out.name, signatures.name)]
+    assert all(".tmp-" in name or name.endswith(".tmp") for name in others), others
 
 
 def test_save_replaces_an_existing_index_atomically_and_leaves_no_temporary_file(tmp_path):
@@ -425,3 +429,24 @@ def test_shards_with_different_vocab_sizes_are_refused():
     b = CorpusIndex.build([[1]], vocab_size=20, show_progress=False)
     with pytest.raises(ValueError, match="vocab_size 20 differs"):
         refdec.index.ShardedIndex([a, b])
+
+
+def test_the_lazy_retriever_of_a_shared_index_is_made_once_under_concurrent_first_use(tmp_path):
+    rng = np.random.default_rng(2)
+    docs = [rng.integers(0, 50, size=200).astype(np.int32) for _ in range(30)]
+    path = tmp_path / "r.refdec"
+    CorpusIndex.build(docs, show_progress=False, signatures=True).save(path)
+    index = CorpusIndex.load(path)
+    got: list = [None] * 8
+    barrier = threading.Barrier(8)
+
+    def first_use(slot):
+        barrier.wait()
+        got[slot] = index.retriever()
+
+    pool = [threading.Thread(target=first_use, args=(slot,)) for slot in range(8)]
+    for t in pool:
+        t.start()
+    for t in pool:
+        t.join(timeout=60)
+    assert got[0] is not None and all(r is got[0] for r in got)
