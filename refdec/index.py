@@ -333,7 +333,16 @@ class CorpusIndex(_Queries):
     def load(cls, path, tokenizer=None) -> "CorpusIndex":
         """Memory-maps an index file (no copy). Raises IndexFormatError for an
         invalid file, or when ``tokenizer``'s fingerprint differs from the one
-        stored in the file (a file without a fingerprint is accepted)."""
+        stored in the file (a file without a fingerprint is accepted).
+
+        Load validates the header and every section's bounds (O(documents));
+        the body is checksummed only by :meth:`verify` (O(file)): a corrupt
+        body gives wrong answers, never a crash or a read outside the file.
+        Replace an index file that others may have mapped by renaming a new
+        file over it (as :meth:`save` and ``refdec index build`` do): readers
+        keep the old file. Never overwrite it in place (``cp new old``,
+        ``open(old, "wb")``): a mapped reader would then see the bytes change
+        under it, and reading a page past a shrunken end raises SIGBUS."""
         path = os.fspath(path)
         with open(path, "rb"):  # FileNotFoundError / PermissionError / IsADirectoryError as usual
             pass
