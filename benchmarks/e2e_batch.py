@@ -1,0 +1,162 @@
+"""Batched end-to-end speed: refdec.generate on a batch vs model.generate batched greedy.
+
+The default model (Gemma 3 270M, float32, 2 threads), a mix of edit prompts
+(shared/data/edits-click.jsonl, the original file as the row's reference) and
+chat prompts (mtbench first turns), alternating, 64 new tokens. For each batch
+size B the first B prompts of the mix are run
+
+    hf       model.generate(left-padded ids, attention_mask, do_sample=False)
+    refdec   refdec.generate(list of prompts, references per row)
+
+and every row is compared with model.generate on that row alone. Batched HF
+greedy with left padding is not bit-identical to unbatched greedy in float32
+(other matmul shapes, padded keys in the softmax sums), so near-ties may flip
+either way; refdec's rows are also computed batched, so both are compared with
+the single-row output and the count of equal rows is reported for each.
+
+    .venv/bin/python benchmarks/e2e_batch.py [--batch-sizes 1 4 8] [--new 64] [--max-draft 8]
+
+Writes benchmarks/out/e2e_batch.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import refdec  # noqa: E402
+import workloads  # noqa: E402
+from common import machine_info, markdown_table, write_json  # noqa: E402
+
+
+def mixed_prompts(count: int, max_edit_tokens: int) -> list[dict]:
+    edits = [c for c in workloads.load_edits().cases if len(c.prompt) <= max_edit_tokens][: (count + 1) // 2]
+    chats = [workloads.encode(workloads.chat_prompt(q), bos=True)
+             for q in workloads.chat_questions("mtbench", limit=count // 2)]
+    rows = []
+    for i in range(count):
+        if i % 2 == 0 and edits:
+            c = edits.pop(0)
+            rows.append(dict(kind="edit", name=c.name, prompt=c.prompt.tolist(),
+                             references=[r.tolist() for r in c.references]))
+        elif chats:
+            rows.append(dict(kind="chat", name=f"mtbench/{i}", prompt=chats.pop(0).tolist(), references=None))
+    return rows
+
+
+def new_tokens(seq: list[int], prompt_width: int, pad: int) -> list[int]:
+    tail = seq[prompt_width:]
+    while tail and tail[-1] == pad:
+        tail.pop()
+    return tail
+
+
+def first_mismatch(a: list[int], b: list[int]) -> int:
+    for i, (x, y) in enumerate(zip(a, b)):
+        if x != y:
+            return i
+    return -1 if len(a) == len(b) else min(len(a), len(b))
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 4, 8])
+    ap.add_argument("--new", type=int, default=64)
+    ap.add_argument("--max-draft", default="8", help="draft nodes per row and step, or 'auto'")
+    ap.add_argument("--max-edit-tokens", type=int, default=700, help="skip longer edit prompts (keeps it small)")
+    args = ap.parse_args()
+    max_draft = args.max_draft if args.max_draft == "auto" else int(args.max_draft)
+    torch.set_num_threads(2)
+
+    from refdec.models import load_default
+
+    model, tok = load_default()
+    pad = tok.pad_token_id if tok.pad_token_id is not None else 0
+    rows = mixed_prompts(max(args.batch_sizes), args.max_edit_tokens)
+    print(f"{len(rows)} prompts, lengths {[len(r['prompt']) for r in rows]}", flush=True)
+
+    def hf_batch(batch_rows):
+        width = max(len(r["prompt"]) for r in batch_rows)
+        ids = torch.full((len(batch_rows), width), pad, dtype=torch.long)
+        mask = torch.zeros_like(ids)
+        for b, r in enumerate(batch_rows):
+            ids[b, width - len(r["prompt"]):] = torch.tensor(r["prompt"])
+            mask[b, width - len(r["prompt"]):] = 1
+        t0 = time.perf_counter()
+        with torch.inference_mode():
+            out = model.generate(ids, attention_mask=mask, do_sample=False, max_new_tokens=args.new,
+                                 pad_token_id=pad)
+        dt = time.perf_counter() - t0
+        return [new_tokens(out[b].tolist(), width, pad) for b in range(len(batch_rows))], dt
+
+    # warm-up (threads, allocator), then the single-row HF reference of every prompt
+    hf_batch(rows[:1])
+    single, single_time = [], 0.0
+    for r in rows:
+        out, dt = hf_batch([r])
+        single.append(out[0])
+        single_time += dt
+    results = []
+    for bs in args.batch_sizes:
+        batch_rows = rows[:bs]
+        hf_out, hf_dt = hf_batch(batch_rows)
+        t0 = time.perf_counter()
+        prompts = [r["prompt"] for r in batch_rows]
+        refs = [r["references"] for r in batch_rows]
+        if bs == 1:
+            res = refdec.generate(model, prompts[0], references=refs[0], max_new_tokens=args.new,
+                                  max_draft_tokens=max_draft)
+            rd_out = [res.sequences[0].tolist()[len(prompts[0]):]]
+            row_stats = [res.stats]
+        else:
+            res = refdec.generate(model, prompts, references=refs, max_new_tokens=args.new,
+                                  max_draft_tokens=max_draft, pad_token_id=pad)
+            width = res.sequences.shape[1] - max(s.new_tokens for s in res.stats.rows)
+            rd_out = [res.sequences[b].tolist()[width: width + res.stats.rows[b].new_tokens] for b in range(bs)]
+            row_stats = res.stats.rows
+        rd_dt = time.perf_counter() - t0
+        hf_tokens = sum(len(x) for x in hf_out)
+        rd_tokens = sum(len(x) for x in rd_out)
+        seq_single_tps = sum(len(single[b]) for b in range(bs)) / max(1e-9, single_time * bs / len(rows))
+        entry = dict(
+            batch_size=bs,
+            hf_tokens=hf_tokens, hf_seconds=hf_dt, hf_tps=hf_tokens / hf_dt,
+            refdec_tokens=rd_tokens, refdec_seconds=rd_dt, refdec_tps=rd_tokens / rd_dt,
+            speedup=(rd_tokens / rd_dt) / (hf_tokens / hf_dt),
+            forward_passes=res.stats.forward_passes,
+            tokens_per_pass=[round(s.tokens_per_pass, 2) for s in row_stats],
+            refdec_equal_single=sum(rd_out[b] == single[b] for b in range(bs)),
+            hf_batched_equal_single=sum(hf_out[b] == single[b] for b in range(bs)),
+            refdec_first_mismatch=[first_mismatch(rd_out[b], single[b]) for b in range(bs)],
+            hf_batched_first_mismatch=[first_mismatch(hf_out[b], single[b]) for b in range(bs)],
+            kinds=[r["kind"] for r in batch_rows],
+            forward_seconds=res.stats.forward_seconds,
+            bookkeeping_seconds=res.stats.bookkeeping_seconds,
+            prefill_seconds=res.stats.prefill_seconds,
+            hf_single_sequential_tps_estimate=seq_single_tps,
+        )
+        results.append(entry)
+        print(entry, flush=True)
+    table = markdown_table(
+        [[e["batch_size"], f"{e['hf_tps']:.1f}", f"{e['refdec_tps']:.1f}", f"{e['speedup']:.2f}x",
+          e["forward_passes"], f"{e['refdec_equal_single']}/{e['batch_size']}",
+          f"{e['hf_batched_equal_single']}/{e['batch_size']}"] for e in results],
+        ["B", "HF tok/s", "refdec tok/s", "ratio", "refdec passes", "refdec rows = single HF",
+         "HF batched rows = single HF"])
+    print(table)
+    print(f"HF single-row sequential: {sum(len(s) for s in single) / single_time:.1f} tok/s over {len(rows)} prompts")
+    path = write_json("e2e_batch", dict(args=vars(args), machine=machine_info(), rows=[
+        dict(kind=r["kind"], name=r["name"], prompt_len=len(r["prompt"])) for r in rows],
+        single_hf_tps=sum(len(s) for s in single) / single_time, results=results, table=table))
+    print(f"wrote {path}")
+
+
+if __name__ == "__main__":
+    main()
