@@ -1,14 +1,32 @@
-"""Draft-size policy: how many tree nodes to ask the proposer for at each step.
+"""Draft-size policy: how many tree nodes to verify at each step.
 
 A policy is a small object with ``choose(match_lengths) -> int`` (called before
-each proposal with the proposer's ``last_match_lengths()``) and
-``observe(proposed, accepted)`` (called after each verification). The loop asks
-for no draft when ``choose`` returns 0. ``FixedBudget`` serves an integer
-``max_draft_tokens``; ``MatchLengthBudget`` is the interim ``"auto"`` policy,
-to be replaced by one calibrated on the model's measured cost curve.
+each proposal with the proposer's ``last_match_lengths()``: how many nodes to
+ask the proposer for) and ``observe(proposed, accepted)`` (called after each
+verification). The loop asks for no draft when ``choose`` returns 0.
+
+A policy may also define
+
+* ``select(tree) -> DraftTree``: cut the proposed tree down (a prefix of its
+  nodes) before it is verified;
+* ``observe_nodes(accepted_nodes)``: the accepted node indices of the tree that
+  ``select`` returned (int64 array, root-to-leaf), after verification.
+
+``FixedBudget`` serves an integer ``max_draft_tokens``; ``AutoBudget`` is
+``"auto"``: it asks for the largest tree, estimates the expected accepted
+length of every prefix of it from the calibrated node scores, and verifies the
+prefix that maximises tokens per second under the model's measured cost curve
+(refdec.calibration). ``MatchLengthBudget`` is the earlier heuristic.
 """
 
 from __future__ import annotations
+
+import os
+
+import numpy as np
+
+from refdec.calibration import CostCurve
+from refdec.tree import DraftTree
 
 
 class FixedBudget:
@@ -61,12 +79,195 @@ class MatchLengthBudget:
         return f"MatchLengthBudget(min={self.min_nodes}, max={self.max_nodes}, gain={self.gain:.2f})"
 
 
-def make_budget(max_draft_tokens):
-    """``int >= 0`` → FixedBudget; ``"auto"`` → MatchLengthBudget; an object with choose/observe as is."""
+# A CPU-like curve (DESIGN.md: Gemma 3 270M, 2 threads, 512 cached tokens) for models that are
+# not worth calibrating (tiny test models) and when calibration is switched off.
+DEFAULT_CPU_CURVE = CostCurve((0, 1, 16, 64, 128), (0.100, 0.105, 0.280, 0.500, 0.810))
+
+# Score buckets (upper edges) and depth buckets (lower edges of depths 2, 3, 5, ...).
+_SCORE_EDGES = np.array([0.02, 0.05, 0.1, 0.2, 0.35, 0.5, 0.7, 0.85, 0.95], dtype=np.float32)
+_SCORE_CENTERS = np.array([0.01, 0.035, 0.075, 0.15, 0.27, 0.42, 0.6, 0.77, 0.9, 0.97])
+_DEPTH_EDGES = np.array([2, 3, 5, 9, 17, 33], dtype=np.int32)
+_DEPTH_CENTERS = np.array([1, 2, 3.5, 6.5, 12.5, 24.5, 48])
+
+
+def node_depths(parents: np.ndarray) -> np.ndarray:
+    """int32 [n]: depth of each node (1 = child of the root) of a topologically ordered tree."""
+    depth = [0] * len(parents)
+    for node_idx, parent in enumerate(parents.tolist()):
+        depth[node_idx] = 1 if parent < 0 else depth[parent] + 1
+    return np.asarray(depth, dtype=np.int32)
+
+
+class AutoBudget:
+    """Hardware-aware draft size: the tree prefix that maximises expected tokens per second.
+
+    Each step the proposer is asked for ``max_nodes`` nodes. Its nodes come in
+    best-first order (parents before children), so every prefix of the node list
+    is a valid subtree. Node ``i`` is accepted with an estimated probability
+    ``p_i`` = the calibrated acceptance rate of its cell (source, score bucket,
+    depth bucket): observed accepted / proposed nodes of that cell (counts decay
+    by ``decay`` per step, so the estimate follows the workload), starting from
+    the prior ``score * prior_depth_decay ** (depth - 1)`` worth ``prior_weight``
+    observations. The expected accepted length of the prefix of ``n`` nodes is
+    ``E(n) = p_0 + ... + p_{n-1}`` and the verified prefix is
+
+        argmax over n in 0..len(tree) of  (1 + E(n)) / cost(n)
+
+    ``cost``: a :class:`~refdec.calibration.CostCurve` (seconds per forward with n
+    draft nodes). ``n = 0`` (plain decoding) wins whenever no prefix pays for its
+    extra cost. While the policy keeps choosing no draft although the proposer had
+    one, every ``explore_every``-th such step verifies the top ``explore_nodes``
+    nodes anyway, so that too pessimistic cells can recover.
+    """
+
+    def __init__(self, cost: CostCurve | None = None, *, max_nodes: int = 64, n_sources: int = 3,
+                 prior_weight: float = 3.0, prior_depth_decay: float = 0.97, decay: float = 0.998,
+                 explore_every: int = 8, explore_nodes: int = 2) -> None:
+        if isinstance(max_nodes, bool) or not isinstance(max_nodes, (int, np.integer)) or max_nodes < 1:
+            raise ValueError(f"max_nodes must be an int >= 1, got {max_nodes!r}")
+        self.cost = cost if cost is not None else DEFAULT_CPU_CURVE
+        if not isinstance(self.cost, CostCurve):
+            raise ValueError(f"cost must be a refdec.calibration.CostCurve, got {type(cost).__name__}")
+        self.max_nodes = int(max_nodes)
+        self.n_sources = int(n_sources)
+        self.decay = float(decay)
+        self.explore_every = int(explore_every)
+        self.explore_nodes = int(explore_nodes)
+        self._cost = self.cost.table(self.max_nodes)  # float64 [max_nodes + 1]
+        self._inv_cost = 1.0 / self._cost
+        self._shape = (self.n_sources, len(_SCORE_CENTERS), len(_DEPTH_CENTERS))
+        self.prior_weight = float(prior_weight)
+        # depth bucket d's prior is bucket d-1's rate times the decay over the depth gap
+        self._gap_decay = prior_depth_decay ** np.diff(_DEPTH_CENTERS)
+        self._first_prior = np.broadcast_to(_SCORE_CENTERS[None, :], self._shape[:2]).copy()
+        self._acc = np.zeros(int(np.prod(self._shape)))
+        self._prop = np.zeros_like(self._acc)
+        self._update_rates()
+        self._cells = None  # cells of the last selected tree
+        self._skipped = 0
+        self.steps = 0
+        self.chosen: list[int] = []  # verified nodes per step (diagnostics)
+
+    # ---- policy protocol
+
+    def choose(self, match_lengths: dict[str, int]) -> int:
+        return self.max_nodes
+
+    def cells(self, tree: DraftTree) -> np.ndarray:
+        """int64 [n]: the calibration cell of each node."""
+        s = np.searchsorted(_SCORE_EDGES, tree.scores, side="right")
+        d = np.searchsorted(_DEPTH_EDGES, node_depths(tree.parents), side="right")
+        src = np.clip(tree.source_ids, 0, self.n_sources - 1)
+        return (src.astype(np.int64) * len(_SCORE_CENTERS) + s) * len(_DEPTH_CENTERS) + d
+
+    def expected_accepted(self, tree: DraftTree) -> np.ndarray:
+        """float64 [n + 1]: E(0) = 0, E(k) = expected accepted nodes of the prefix of k nodes."""
+        p = self._rate[self.cells(tree)]
+        out = np.zeros(len(tree) + 1)
+        np.cumsum(p, out=out[1:])
+        return out
+
+    def best_prefix(self, expected: np.ndarray) -> int:
+        """argmax over n of (1 + E(n)) / cost(n) for ``expected`` = E(0..N)."""
+        n_max = min(len(expected) - 1, self.max_nodes)
+        value = (1.0 + expected[: n_max + 1]) * self._inv_cost[: n_max + 1]
+        return int(np.argmax(value))
+
+    def select(self, tree: DraftTree) -> DraftTree:
+        n = len(tree)
+        self.steps += 1
+        if n == 0:
+            self._cells = None
+            return tree
+        cells = self.cells(tree)
+        p = self._rate[cells]
+        expected = np.empty(n + 1)
+        expected[0] = 0.0
+        np.cumsum(p, out=expected[1:])
+        best = self.best_prefix(expected)
+        if best == 0:
+            self._skipped += 1
+            if self.explore_every and self._skipped % self.explore_every == 0:
+                best = min(self.explore_nodes, n)
+        self.chosen.append(best)
+        if best == 0:
+            self._cells = None
+            return DraftTree.empty()
+        self._cells = cells[:best]
+        if best == n:
+            return tree
+        return _prefix(tree, best)
+
+    def observe(self, proposed: int, accepted: int) -> None:
+        pass
+
+    def observe_nodes(self, accepted_nodes: np.ndarray) -> None:
+        cells = self._cells
+        if cells is None:
+            return
+        self._cells = None
+        size = self._acc.shape[0]
+        self._prop *= self.decay
+        self._acc *= self.decay
+        self._prop += np.bincount(cells, minlength=size)
+        if len(accepted_nodes):
+            self._acc += np.bincount(cells[accepted_nodes], minlength=size)
+        self._update_rates()
+
+    def _update_rates(self) -> None:
+        """Calibrated acceptance per cell: observed counts shrunk towards a prior that
+        follows the shallower depth bucket (so deep cells never verified still learn
+        from the shallow ones)."""
+        acc = self._acc.reshape(self._shape)
+        prop = self._prop.reshape(self._shape)
+        rate = np.empty(self._shape)
+        w = self.prior_weight
+        prior = self._first_prior
+        for d in range(self._shape[2]):
+            rate[:, :, d] = (acc[:, :, d] + w * prior) / (prop[:, :, d] + w)
+            if d + 1 < self._shape[2]:
+                prior = rate[:, :, d] * self._gap_decay[d]
+        self._rate = rate.ravel()
+
+    def __repr__(self) -> str:
+        return f"AutoBudget(max_nodes={self.max_nodes}, cost={self.cost.relative()})"
+
+
+def _prefix(tree: DraftTree, n: int) -> DraftTree:
+    """The first ``n`` nodes of a topologically ordered tree (a valid subtree)."""
+    out = object.__new__(DraftTree)
+    object.__setattr__(out, "token_ids", tree.token_ids[:n])
+    object.__setattr__(out, "parents", tree.parents[:n])
+    object.__setattr__(out, "scores", tree.scores[:n])
+    object.__setattr__(out, "source_ids", tree.source_ids[:n])
+    object.__setattr__(out, "source_names", tree.source_names)
+    return out
+
+
+# Models smaller than this are not calibrated ("auto" uses DEFAULT_CPU_CURVE): tiny test models.
+CALIBRATE_MIN_PARAMETERS = 20_000_000
+
+
+def auto_cost_curve(model) -> CostCurve:
+    """The cost curve "auto" uses for ``model``: measured once per (model, dtype, device,
+    threads) and cached (refdec.calibration), or DEFAULT_CPU_CURVE for tiny models and
+    when ``$REFDEC_CALIBRATE=0``."""
+    from refdec import calibration
+
+    if os.environ.get("REFDEC_CALIBRATE", "1") == "0":
+        return DEFAULT_CPU_CURVE
+    if calibration.model_parameters(model) < CALIBRATE_MIN_PARAMETERS:
+        return DEFAULT_CPU_CURVE
+    return calibration.calibrate(model)
+
+
+def make_budget(max_draft_tokens, model=None):
+    """``int >= 0`` → FixedBudget; ``"auto"`` → AutoBudget (on ``model``'s cost curve when
+    given); an object with choose/observe as is."""
     if isinstance(max_draft_tokens, str):
         if max_draft_tokens != "auto":
             raise ValueError(f"max_draft_tokens must be an int >= 0 or 'auto', got {max_draft_tokens!r}")
-        return MatchLengthBudget()
+        return AutoBudget(auto_cost_curve(model) if model is not None else None)
     if hasattr(max_draft_tokens, "choose") and hasattr(max_draft_tokens, "observe"):
         return max_draft_tokens
     if isinstance(max_draft_tokens, bool) or not isinstance(max_draft_tokens, int):

@@ -379,7 +379,7 @@ class SpeculativeDecoder:
         retrieve = _check_retrieve(retrieve, index)
         if max_draft_tokens == "auto":
             if self._auto_budget is None:
-                self._auto_budget = make_budget("auto")
+                self._auto_budget = make_budget("auto", model=self.model)  # calibrates once (cached)
             budget = self._auto_budget
         else:
             budget = make_budget(max_draft_tokens)
@@ -460,6 +460,8 @@ class SpeculativeDecoder:
         stats.accept_seconds += time.perf_counter() - t1
 
         empty = DraftTree.empty()
+        select = getattr(budget, "select", None)  # optional policy hooks (refdec.budget)
+        observe_nodes = getattr(budget, "observe_nodes", None)
         while not done:
             root_pos = len(seq) - 1  # == cache length
             root = seq[-1]
@@ -476,6 +478,8 @@ class SpeculativeDecoder:
                         tree = prune_to_depth(tree, useful_depth)
                     if len(tree) and int(tree.token_ids.max()) >= self.vocab_size:
                         tree = _drop_out_of_vocab(tree, self.vocab_size)
+                    if select is not None and len(tree):
+                        tree = select(tree)  # e.g. AutoBudget: the prefix worth its forward cost
             t1 = time.perf_counter()
             # -- prepare
             inputs = build_tree_inputs(tree, root, root_pos, self.mask_spec, self.device)
@@ -509,6 +513,8 @@ class SpeculativeDecoder:
                     accepted_by_source[name] = accepted_by_source.get(name, 0) + int(count)
             if proposer is not None and len(tree):
                 budget.observe(len(tree), k)
+                if observe_nodes is not None:
+                    observe_nodes(accepted)
             done = emit(run)
             t4 = time.perf_counter()
             stats.propose_seconds += t1 - t0
