@@ -287,7 +287,10 @@ class CorpusIndex(_Queries):
         return index
 
     def add_documents(self, documents: Iterable, tokenizer=None, *, show_progress: bool = False) -> None:
-        """Adds documents to an index built in this process (a loaded index is read-only)."""
+        """Adds documents to an index built in this process (a loaded index is read-only).
+
+        All or nothing: every document is tokenised and checked first, so a bad
+        one (ValueError naming it) leaves the index as it was."""
         if self._sam is None:
             where = f"loaded from {self._path!r}" if self._frozen is not None and self._frozen.is_mapped else (
                 "built with growable=False")
@@ -301,10 +304,10 @@ class CorpusIndex(_Queries):
             fp = tokenizer_fingerprint(tokenizer)
             if fp != self._fingerprint:
                 raise ValueError(f"tokenizer fingerprint {fp} differs from the index's {self._fingerprint}")
+        documents = list(_tokenize_documents(documents, tokenizer, self._vocab_size, show_progress))
         if self._signatures is not None:  # keep one signature row per document (no de-duplication here)
             from refdec.retrieval import DocumentSignatures
 
-            documents = list(_tokenize_documents(documents, tokenizer, self._vocab_size, False))
             old, new = self._signatures, DocumentSignatures.from_documents(
                 documents, num_perm=self._signatures.num_perm, seed=self._signatures.seed,
                 ngram=self._signatures.ngram)
@@ -312,7 +315,7 @@ class CorpusIndex(_Queries):
                 np.concatenate([old.matrix, new.matrix]), np.concatenate([old.sizes, new.sizes]),
                 num_perm=old.num_perm, seed=old.seed, ngram=old.ngram)
             self._retriever = None
-        self._add(documents, tokenizer, show_progress)
+        self._add(documents, tokenizer, False)
 
     def _add(self, documents, tokenizer, show_progress: bool, release: bool = False) -> None:
         self._frozen = None

@@ -450,3 +450,14 @@ def test_the_lazy_retriever_of_a_shared_index_is_made_once_under_concurrent_firs
     for t in pool:
         t.join(timeout=60)
     assert got[0] is not None and all(r is got[0] for r in got)
+
+
+def test_add_documents_with_one_bad_document_changes_nothing():
+    index = CorpusIndex.build([[1, 2, 3]], vocab_size=10, show_progress=False)
+    before = (len(index), index.num_documents, _queries_of(index, [[1, 2], [4, 5], [7]]))
+    for bad_batch in ([[4, 5, 6], [7, -1]], [[4, 5, 6], [7, 10]], [[4, 5, 6], "text without a tokenizer"]):
+        with pytest.raises(ValueError):
+            index.add_documents(bad_batch)
+        assert (len(index), index.num_documents, _queries_of(index, [[1, 2], [4, 5], [7]])) == before
+    index.add_documents([[4, 5, 6]])
+    assert index.match_length([4, 5]) == 2 and index.num_documents == 2
