@@ -166,3 +166,38 @@ def test_batched_input_errors_name_the_problem():
         refdec.generate(model, [[5, 6], []], max_new_tokens=4)
     with pytest.raises(ValueError, match="seed must be"):
         refdec.generate(model, prompts, do_sample=True, seed=[1], max_new_tokens=4)
+
+
+def test_finished_rows_leave_the_batch(monkeypatch):
+    """Once a row stops, the verification forwards carry fewer rows (its cache row is dropped)."""
+    model = tiny_llama()
+    prompts = repetitive_prompts(3, seed=6)
+    decoder = decoding.SpeculativeDecoder(model)
+    batch_rows = []
+    forward = decoder._forward
+
+    def recording_forward(cache, **kwargs):
+        batch_rows.append(int(kwargs["input_ids"].shape[0]))
+        return forward(cache, **kwargs)
+
+    monkeypatch.setattr(decoder, "_forward", recording_forward)
+    eos = hf_row(model, prompts[0])[len(prompts[0]) + 3]
+    out = decoder.generate(prompts, max_new_tokens=NEW, eos_token_id=eos, max_draft_tokens=4)
+    for b, p in enumerate(prompts):
+        assert row_tokens(out, b, len(p)) == hf_row(model, p, eos_token_id=eos)
+    assert batch_rows[0] == 3 and batch_rows == sorted(batch_rows, reverse=True) and batch_rows[-1] < 3
+    assert len(batch_rows) == out.stats.forward_passes
+
+
+def test_stop_strings_stop_each_row_where_its_own_run_stops(tiny_tokenizer):
+    model = tiny_llama()
+    prompts = repetitive_prompts(4, seed=12)
+    texts = [tiny_tokenizer.decode(hf_row(model, p)[len(p):]) for p in prompts]
+    stop = texts[0][5:7]  # a string row 0 emits; other rows may or may not emit it
+    singles = [decoding.generate(model, p, tokenizer=tiny_tokenizer, stop_strings=stop, max_new_tokens=NEW,
+                                 eos_token_id=[], max_draft_tokens=16).sequences[0].tolist() for p in prompts]
+    out = refdec.generate(model, prompts, tokenizer=tiny_tokenizer, stop_strings=stop, max_new_tokens=NEW,
+                          eos_token_id=[], max_draft_tokens=16)
+    for b, p in enumerate(prompts):
+        assert row_tokens(out, b, len(p)) == singles[b]
+    assert out.stats.rows[0].stop_reason == "stop_string"
