@@ -30,6 +30,8 @@ import numpy as np
 
 DEFAULT_NODES = (0, 1, 2, 4, 8, 16, 24, 32, 48, 64)
 _FORMAT = 1
+# Part of the cache key: bump when the verification forward changes (its cost curve with it).
+FORWARD_VERSION = "mm-head-1"
 
 
 @dataclass(frozen=True)
@@ -104,7 +106,7 @@ def model_key(model) -> str:
         text = config.to_json_string()
     device = next(model.parameters()).device
     parts = [text, str(model.dtype), str(device), str(torch.get_num_threads()),
-             str(getattr(config, "_attn_implementation", ""))]
+             str(getattr(config, "_attn_implementation", "")), FORWARD_VERSION]
     name = getattr(config, "_name_or_path", "") or getattr(config, "model_type", "model")
     slug = "".join(c if c.isalnum() or c in "-_." else "_" for c in str(name).split("/")[-1])[:40] or "model"
     digest = hashlib.sha256("\0".join(parts).encode()).hexdigest()[:16]
@@ -130,8 +132,10 @@ def measure(model, nodes=DEFAULT_NODES, *, cache_len: int = 512, repeats: int = 
     from refdec.cache import compact, new_cache
     from refdec.masks import build_tree_inputs, mask_spec_for
     from refdec.tree import DraftTree
+    from refdec.verify import tree_forward_fn
 
     spec = mask_spec_for(model)
+    tree_forward = tree_forward_fn(model)
     device = next(model.parameters()).device
     config = model.config.get_text_config(decoder=True) if hasattr(model.config, "get_text_config") \
         else model.config
@@ -149,11 +153,16 @@ def measure(model, nodes=DEFAULT_NODES, *, cache_len: int = 512, repeats: int = 
                 tree = DraftTree.chain(rng.integers(3, min(vocab, 30000), size=n))
                 inputs = build_tree_inputs(tree, 5, cache_len, spec, device)
                 t0 = time.perf_counter()
-                out = model(input_ids=inputs.input_ids, position_ids=inputs.position_ids,
-                            attention_mask=inputs.attention_mask, past_key_values=cache, use_cache=True)
-                out.logits[0].argmax(-1).cpu()
+                if tree_forward is not None:  # the decoder's own verification forward
+                    logits = tree_forward(cache, input_ids=inputs.input_ids, position_ids=inputs.position_ids,
+                                          attention_mask=inputs.attention_mask)
+                else:
+                    logits = model(input_ids=inputs.input_ids, position_ids=inputs.position_ids,
+                                   attention_mask=inputs.attention_mask, past_key_values=cache,
+                                   use_cache=True).logits[0]
+                logits.argmax(-1).cpu()
                 elapsed = time.perf_counter() - t0
-                del out
+                del logits
                 compact(cache, cache_len, None, 0)  # back to the prompt
                 if rep >= warmup:
                     times[n].append(elapsed)

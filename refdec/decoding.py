@@ -31,7 +31,7 @@ from refdec.cache import compact, new_cache
 from refdec.masks import build_tree_inputs, mask_spec_for
 from refdec.sampling import TargetSampler, random_seed
 from refdec.tree import DraftTree, prune_to_depth
-from refdec.verify import accept_walk, accept_walk_lazy
+from refdec.verify import accept_walk, accept_walk_lazy, tree_forward_fn
 
 
 @dataclass
@@ -330,6 +330,7 @@ class SpeculativeDecoder:
         params = inspect.signature(model.forward).parameters
         self._cache_kw = "cache" if "cache" in params else "past_key_values"
         self._auto_budget = None  # the "auto" policy persists across calls (its feedback carries over)
+        self._tree_forward = tree_forward_fn(model)  # None: the model's own forward computes the logits
 
     def _forward(self, cache, **kwargs):
         kwargs[self._cache_kw] = cache
@@ -485,10 +486,14 @@ class SpeculativeDecoder:
             inputs = build_tree_inputs(tree, root, root_pos, self.mask_spec, self.device)
             t2 = time.perf_counter()
             # -- forward + targets (one host sync)
-            out = self._forward(cache, input_ids=inputs.input_ids, position_ids=inputs.position_ids,
-                                attention_mask=inputs.attention_mask)
-            logits = out.logits[0]
-            del out
+            if self._tree_forward is not None:
+                logits = self._tree_forward(cache, input_ids=inputs.input_ids, position_ids=inputs.position_ids,
+                                            attention_mask=inputs.attention_mask)
+            else:
+                out = self._forward(cache, input_ids=inputs.input_ids, position_ids=inputs.position_ids,
+                                    attention_mask=inputs.attention_mask)
+                logits = out.logits[0]
+                del out
             if do_sample:
                 t3 = time.perf_counter()
                 # -- accept: sample only the rows on the accepted path

@@ -62,3 +62,49 @@ def accept_walk_lazy(tree: DraftTree, target_of_row) -> tuple[np.ndarray, int]:
         node = int(match[0])
         accepted.append(node)
         row = node + 1
+
+
+# Model types whose causal-LM head is exactly ``lm_head(last_hidden_state)`` (then Gemma's optional
+# final logit soft-capping): the verifier may compute those logits itself.
+_PLAIN_HEAD_MODEL_TYPES = frozenset({"gemma", "gemma2", "gemma3_text", "llama", "mistral", "qwen2", "qwen3", "gpt2"})
+
+
+def tree_forward_fn(model):
+    """A faster verification forward for models with a plain linear LM head, or None.
+
+    Returns ``forward(cache, **inputs) -> logits`` (float [T, V], one sequence) that runs
+    the model's backbone and computes the head as ``W @ h.T`` instead of
+    ``F.linear(h, W)``: with a small number of rows and a large vocabulary, CPU GEMM
+    kernels pack the whole weight for ``h @ W.T`` (Gemma 3 270M, 262k x 640 fp32, one
+    thread: 2 rows 171 ms vs 56 ms, 64 rows 802 vs 632 ms; the head is ~80% of a
+    one-token forward). The logits are the same up to float rounding.
+    """
+    import inspect
+
+    import torch
+
+    config = model.config
+    if hasattr(config, "get_text_config"):
+        config = config.get_text_config(decoder=True)
+    if getattr(config, "model_type", None) not in _PLAIN_HEAD_MODEL_TYPES:
+        return None
+    backbone = getattr(model, getattr(model, "base_model_prefix", ""), None)
+    head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+    if backbone is None or not isinstance(head, torch.nn.Linear) or head.bias is not None:
+        return None
+    if type(head) is not torch.nn.Linear or head._forward_hooks or head._forward_pre_hooks:
+        return None  # a subclass or a hooked head
+    params = inspect.signature(backbone.forward).parameters
+    cache_kw = "cache" if "cache" in params else "past_key_values"
+    softcap = getattr(config, "final_logit_softcapping", None)
+    weight = head.weight
+
+    def forward(cache, **inputs):
+        inputs[cache_kw] = cache
+        hidden = backbone(use_cache=True, **inputs).last_hidden_state[0]  # [T, D]
+        logits = torch.mm(weight, hidden.T.to(weight.dtype)).T  # [T, V]
+        if softcap is not None:
+            logits = torch.tanh(logits / softcap) * softcap
+        return logits
+
+    return forward
