@@ -1,0 +1,315 @@
+"""End-to-end speed on the real model: refdec against transformers' greedy and
+prompt-lookup decoding, side by side in one run, methods alternated per prompt.
+
+    python benchmarks/e2e.py [--workloads edits,summarization,rag,humaneval,mtbench] [--limit N]
+        [--max-new-tokens 128] [--methods hf-greedy,hf-pld,refdec-auto,...] [--threads 2]
+        [--quick] [--json OUT]
+
+Methods:
+    hf-greedy      model.generate(do_sample=False)
+    hf-pld         model.generate(do_sample=False, prompt_lookup_num_tokens=10)
+    refdec-auto    refdec, max_draft_tokens="auto" (the cost-curve budget, refdec.budget.AutoBudget)
+    refdec-chain   the same proposer cut to its best path (one chain, no tree), "auto" budget
+    refdec-N       refdec with a fixed budget of N nodes (e.g. refdec-16, refdec-64)
+
+Workloads (benchmarks/workloads.py): edits (prompt = original file + change,
+references = [original]; refdec in editing mode, as ``refdec edit``),
+summarization and rag (Spec-Bench), humaneval (with the stdlib CorpusIndex),
+mtbench (first turns). Every method's output must be token-identical to
+hf-greedy's: a mismatch is printed loudly and the exit status is 1.
+
+Each prompt runs every method once (the order rotates from prompt to prompt);
+the ratio to hf-greedy is taken per prompt, then summarised (median, min, max).
+On a shared machine only these ratios mean something, not absolute times.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import workloads  # noqa: E402
+
+OUT_DIR = Path(__file__).resolve().parent / "out"
+DEFAULT_WORKLOADS = ("edits", "summarization", "rag", "humaneval", "mtbench")
+DEFAULT_METHODS = ("hf-greedy", "hf-pld", "refdec-auto", "refdec-chain", "refdec-16", "refdec-64")
+
+
+# ---------------------------------------------------------------- proposers
+
+class ChainProposer:
+    """Wraps a Proposer: keeps only the best path of each tree (the ablation "no tree").
+
+    The best path starts at the first child of the root and follows the first child of
+    each node: nodes come best-first, so the first child is the most probable one."""
+
+    def __init__(self, inner) -> None:
+        self.inner = inner
+
+    def start(self, prompt_ids):
+        self.inner.start(prompt_ids)
+
+    def accept(self, tokens):
+        self.inner.accept(tokens)
+
+    def last_match_lengths(self):
+        return self.inner.last_match_lengths()
+
+    def propose(self, max_nodes):
+        from refdec.tree import DraftTree
+
+        tree = self.inner.propose(max_nodes)
+        if len(tree) == 0:
+            return tree
+        parents = tree.parents.tolist()
+        path, want = [], -1
+        for node_idx, parent in enumerate(parents):
+            if parent == want:
+                path.append(node_idx)
+                want = node_idx
+        keep = np.asarray(path, dtype=np.int64)
+        return DraftTree(tree.token_ids[keep], np.arange(-1, len(keep) - 1, dtype=np.int32), tree.scores[keep],
+                         tree.source_ids[keep], source_names=tree.source_names)
+
+
+def proposer_factory(editing: bool, chain: bool):
+    def make(index, references, max_depth):
+        from refdec.proposer import Proposer
+
+        inner = Proposer(index=index, references=references or None, max_depth=max_depth,
+                         cursor=True if editing else None)
+        return ChainProposer(inner) if chain else inner
+
+    return make
+
+
+# ---------------------------------------------------------------- running
+
+class Runner:
+    def __init__(self, model, tokenizer, max_new_tokens: int) -> None:
+        self.model = model
+        self.tokenizer = tokenizer
+        self.max_new_tokens = max_new_tokens
+        self.decoders: dict = {}
+
+    def decoder(self, method: str, workload: str, index, editing: bool):
+        """One SpeculativeDecoder per (method, workload): "auto" learns within a workload."""
+        from refdec.decoding import SpeculativeDecoder
+
+        key = (method, workload)
+        if key not in self.decoders:
+            self.decoders[key] = SpeculativeDecoder(
+                self.model, self.tokenizer, index=index,
+                proposer_factory=proposer_factory(editing, method == "refdec-chain"))
+        return self.decoders[key]
+
+    def run(self, method: str, workload: str, case, index, editing: bool) -> dict:
+        import torch
+
+        ids = torch.tensor([case.prompt.tolist()], dtype=torch.long)
+        rec = {"method": method}
+        if method.startswith("hf-"):
+            kwargs = dict(do_sample=False, max_new_tokens=self.max_new_tokens, attention_mask=torch.ones_like(ids),
+                          pad_token_id=self.tokenizer.pad_token_id)
+            if method == "hf-pld":
+                kwargs["prompt_lookup_num_tokens"] = 10
+            t0 = time.perf_counter()
+            with torch.inference_mode():
+                out = self.model.generate(ids, **kwargs)
+            seconds = time.perf_counter() - t0
+            tokens = out[0, ids.shape[1]:].tolist()
+            rec.update(seconds=seconds, new_tokens=len(tokens), tokens=tokens)
+            return rec
+        budget = "auto" if method in ("refdec-auto", "refdec-chain") else int(method.split("-")[1])
+        decoder = self.decoder(method, workload, index, editing)
+        refs = [r.tolist() for r in case.references] or None
+        t0 = time.perf_counter()
+        out = decoder.generate(ids, references=refs, max_new_tokens=self.max_new_tokens,
+                               max_draft_tokens=budget)
+        seconds = time.perf_counter() - t0
+        tokens = out.sequences[0, ids.shape[1]:].tolist()
+        s = out.stats
+        rec.update(seconds=seconds, new_tokens=len(tokens), tokens=tokens, passes=s.forward_passes,
+                   tokens_per_pass=s.tokens_per_pass, proposed=s.proposed_tokens, accepted=s.accepted_tokens,
+                   accepted_by_source=dict(s.accepted_by_source),
+                   split={"prefill": s.prefill_seconds, "propose": s.propose_seconds,
+                          "prepare": s.prepare_seconds, "forward": s.forward_seconds,
+                          "accept": s.accept_seconds})
+        return rec
+
+
+def summarize(records: list, methods: list, workload_names: list) -> dict:
+    summary = {}
+    for wl in workload_names:
+        rows = [r for r in records if r["workload"] == wl]
+        cases = sorted({r["case"] for r in rows})
+        for method in methods:
+            ratios, tps, tpp, identical = [], [], [], True
+            for case in cases:
+                base = next((r for r in rows if r["case"] == case and r["method"] == "hf-greedy"), None)
+                mine = next((r for r in rows if r["case"] == case and r["method"] == method), None)
+                if mine is None:
+                    continue
+                tps.append(mine["new_tokens"] / mine["seconds"])
+                if "tokens_per_pass" in mine:
+                    tpp.append(mine["tokens_per_pass"])
+                identical &= bool(mine.get("identical", True))
+                if base is not None:
+                    ratios.append(base["seconds"] / mine["seconds"])
+            if not tps:
+                continue
+            summary[f"{wl}/{method}"] = {
+                "workload": wl, "method": method, "cases": len(tps),
+                "ratio_median": statistics.median(ratios) if ratios else None,
+                "ratio_min": min(ratios) if ratios else None, "ratio_max": max(ratios) if ratios else None,
+                "tokens_per_second_median": statistics.median(tps),
+                "tokens_per_pass_median": statistics.median(tpp) if tpp else None,
+                "identical": identical,
+            }
+    return summary
+
+
+def markdown(summary: dict, methods: list, workload_names: list) -> str:
+    lines = ["| workload | method | cases | speed-up vs HF greedy (median [min, max]) | tokens/s | tokens/pass | identical |",
+             "|---|---|---|---|---|---|---|"]
+    for wl in workload_names:
+        for method in methods:
+            s = summary.get(f"{wl}/{method}")
+            if s is None:
+                continue
+            ratio = (f"{s['ratio_median']:.2f}x [{s['ratio_min']:.2f}, {s['ratio_max']:.2f}]"
+                     if s["ratio_median"] is not None else "-")
+            tpp = f"{s['tokens_per_pass_median']:.2f}" if s["tokens_per_pass_median"] is not None else "-"
+            lines.append(f"| {wl} | {method} | {s['cases']} | {ratio} | {s['tokens_per_second_median']:.2f} | "
+                         f"{tpp} | {'yes' if s['identical'] else '**NO**'} |")
+    return "\n".join(lines)
+
+
+def _git_commit() -> str | None:
+    try:
+        return subprocess.check_output(["git", "rev-parse", "HEAD"], cwd=Path(__file__).parent,
+                                       text=True).strip()
+    except Exception:  # pragma: no cover
+        return None
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--workloads", default=",".join(DEFAULT_WORKLOADS))
+    ap.add_argument("--methods", default=",".join(DEFAULT_METHODS))
+    ap.add_argument("--limit", type=int, default=None, help="prompts per workload (default: 6 edits, 4 others)")
+    ap.add_argument("--edits-limit", type=int, default=None, help="prompts for edits (default: --limit)")
+    ap.add_argument("--max-new-tokens", type=int, default=128)
+    ap.add_argument("--threads", type=int, default=2, help="torch threads (default 2)")
+    ap.add_argument("--only", action="append", default=[], metavar="METHOD=WL1,WL2",
+                    help="run METHOD on these workloads only (repeatable), e.g. refdec-64=edits,humaneval")
+    ap.add_argument("--dtype", default="float32")
+    ap.add_argument("--quick", action="store_true", help="a ~5-minute run: 2 prompts per workload, 64 tokens")
+    ap.add_argument("--json", default=None, help="results JSON path (default benchmarks/out/e2e-<time>.json)")
+    args = ap.parse_args(argv)
+
+    import torch
+
+    torch.set_num_threads(args.threads)
+    from refdec.budget import auto_cost_curve
+    from refdec.models import load_default
+
+    workload_names = [w for w in args.workloads.split(",") if w]
+    methods = [m for m in args.methods.split(",") if m]
+    if "hf-greedy" not in methods:
+        methods.insert(0, "hf-greedy")  # the reference for identity and ratios
+    if args.quick:
+        args.max_new_tokens = min(args.max_new_tokens, 64)
+    limits = {w: (args.limit if args.limit else (2 if args.quick else (6 if w == "edits" else 4)))
+              for w in workload_names}
+    if args.edits_limit and "edits" in limits:
+        limits["edits"] = args.edits_limit
+
+    only = {}
+    for spec in args.only:
+        method, _, wls = spec.partition("=")
+        only[method] = set(w for w in wls.split(",") if w)
+
+    model, tok = load_default(args.dtype)
+    t0 = time.perf_counter()
+    curve = auto_cost_curve(model)  # calibrate (or load) before any timing
+    print(f"cost curve ({time.perf_counter() - t0:.1f} s): "
+          + ", ".join(f"{n}:{s * 1e3:.0f}ms" for n, s in zip(curve.nodes, curve.seconds)), flush=True)
+    runner = Runner(model, tok, args.max_new_tokens)
+    # warm-up (kernels, allocator)
+    warm = workloads.load_workload("mtbench", 1).cases or workloads.load_workload("humaneval", 1).cases
+    with torch.inference_mode():
+        model.generate(torch.tensor([warm[0].prompt.tolist()]), do_sample=False, max_new_tokens=4,
+                       pad_token_id=tok.pad_token_id)
+
+    records, mismatches = [], []
+    started = time.time()
+    rotation = 0
+    for wl_name in workload_names:
+        wl = workloads.load_workload(wl_name, limits[wl_name])
+        index = workloads.corpus_index(wl.corpus) if wl.corpus else None
+        editing = wl_name == "edits"
+        wl_methods = [m for m in methods if m not in only or wl_name in only[m]]
+        for case in wl.cases:
+            order = wl_methods[rotation % len(wl_methods):] + wl_methods[: rotation % len(wl_methods)]
+            rotation += 1
+            results = {}
+            for method in order:
+                rec = runner.run(method, wl_name, case, index, editing)
+                rec.update(workload=wl_name, case=case.name, prompt_tokens=int(len(case.prompt)))
+                results[method] = rec
+            want = results["hf-greedy"]["tokens"]
+            for method, rec in results.items():
+                rec["identical"] = rec["tokens"] == want
+                if not rec["identical"]:
+                    first = next((i for i, (a, b) in enumerate(zip(rec["tokens"], want)) if a != b),
+                                 min(len(rec["tokens"]), len(want)))
+                    mismatches.append((wl_name, case.name, method, first))
+                    print(f"!!!!! MISMATCH {wl_name} {case.name} {method}: differs from hf-greedy at "
+                          f"new token {first}", flush=True)
+            base = results["hf-greedy"]["seconds"]
+            line = " ".join(f"{m}={base / results[m]['seconds']:.2f}x" for m in wl_methods if m != "hf-greedy")
+            tpp = results.get("refdec-auto", {}).get("tokens_per_pass")
+            print(f"[{time.time() - started:6.0f}s] {wl_name} {case.name} ({len(case.prompt)} prompt tokens, "
+                  f"{len(want)} new; hf-greedy {len(want) / base:.2f} tok/s): {line}"
+                  + (f"; auto {tpp:.2f} tok/pass" if tpp else ""), flush=True)
+            for rec in results.values():
+                rec["tokens"] = rec["tokens"] if rec["method"] == "hf-greedy" else None
+                records.append(rec)
+
+    summary = summarize(records, methods, workload_names)
+    table = markdown(summary, methods, workload_names)
+    print()
+    print(table)
+    auto_chosen = {f"{m}/{w}": d._auto_budget.chosen for (m, w), d in runner.decoders.items()
+                   if d._auto_budget is not None}
+    payload = {
+        "args": vars(args), "methods": methods, "workloads": workload_names, "limits": limits,
+        "cost_curve": curve.to_json(), "records": records, "summary": summary, "markdown": table,
+        "mismatches": mismatches, "auto_chosen_nodes": auto_chosen, "git_commit": _git_commit(),
+        "machine": {"platform": platform.platform(), "torch_threads": args.threads},
+        "seconds": time.time() - started,
+    }
+    OUT_DIR.mkdir(parents=True, exist_ok=True)
+    path = Path(args.json) if args.json else OUT_DIR / f"e2e-{time.strftime('%Y%m%d-%H%M%S')}.json"
+    path.write_text(json.dumps(payload, indent=1, default=str) + "\n")
+    print(f"\nwrote {path}")
+    if mismatches:
+        print(f"!!!!! {len(mismatches)} OUTPUT MISMATCHES: {mismatches}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,136 @@
+"""Where a refdec step's time goes, on the real model.
+
+    python benchmarks/profile_loop.py [--threads 1] [--max-new-tokens 64] [--budgets 16,auto]
+        [--e2e benchmarks/out/e2e-....json] [--json OUT]
+
+1. Per-step split (ms/step: propose / prepare / forward / accept) of
+   ``SpeculativeDecoder.generate`` on an edit prompt and a chat prompt, for the
+   verification forward refdec uses ("after": backbone + ``W @ h.T`` head,
+   refdec.verify.tree_forward_fn) and the model's own forward ("before":
+   ``F.linear`` head); the two alternate and must give the same tokens.
+2. A torch.profiler table (top ops by self CPU time) of one generate call: how
+   much of a step is the LM head, attention, the rest, and the host side.
+3. The cost curve (refdec.calibration) and the projected speed-up on a flat,
+   GPU-like cost curve: if verifying n nodes cost as much as one token, the
+   speed-up over plain decoding would be tokens/pass (from --e2e results).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import workloads  # noqa: E402
+
+OUT_DIR = Path(__file__).resolve().parent / "out"
+
+
+def split_ms(stats) -> dict:
+    steps = max(1, stats.forward_passes - 1)
+    return {"steps": steps, "tokens_per_pass": round(stats.tokens_per_pass, 2),
+            "propose": 1e3 * stats.propose_seconds / steps, "prepare": 1e3 * stats.prepare_seconds / steps,
+            "forward": 1e3 * stats.forward_seconds / steps, "accept": 1e3 * stats.accept_seconds / steps,
+            "prefill_s": stats.prefill_seconds, "wall_s": stats.wall_seconds}
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--max-new-tokens", type=int, default=64)
+    ap.add_argument("--budgets", default="16,auto")
+    ap.add_argument("--repeats", type=int, default=2)
+    ap.add_argument("--e2e", default=None, help="an e2e.py results JSON, for the projected GPU speed-up")
+    ap.add_argument("--no-profiler", action="store_true")
+    ap.add_argument("--json", default=None)
+    args = ap.parse_args(argv)
+
+    import torch
+
+    torch.set_num_threads(args.threads)
+    from refdec.budget import auto_cost_curve
+    from refdec.decoding import SpeculativeDecoder
+    from refdec.models import load_default
+    from refdec.proposer import Proposer
+
+    model, tok = load_default()
+    curve = auto_cost_curve(model)
+    report = {"threads": args.threads, "cost_curve": curve.to_json()}
+    base = curve(0)
+    print("cost curve (forward seconds vs draft nodes, relative to plain decoding):")
+    for n, s in zip(curve.nodes, curve.seconds):
+        print(f"  {n:3d} nodes: {s * 1e3:7.1f} ms  ({s / base:.2f}x)")
+
+    edit = workloads.load_workload("edits", 1).cases[0]
+    chat = workloads.load_workload("mtbench", 1).cases[0]
+    cases = {"edits": (edit, True), "mtbench": (chat, False)}
+    budgets = [b if b == "auto" else int(b) for b in args.budgets.split(",")]
+
+    def factory(editing):
+        return lambda index, refs, depth: Proposer(index=index, references=refs or None, max_depth=depth,
+                                                   cursor=True if editing else None)
+
+    rows = []
+    for name, (case, editing) in cases.items():
+        refs = [r.tolist() for r in case.references] or None
+        for budget in budgets:
+            results = {"before": [], "after": []}
+            tokens = {}
+            for rep in range(args.repeats):
+                for variant in (("before", "after") if rep % 2 == 0 else ("after", "before")):
+                    dec = SpeculativeDecoder(model, tok, proposer_factory=factory(editing))
+                    if variant == "before":
+                        dec._tree_forward = None
+                    out = dec.generate(case.prompt.tolist(), references=refs, max_new_tokens=args.max_new_tokens,
+                                       max_draft_tokens=budget)
+                    results[variant].append(split_ms(out.stats))
+                    tokens[variant] = out.sequences[0].tolist()
+            same = tokens["before"] == tokens["after"]
+            for variant, splits in results.items():
+                med = {k: statistics.median(s[k] for s in splits) for k in splits[0]}
+                rows.append({"workload": name, "budget": budget, "variant": variant, "same_tokens": same, **med})
+                print(f"{name:8s} budget={budget!s:5s} {variant:6s}: "
+                      f"propose {med['propose']:.2f}  prepare {med['prepare']:.2f}  forward {med['forward']:.1f}  "
+                      f"accept {med['accept']:.2f} ms/step; {med['tokens_per_pass']:.2f} tok/pass; "
+                      f"wall {med['wall_s']:.1f} s (prefill {med['prefill_s']:.1f} s)"
+                      + ("" if same else "  !!! tokens differ"), flush=True)
+    report["split"] = rows
+
+    if not args.no_profiler:
+        from torch.profiler import ProfilerActivity, profile
+
+        dec = SpeculativeDecoder(model, tok, proposer_factory=factory(True))
+        refs = [r.tolist() for r in edit.references]
+        dec.generate(edit.prompt.tolist(), references=refs, max_new_tokens=8, max_draft_tokens=16)
+        with profile(activities=[ProfilerActivity.CPU]) as prof:
+            dec.generate(edit.prompt.tolist(), references=refs, max_new_tokens=32, max_draft_tokens=16)
+        table = prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=18)
+        print(table)
+        report["profiler_table"] = table
+
+    if args.e2e:
+        data = json.loads(Path(args.e2e).read_text())
+        proj = {}
+        for key, s in data["summary"].items():
+            if s.get("tokens_per_pass_median"):
+                proj[key] = s["tokens_per_pass_median"]
+        report["projected_flat_curve_speedup"] = proj
+        print("projected speed-up on a flat (GPU-like) cost curve = tokens/pass:")
+        for key, v in proj.items():
+            print(f"  {key}: {v:.2f}x")
+
+    OUT_DIR.mkdir(parents=True, exist_ok=True)
+    path = Path(args.json) if args.json else OUT_DIR / f"profile-{time.strftime('%Y%m%d-%H%M%S')}.json"
+    path.write_text(json.dumps(report, indent=1, default=str) + "\n")
+    print(f"wrote {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
