@@ -7,6 +7,11 @@ max_new_tokens 4, draft budgets cycling over "auto", 0, 8, 64. Reports RSS
 growth (tracemalloc) over the measured calls when ``--tracemalloc`` is given.
 
     python benchmarks/long_run.py [--calls 10000] [--warmup 200] [--tracemalloc] [--json OUT]
+
+Measured (2026-11-29, 2 shared cores, --tracemalloc): 10,000 calls in 296 s;
+RSS 266.7 MiB at start, 447.2 MiB after 200 warm-up calls (torch, model,
+index), 448.2 MiB at the end (+0.96 MiB; flat at 448.0-448.2 MiB from call
+2,000 on); Python heap +143 KiB over the 10,000 calls.
 """
 
 from __future__ import annotations
