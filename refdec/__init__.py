@@ -5,4 +5,7 @@ from refdec.proposer import Proposer
 from refdec.tree import DraftTree
 from refdec.decoding import DecodingStats, GenerateOutput, SpeculativeDecoder, generate
 
-__all__ = ["CorpusIndex", "ContextIndex", "IndexFormatError", "ShardedIndex", "DraftTree", "Proposer"]
+__all__ = [
+    "CorpusIndex", "ContextIndex", "IndexFormatError", "ShardedIndex", "DraftTree", "Proposer",
+    "generate", "SpeculativeDecoder", "DecodingStats", "GenerateOutput",
+]
