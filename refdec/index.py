@@ -55,6 +55,7 @@ import json
 import os
 import secrets
 import threading
+import time
 import weakref
 from collections.abc import Iterable
 from pathlib import Path
@@ -211,6 +212,57 @@ def _tokenize_documents(documents, tokenizer, vocab_size: int, show_progress: bo
             progress.close()
 
 
+_STALE_TMP_SECONDS = 3600
+
+
+def _fsync_directory(path: str) -> None:
+    """Makes a rename into ``path``'s folder durable (best effort: not every
+    platform or filesystem can fsync a folder)."""
+    try:
+        fd = os.open(os.path.dirname(os.path.abspath(path)), os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def _remove_stale_temporaries(path: str) -> None:
+    """Removes ``<path>.tmp-<pid>-<hex>`` files that a killed save left behind:
+    only when that process no longer exists here and the file has not been
+    written for an hour (a save in progress, or one from another machine on a
+    shared filesystem, is left alone)."""
+    folder, name = os.path.split(os.path.abspath(path))
+    prefix = name + ".tmp-"
+    try:
+        entries = os.listdir(folder)
+    except OSError:
+        return
+    now = time.time()
+    for entry in entries:
+        if not entry.startswith(prefix):
+            continue
+        pid_text = entry[len(prefix):].split("-", 1)[0]
+        if not pid_text.isdigit() or int(pid_text) == os.getpid():
+            continue
+        try:
+            os.kill(int(pid_text), 0)
+            continue  # still running
+        except ProcessLookupError:
+            pass
+        except (PermissionError, OverflowError, OSError):
+            continue  # exists (another user's), or not a pid
+        full = os.path.join(folder, entry)
+        try:
+            if now - os.stat(full).st_mtime >= _STALE_TMP_SECONDS:
+                os.unlink(full)
+        except OSError:
+            pass
+
+
 class CorpusIndex(_Queries):
     """A corpus of documents indexed by a suffix automaton, frozen into one
     memory-mappable file.
@@ -361,7 +413,9 @@ class CorpusIndex(_Queries):
         return cls(_frozen=frozen, fingerprint=stored, vocab_size=frozen.vocab_size, path=path)
 
     def save(self, path) -> None:
-        """Writes the index to ``path`` atomically (temporary file, fsync, rename),
+        """Writes the index to ``path`` atomically (temporary file, fsync, rename,
+        fsync of the folder; temporaries left by a killed save of the same path
+        more than an hour ago are removed),
         and its MinHash signatures, if any, to ``signature_path(path)`` (likewise;
         a signature file left there by an earlier index is removed)."""
         path = os.fspath(path)
@@ -374,12 +428,14 @@ class CorpusIndex(_Queries):
                 f.flush()
                 os.fsync(f.fileno())
             os.replace(tmp, path)
+            _fsync_directory(path)
         except BaseException:
             try:
                 os.unlink(tmp)
             except FileNotFoundError:
                 pass
             raise
+        _remove_stale_temporaries(path)
         from refdec.retrieval import signature_path
 
         if sigs is not None:

@@ -245,7 +245,7 @@ def big_corpus(tmp_path_factory, tokenizer_dir):
     return root / "src", seconds
 
 
-@pytest.mark.parametrize("fraction", [0.5, 0.8, 0.95])
+@pytest.mark.parametrize("fraction", [0.5, 0.8, 0.95, "during_save"])
 def test_a_build_killed_mid_way_leaves_the_previous_index_intact(tmp_path, tokenizer_dir, big_corpus, fraction):
     src, clean_seconds = big_corpus
     out = tmp_path / "corpus.refdec"
@@ -256,7 +256,14 @@ def test_a_build_killed_mid_way_leaves_the_previous_index_intact(tmp_path, token
          "--out", str(out), "--no-progress"],
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=_env(),
     )
-    time.sleep(clean_seconds * fraction)
+    if fraction == "during_save":  # as soon as the temporary file appears (if the poll sees it)
+        deadline = time.monotonic() + 10 * clean_seconds + 60
+        while proc.poll() is None and time.monotonic() < deadline:
+            if any(".tmp-" in p.name for p in tmp_path.iterdir()):
+                break
+            time.sleep(0.0005)
+    else:
+        time.sleep(clean_seconds * fraction)
     proc.send_signal(signal.SIGKILL)
     proc.wait(timeout=60)
     # The final name holds either the old index or a complete new one; never a partial file.
@@ -461,3 +468,20 @@ def test_add_documents_with_one_bad_document_changes_nothing():
         assert (len(index), index.num_documents, _queries_of(index, [[1, 2], [4, 5], [7]])) == before
     index.add_documents([[4, 5, 6]])
     assert index.match_length([4, 5]) == 2 and index.num_documents == 2
+
+
+def test_save_removes_temporaries_of_killed_saves_but_not_of_live_or_recent_ones(tmp_path):
+    out = tmp_path / "x.refdec"
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    dead_pid = int(dead.stdout)  # exited: no such process any more (pids are not reused this fast)
+    old = time.time() - 2 * 3600
+    stale = tmp_path / f"x.refdec.tmp-{dead_pid}-0badc0de"
+    recent = tmp_path / f"x.refdec.tmp-{dead_pid}-00000001"
+    live = tmp_path / f"x.refdec.tmp-{os.getppid()}-00000002"
+    other = tmp_path / f"y.refdec.tmp-{dead_pid}-00000003"
+    for p in (stale, recent, live, other):
+        p.write_bytes(b"partial")
+    for p in (stale, live, other):
+        os.utime(p, (old, old))
+    CorpusIndex.build([[1, 2]], show_progress=False).save(out)
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted([out.name, recent.name, live.name, other.name])
