@@ -1,0 +1,44 @@
+"""refdec.verify.tree_forward_fn: the verifier's own head (W @ h.T) gives the model's logits."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+import tiny_models
+from refdec.cache import new_cache
+from refdec.masks import build_tree_inputs, mask_spec_for
+from refdec.tree import DraftTree
+from refdec.verify import tree_forward_fn
+
+
+@pytest.mark.parametrize("make", [tiny_models.tiny_llama, tiny_models.tiny_qwen2, tiny_models.tiny_gemma3,
+                                  tiny_models.tiny_gpt2])
+def test_tree_forward_equals_the_model_forward_on_a_tree(make):
+    model = make()
+    forward = tree_forward_fn(model)
+    assert forward is not None
+    spec = mask_spec_for(model)
+    prompt = torch.tensor([[5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16]])
+    # root -> 20 -> 21, root -> 22
+    tree = DraftTree(np.array([20, 21, 22]), np.array([-1, 0, -1]), np.ones(3, np.float32))
+    inputs = build_tree_inputs(tree, 17, prompt.shape[1], spec)
+    logits = []
+    with torch.inference_mode():
+        for use_fast in (True, False):
+            cache = new_cache()
+            model(input_ids=prompt, past_key_values=cache, use_cache=True)
+            kwargs = dict(input_ids=inputs.input_ids, position_ids=inputs.position_ids,
+                          attention_mask=inputs.attention_mask)
+            if use_fast:
+                logits.append(forward(cache, **kwargs))
+            else:
+                logits.append(model(past_key_values=cache, use_cache=True, **kwargs).logits[0])
+    torch.testing.assert_close(logits[0], logits[1], rtol=1e-10, atol=1e-10)
+
+
+def test_hooked_head_falls_back_to_the_model_forward():
+    model = tiny_models.tiny_llama()
+    model.lm_head.register_forward_hook(lambda module, inputs, output: output * 2)
+    assert tree_forward_fn(model) is None
