@@ -215,16 +215,17 @@ def gather_rows(cache, batch_idx: torch.Tensor, src: torch.Tensor, dst: torch.Te
         _set_len(layer, new_len)
 
 
-def select_rows(cache, rows: torch.Tensor, new_len: int) -> None:
-    """Keep the batch rows ``rows`` (int64 [B']) and the first ``new_len`` slots."""
+def select_rows(cache, rows: torch.Tensor, start: int, new_len: int) -> None:
+    """Keep the batch rows ``rows`` (int64 [B']) and the slots ``[start, new_len)`` (renumbered from 0)."""
     for layer in _layers(cache):
         if isinstance(layer, GrowingLayer):
-            layer._key_buf = layer._key_buf.index_select(0, rows)
-            layer._value_buf = layer._value_buf.index_select(0, rows)
-            layer._set_length(min(new_len, layer._length))
+            # index_select copies; the slice past ``start`` is a view, whose capacity _grow handles
+            layer._key_buf = layer._key_buf.index_select(0, rows)[:, :, start:]
+            layer._value_buf = layer._value_buf.index_select(0, rows)[:, :, start:]
+            layer._set_length(new_len - start)
         else:
-            layer.keys = layer.keys.index_select(0, rows)[:, :, :new_len]
-            layer.values = layer.values.index_select(0, rows)[:, :, :new_len]
+            layer.keys = layer.keys.index_select(0, rows)[:, :, start:new_len]
+            layer.values = layer.values.index_select(0, rows)[:, :, start:new_len]
 
 
 # --------------------------------------------------------------------------- the loop
@@ -499,10 +500,12 @@ def _drop_finished(rows, active, cache, lengths, valid, key_pos):
         return [], lengths[:0], valid[:0], key_pos[:0]
     lengths = lengths[keep]
     new_len = int(lengths.max())
+    valid = valid[keep, :new_len]
+    # left-padding holes that every remaining row has (a long prompt's row left): cut them too
+    start = int(valid.argmax(axis=1).min())
     device = next(iter(_layers(cache))).keys.device
-    select_rows(cache, torch.tensor(keep, dtype=torch.int64, device=device), new_len)
-    valid, key_pos = valid[keep, :new_len], key_pos[keep, :new_len]
-    return [active[i] for i in keep], lengths, valid, key_pos
+    select_rows(cache, torch.tensor(keep, dtype=torch.int64, device=device), start, new_len)
+    return [active[i] for i in keep], lengths - start, valid[:, start:], key_pos[keep, start:new_len]
 
 
 def _mask_for(full: np.ndarray, q_pos: np.ndarray, k_pos: np.ndarray, spec, device):

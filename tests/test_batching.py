@@ -15,6 +15,7 @@ import pytest
 import torch
 
 import refdec
+import refdec.batch as batch
 import refdec.decoding as decoding
 from tiny_models import lookup_factory, repetitive_prompts, tiny_llama
 
@@ -201,3 +202,26 @@ def test_stop_strings_stop_each_row_where_its_own_run_stops(tiny_tokenizer):
     for b, p in enumerate(prompts):
         assert row_tokens(out, b, len(p)) == singles[b]
     assert out.stats.rows[0].stop_reason == "stop_string"
+
+
+def test_rows_stay_exact_after_the_longest_prompt_row_leaves(model3, monkeypatch):
+    """When the row with the longest prompt stops first, the left-padding holes every remaining row has
+    are cut from the cache (slots renumbered); the remaining rows' outputs do not change."""
+    name, model = model3
+    short = repetitive_prompts(3, seed=14)
+    long = [1] + np.random.default_rng(0).integers(3, 96, size=60).tolist()
+    prompts = [long] + short
+    free_long = hf_row(model, long)[len(long):]
+    early = set(sum((hf_row(model, p)[len(p): len(p) + 12] for p in short), []))
+    eos = next(t for t in free_long[:8] if t not in early)  # stops the long row, none of the others early
+    want = [hf_row(model, p, eos_token_id=eos) for p in prompts]
+    assert len(want[0]) - len(long) <= 8 and all(len(w) - len(p) > 10 for w, p in zip(want[1:], short)), \
+        "the long row stops first"
+    starts = []
+    select_rows = batch.select_rows
+    monkeypatch.setattr(batch, "select_rows", lambda cache, rows, start, new_len: (
+        starts.append(start), select_rows(cache, rows, start, new_len)))
+    out = refdec.generate(model, prompts, max_new_tokens=NEW, eos_token_id=eos, max_draft_tokens=8)
+    for b, p in enumerate(prompts):
+        assert row_tokens(out, b, len(p)) == want[b], (name, b)
+    assert starts[0] >= len(long) - max(len(p) for p in short)  # the shared padding was cut
