@@ -154,8 +154,14 @@ def summarize(records: list, methods: list, workload_names: list) -> dict:
     for wl in workload_names:
         rows = [r for r in records if r["workload"] == wl]
         cases = sorted({r["case"] for r in rows})
+        # prefill estimate per case: the median prefill of the refdec runs (the same prompt forward as HF's)
+        prefill = {}
+        for case in cases:
+            p = [r["split"]["prefill"] for r in rows if r["case"] == case and r.get("split")]
+            if p:
+                prefill[case] = statistics.median(p)
         for method in methods:
-            ratios, tps, tpp, identical = [], [], [], True
+            ratios, decode_ratios, tps, tpp, identical = [], [], [], [], True
             for case in cases:
                 base = next((r for r in rows if r["case"] == case and r["method"] == "hf-greedy"), None)
                 mine = next((r for r in rows if r["case"] == case and r["method"] == method), None)
@@ -167,12 +173,22 @@ def summarize(records: list, methods: list, workload_names: list) -> dict:
                 identical &= bool(mine.get("identical", True))
                 if base is not None:
                     ratios.append(base["seconds"] / mine["seconds"])
+                    if case in prefill:
+                        own = mine["split"]["prefill"] if mine.get("split") else prefill[case]
+                        den = mine["seconds"] - own
+                        num = base["seconds"] - prefill[case]
+                        if den > 0 and num > 0:
+                            decode_ratios.append(num / den)
             if not tps:
                 continue
             summary[f"{wl}/{method}"] = {
                 "workload": wl, "method": method, "cases": len(tps),
                 "ratio_median": statistics.median(ratios) if ratios else None,
                 "ratio_min": min(ratios) if ratios else None, "ratio_max": max(ratios) if ratios else None,
+                "decode_ratio_median": statistics.median(decode_ratios) if decode_ratios else None,
+                "prefill_share_median": (statistics.median(prefill[c] / r["seconds"] for r in rows
+                                                           for c in [r["case"]] if r["method"] == "hf-greedy"
+                                                           and c in prefill) if prefill else None),
                 "tokens_per_second_median": statistics.median(tps),
                 "tokens_per_pass_median": statistics.median(tpp) if tpp else None,
                 "identical": identical,
@@ -181,8 +197,9 @@ def summarize(records: list, methods: list, workload_names: list) -> dict:
 
 
 def markdown(summary: dict, methods: list, workload_names: list) -> str:
-    lines = ["| workload | method | cases | speed-up vs HF greedy (median [min, max]) | tokens/s | tokens/pass | identical |",
-             "|---|---|---|---|---|---|---|"]
+    lines = ["| workload | method | cases | speed-up vs HF greedy (median [min, max]) | decode-only speed-up (est.) "
+             "| tokens/s | tokens/pass | identical |",
+             "|---|---|---|---|---|---|---|---|"]
     for wl in workload_names:
         for method in methods:
             s = summary.get(f"{wl}/{method}")
@@ -191,7 +208,8 @@ def markdown(summary: dict, methods: list, workload_names: list) -> str:
             ratio = (f"{s['ratio_median']:.2f}x [{s['ratio_min']:.2f}, {s['ratio_max']:.2f}]"
                      if s["ratio_median"] is not None else "-")
             tpp = f"{s['tokens_per_pass_median']:.2f}" if s["tokens_per_pass_median"] is not None else "-"
-            lines.append(f"| {wl} | {method} | {s['cases']} | {ratio} | {s['tokens_per_second_median']:.2f} | "
+            dec = f"{s['decode_ratio_median']:.2f}x" if s.get("decode_ratio_median") else "-"
+            lines.append(f"| {wl} | {method} | {s['cases']} | {ratio} | {dec} | {s['tokens_per_second_median']:.2f} | "
                          f"{tpp} | {'yes' if s['identical'] else '**NO**'} |")
     return "\n".join(lines)
 
@@ -217,7 +235,17 @@ def main(argv=None) -> int:
     ap.add_argument("--dtype", default="float32")
     ap.add_argument("--quick", action="store_true", help="a ~5-minute run: 2 prompts per workload, 64 tokens")
     ap.add_argument("--json", default=None, help="results JSON path (default benchmarks/out/e2e-<time>.json)")
+    ap.add_argument("--resummarize", default=None, metavar="JSON", help="recompute the summary of a results file")
     args = ap.parse_args(argv)
+
+    if args.resummarize:
+        path = Path(args.resummarize)
+        data = json.loads(path.read_text())
+        data["summary"] = summarize(data["records"], data["methods"], data["workloads"])
+        data["markdown"] = markdown(data["summary"], data["methods"], data["workloads"])
+        path.write_text(json.dumps(data, indent=1, default=str) + "\n")
+        print(data["markdown"])
+        return 1 if data.get("mismatches") else 0
 
     import torch
 
