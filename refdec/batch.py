@@ -36,7 +36,14 @@ fully masked (SDPA would return NaN there and the NaN would reach other rows
 through 0 * NaN in the value product).
 
 Finished rows leave the batch: their cache rows are dropped (``index_select``
-on the batch dim), so they stop costing compute.
+on the batch dim), so they stop costing compute, and the left-padding slots
+that every remaining row has (the longest prompt's row left) are cut as well.
+
+Draft sizes: each row keeps its own budget policy (an int is one node count
+for every row; ``"auto"`` gives each row its own AutoBudget). The policies
+see the single-row cost curve, not the batch's: on a CPU a batched step costs
+about ``B * T`` rows, so large per-row trees at large ``B`` cost more than the
+single-row curve says (see benchmarks/e2e_batch.py).
 
 Sampling: the Gumbel noise is keyed by ``(seed, absolute output position)``;
 row ``b`` uses ``seed + b`` when ``seed`` is an int (or ``seeds[b]`` when a
