@@ -225,3 +225,13 @@ def test_rows_stay_exact_after_the_longest_prompt_row_leaves(model3, monkeypatch
     for b, p in enumerate(prompts):
         assert row_tokens(out, b, len(p)) == want[b], (name, b)
     assert starts[0] >= len(long) - max(len(p) for p in short)  # the shared padding was cut
+
+
+def test_auto_budget_gives_each_row_its_own_policy():
+    """max_draft_tokens="auto" (the default): one budget policy per row; rows stay exact."""
+    model = tiny_llama()
+    prompts = mixed_batch()
+    out = refdec.generate(model, prompts, max_new_tokens=NEW, eos_token_id=[])
+    for b, p in enumerate(prompts):
+        assert row_tokens(out, b, len(p)) == hf_row(model, p)
+    assert out.stats.accepted_tokens > 0
