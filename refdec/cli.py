@@ -4,6 +4,15 @@ from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
+
+
+def read_text_file(path: str) -> str:
+    """A UTF-8 text file named on the command line; FileNotFoundError names a missing one."""
+    file = Path(path)
+    if not file.is_file():
+        raise FileNotFoundError(f"no such file: {path}")
+    return file.read_text(encoding="utf-8")
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -58,10 +58,9 @@ def register(subparsers) -> None:
 
 
 def _read(path: str) -> str:
-    file = Path(path)
-    if not file.is_file():
-        raise FileNotFoundError(f"no such file: {path}")
-    return file.read_text(encoding="utf-8")
+    from refdec.cli import read_text_file
+
+    return read_text_file(path)
 
 
 def _template(value: str | None) -> str | None:

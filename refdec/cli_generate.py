@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import argparse
 import sys
-from pathlib import Path
 
 
 def _draft_tokens(value: str):
@@ -61,10 +60,9 @@ def register(subparsers) -> None:
 
 
 def _read(path: str) -> str:
-    file = Path(path)
-    if not file.is_file():
-        raise FileNotFoundError(f"no such file: {path}")
-    return file.read_text(encoding="utf-8")
+    from refdec.cli import read_text_file
+
+    return read_text_file(path)
 
 
 def run(args) -> int:

@@ -15,6 +15,7 @@ import pytest
 import refdec
 from refdec import ContextIndex, CorpusIndex, IndexFormatError
 from refdec.index import tokenizer_fingerprint
+from word_tokenizer import WordTokenizer
 
 
 @pytest.fixture(params=["built", "loaded"])
@@ -236,27 +237,8 @@ def test_flipped_body_byte_fails_verify_but_queries_still_answer(tmp_path):
     index.match_length([1, 2, 3])  # degraded answers allowed, no crash
 
 
-class FakeTokenizer:
-    """Whitespace tokenizer with the HF surface the index uses."""
-
-    def __init__(self, words):
-        self.vocab = {w: i for i, w in enumerate(words)}
-        self.all_special_tokens = ["<eos>"]
-
-    def get_vocab(self):
-        return dict(self.vocab)
-
-    def __len__(self):
-        return len(self.vocab)
-
-    def __call__(self, text, add_special_tokens=True):
-        if isinstance(text, list):
-            return {"input_ids": [[self.vocab[w] for w in t.split()] for t in text]}
-        return {"input_ids": [self.vocab[w] for w in text.split()]}
-
-
 def test_str_documents_are_tokenised_and_the_fingerprint_is_checked_on_load(tmp_path):
-    tok = FakeTokenizer(["a", "b", "c", "d"])
+    tok = WordTokenizer(["a", "b", "c", "d"])
     index = CorpusIndex.build(["a b c", [1, 2], "b c d"], tok, show_progress=False)
     assert [index.document(i).tolist() for i in range(3)] == [[0, 1, 2], [1, 2], [1, 2, 3]]
     assert index.vocab_size == 4
@@ -265,7 +247,7 @@ def test_str_documents_are_tokenised_and_the_fingerprint_is_checked_on_load(tmp_
     path = tmp_path / "tok.refdec"
     index.save(path)
     assert CorpusIndex.load(path, tok).fingerprint == index.fingerprint
-    other = FakeTokenizer(["a", "b", "c", "e"])
+    other = WordTokenizer(["a", "b", "c", "e"])
     with pytest.raises(IndexFormatError) as info:
         CorpusIndex.load(path, other)
     assert index.fingerprint in str(info.value) and tokenizer_fingerprint(other) in str(info.value)

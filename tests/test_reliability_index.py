@@ -37,6 +37,7 @@ import pytest
 
 import refdec
 from refdec import _C, ContextIndex, CorpusIndex, IndexFormatError, Proposer
+from word_tokenizer import WordTokenizer
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -104,25 +105,8 @@ def test_queries_and_proposer_with_out_of_range_ids_raise_value_error_naming_the
 # Tokenizer mismatch
 
 
-class _WordTokenizer:
-    """Whitespace tokenizer with the HF surface the index uses."""
-
-    def __init__(self, words):
-        self.vocab = {w: i for i, w in enumerate(words)}
-        self.all_special_tokens = ["<eos>"]
-
-    def get_vocab(self):
-        return dict(self.vocab)
-
-    def __len__(self):
-        return len(self.vocab)
-
-    def __call__(self, texts, add_special_tokens=True):
-        return {"input_ids": [[self.vocab[w] for w in t.split()] for t in texts]}
-
-
 def test_loading_with_another_tokenizer_raises_index_format_error_naming_both_fingerprints(tmp_path):
-    mine, other = _WordTokenizer(["a", "b", "c"]), _WordTokenizer(["a", "b", "d"])
+    mine, other = WordTokenizer(["a", "b", "c"]), WordTokenizer(["a", "b", "d"])
     path = tmp_path / "t.refdec"
     CorpusIndex.build(["a b c a b"], mine, show_progress=False).save(path)
     with pytest.raises(IndexFormatError) as info:
@@ -135,9 +119,9 @@ def test_loading_with_another_tokenizer_raises_index_format_error_naming_both_fi
 
 
 def test_add_documents_with_another_tokenizer_raises_value_error():
-    index = CorpusIndex.build(["a b"], _WordTokenizer(["a", "b"]), show_progress=False)
+    index = CorpusIndex.build(["a b"], WordTokenizer(["a", "b"]), show_progress=False)
     with pytest.raises(ValueError, match="fingerprint"):
-        index.add_documents(["a"], _WordTokenizer(["a", "c"]))
+        index.add_documents(["a"], WordTokenizer(["a", "c"]))
     assert len(index) == 2
 
 
