@@ -151,8 +151,10 @@ def run(args) -> int:
         sys.stdout.write("\n")
     if args.diff:
         name = Path(args.file).name
-        sys.stdout.writelines(difflib.unified_diff(original.splitlines(keepends=True), result.splitlines(keepends=True),
-                                                   fromfile=f"a/{name}", tofile=f"b/{name}"))
+        for line in difflib.unified_diff(original.splitlines(keepends=True), result.splitlines(keepends=True),
+                                         fromfile=f"a/{name}", tofile=f"b/{name}"):
+            # A last line without a newline is marked as `diff -u` does.
+            sys.stdout.write(line if line.endswith("\n") else line + "\n\\ No newline at end of file\n")
         sys.stdout.flush()
 
     s = out.stats
