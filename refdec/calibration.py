@@ -21,12 +21,13 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
+
+from refdec.atomic import atomic_write
 
 DEFAULT_NODES = (0, 1, 2, 4, 8, 16, 24, 32, 48, 64)
 _FORMAT = 1
@@ -191,9 +192,7 @@ def calibrate(model, *, force: bool = False, **measure_kwargs) -> CostCurve:
     curve = measure(model, **measure_kwargs)
     path = calibration_path(model)
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(f".tmp{os.getpid()}")
-    tmp.write_text(json.dumps(curve.to_json(), indent=1))
-    os.replace(tmp, path)
+    atomic_write(path, [json.dumps(curve.to_json(), indent=1).encode()])
     return curve
 
 

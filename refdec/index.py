@@ -53,9 +53,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import secrets
 import threading
-import time
 import weakref
 from collections.abc import Iterable
 from pathlib import Path
@@ -63,6 +61,7 @@ from pathlib import Path
 import numpy as np
 
 from refdec import _C
+from refdec.atomic import atomic_write
 
 __all__ = ["IndexFormatError", "tokenizer_fingerprint", "CorpusIndex", "ContextIndex", "ShardedIndex"]
 
@@ -210,57 +209,6 @@ def _tokenize_documents(documents, tokenizer, vocab_size: int, show_progress: bo
     finally:
         if progress is not None:
             progress.close()
-
-
-_STALE_TMP_SECONDS = 3600
-
-
-def _fsync_directory(path: str) -> None:
-    """Makes a rename into ``path``'s folder durable (best effort: not every
-    platform or filesystem can fsync a folder)."""
-    try:
-        fd = os.open(os.path.dirname(os.path.abspath(path)), os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
-
-
-def _remove_stale_temporaries(path: str) -> None:
-    """Removes ``<path>.tmp-<pid>-<hex>`` files that a killed save left behind:
-    only when that process no longer exists here and the file has not been
-    written for an hour (a save in progress, or one from another machine on a
-    shared filesystem, is left alone)."""
-    folder, name = os.path.split(os.path.abspath(path))
-    prefix = name + ".tmp-"
-    try:
-        entries = os.listdir(folder)
-    except OSError:
-        return
-    now = time.time()
-    for entry in entries:
-        if not entry.startswith(prefix):
-            continue
-        pid_text = entry[len(prefix):].split("-", 1)[0]
-        if not pid_text.isdigit() or int(pid_text) == os.getpid():
-            continue
-        try:
-            os.kill(int(pid_text), 0)
-            continue  # still running
-        except ProcessLookupError:
-            pass
-        except (PermissionError, OverflowError, OSError):
-            continue  # exists (another user's), or not a pid
-        full = os.path.join(folder, entry)
-        try:
-            if now - os.stat(full).st_mtime >= _STALE_TMP_SECONDS:
-                os.unlink(full)
-        except OSError:
-            pass
 
 
 class CorpusIndex(_Queries):
@@ -421,21 +369,7 @@ class CorpusIndex(_Queries):
         path = os.fspath(path)
         frozen = self._frozen_index()
         sigs = self.signatures  # read a loaded index's sibling file before it may be overwritten
-        tmp = f"{path}.tmp-{os.getpid()}-{secrets.token_hex(4)}"
-        try:
-            with open(tmp, "wb") as f:
-                f.write(frozen.buffer())
-                f.flush()
-                os.fsync(f.fileno())
-            os.replace(tmp, path)
-            _fsync_directory(path)
-        except BaseException:
-            try:
-                os.unlink(tmp)
-            except FileNotFoundError:
-                pass
-            raise
-        _remove_stale_temporaries(path)
+        atomic_write(path, [frozen.buffer()])
         from refdec.retrieval import signature_path
 
         if sigs is not None:

@@ -54,7 +54,6 @@ from __future__ import annotations
 import hashlib
 import os
 import struct
-import tempfile
 import threading
 import zlib
 from collections import OrderedDict
@@ -62,6 +61,8 @@ from collections.abc import Callable, Sequence
 from typing import Union
 
 import numpy as np
+
+from refdec.atomic import atomic_write
 
 try:
     from datasketch import LeanMinHash, MinHash, MinHashLSH, MinHashLSHForest
@@ -335,29 +336,6 @@ def signature_path(index_path: PathLike) -> str:
     return os.fspath(index_path) + ".minhash"
 
 
-def _atomic_write(path: PathLike, chunks: Sequence[bytes | memoryview]) -> None:
-    """Write ``chunks`` to ``path`` via a temporary file in the same folder and ``os.replace``.
-
-    Either the complete new file is under ``path`` afterwards, or the old one
-    (or nothing) is; the temporary file is removed on failure.
-    """
-    path = os.fspath(path)
-    folder = os.path.dirname(os.path.abspath(path))
-    fd, tmp = tempfile.mkstemp(dir=folder, prefix="." + os.path.basename(path) + ".", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            for chunk in chunks:
-                f.write(chunk)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except FileNotFoundError:
-            pass
-        raise
-
 
 class DocumentSignatures:
     """MinHash signatures of a list of documents.
@@ -501,11 +479,11 @@ class DocumentSignatures:
     # -- persistence --------------------------------------------------------
 
     def save(self, path: PathLike) -> None:
-        """Write to ``path`` atomically (temporary file in the same folder, then ``os.replace``)."""
+        """Write to ``path`` atomically (refdec.atomic: temporary file in the same folder, fsync, rename)."""
         payload = np.ascontiguousarray(self.matrix, dtype="<u4").tobytes() + self.sizes.astype("<u4").tobytes()
         fields = (_MAGIC, _VERSION, self.ngram, self.num_perm, self.seed, len(self), zlib.crc32(payload))
         header = _HEADER.pack(*fields, zlib.crc32(_HEADER_FIELDS.pack(*fields)))
-        _atomic_write(path, [header, payload])
+        atomic_write(path, [header, payload])
 
     @classmethod
     def load(

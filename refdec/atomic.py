@@ -1,0 +1,86 @@
+"""Atomic file writes: a reader of ``path`` sees the old file or the complete new one, never a part.
+
+Every file refdec writes (index, MinHash signatures, calibration curves) goes
+through :func:`atomic_write`: a temporary ``<path>.tmp-<pid>-<hex>`` in the same
+folder, fsync, ``os.replace``, fsync of the folder. Temporaries left by a killed
+writer of the same path are removed once that process is gone and an hour has passed.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import time
+from typing import Iterable
+
+
+def atomic_write(path, chunks: Iterable[bytes | memoryview]) -> None:
+    """Write ``chunks`` (bytes-like, in order) to ``path`` atomically."""
+    path = os.fspath(path)
+    tmp = f"{path}.tmp-{os.getpid()}-{secrets.token_hex(4)}"
+    try:
+        with open(tmp, "wb") as f:
+            for chunk in chunks:
+                f.write(chunk)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+        _fsync_directory(path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except FileNotFoundError:
+            pass
+        raise
+    _remove_stale_temporaries(path)
+
+
+_STALE_TMP_SECONDS = 3600
+
+
+def _fsync_directory(path: str) -> None:
+    """Makes a rename into ``path``'s folder durable (best effort: not every
+    platform or filesystem can fsync a folder)."""
+    try:
+        fd = os.open(os.path.dirname(os.path.abspath(path)), os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def _remove_stale_temporaries(path: str) -> None:
+    """Removes ``<path>.tmp-<pid>-<hex>`` files that a killed save left behind:
+    only when that process no longer exists here and the file has not been
+    written for an hour (a save in progress, or one from another machine on a
+    shared filesystem, is left alone)."""
+    folder, name = os.path.split(os.path.abspath(path))
+    prefix = name + ".tmp-"
+    try:
+        entries = os.listdir(folder)
+    except OSError:
+        return
+    now = time.time()
+    for entry in entries:
+        if not entry.startswith(prefix):
+            continue
+        pid_text = entry[len(prefix):].split("-", 1)[0]
+        if not pid_text.isdigit() or int(pid_text) == os.getpid():
+            continue
+        try:
+            os.kill(int(pid_text), 0)
+            continue  # still running
+        except ProcessLookupError:
+            pass
+        except (PermissionError, OverflowError, OSError):
+            continue  # exists (another user's), or not a pid
+        full = os.path.join(folder, entry)
+        try:
+            if now - os.stat(full).st_mtime >= _STALE_TMP_SECONDS:
+                os.unlink(full)
+        except OSError:
+            pass
