@@ -12,7 +12,8 @@ a tree against this curve.
 
 ``calibrate`` measures forwards of ``1 + n`` rows (root + n nodes) over a cache
 of ``cache_len`` tokens with the tree mask the decoder uses, ``repeats`` times
-each (median), and caches the result as JSON under
+each (the minimum: load from other work on a shared machine only ever adds
+time, so the least-disturbed run is the best estimate), and caches the result as JSON under
 ``refdec.models.cache_dir()/calibration/`` keyed by the model's config, dtype,
 device and the number of torch threads.
 """
@@ -32,7 +33,7 @@ from refdec.atomic import atomic_write
 DEFAULT_NODES = (0, 1, 2, 4, 8, 16, 24, 32, 48, 64)
 _FORMAT = 1
 # Part of the cache key: bump when the verification forward changes (its cost curve with it).
-FORWARD_VERSION = "mm-head-1"
+FORWARD_VERSION = "mm-head-1-min"  # -min: per-size minimum of repeats (was the median)
 
 
 @dataclass(frozen=True)
@@ -41,7 +42,7 @@ class CostCurve:
     them and extrapolated linearly past the last point.
 
     ``nodes``: increasing ints >= 0 (draft nodes; a forward feeds ``1 + n`` rows).
-    ``seconds``: the median forward time at each size.
+    ``seconds``: the forward time at each size (minimum over repeats).
     """
 
     nodes: tuple
@@ -126,7 +127,7 @@ def measure(model, nodes=DEFAULT_NODES, *, cache_len: int = 512, repeats: int = 
 
     The trees are chains (the mask shape does not change the cost of an SDPA forward);
     sizes are interleaved across repeats so that load drifts on a shared machine hit all
-    sizes alike. Returns the per-size median.
+    sizes alike. Returns the per-size minimum (load only adds time).
     """
     import torch
 
@@ -167,7 +168,7 @@ def measure(model, nodes=DEFAULT_NODES, *, cache_len: int = 512, repeats: int = 
                 compact(cache, cache_len, None, 0)  # back to the prompt
                 if rep >= warmup:
                     times[n].append(elapsed)
-    seconds = tuple(float(np.median(times[n])) for n in nodes)
+    seconds = tuple(float(np.min(times[n])) for n in nodes)
     meta = {"cache_len": cache_len, "repeats": repeats, "threads": torch.get_num_threads(),
             "samples": {str(n): times[n] for n in nodes}, "measured_at": time.strftime("%Y-%m-%d %H:%M:%S")}
     return CostCurve(nodes, seconds, meta)
