@@ -315,6 +315,32 @@ def bench_draftretriever(arrays: list[np.ndarray], pairs, budget: int, vocab_siz
 # ---------------------------------------------------------------------------
 
 
+def _build_rows(same: dict, peer: dict) -> list[list[str]]:
+    """Build-throughput rows of a peer table: refdec on the same tokens vs the peer."""
+    return [
+        ["build tokens/s (wall)", f"{same['build_tokens_per_s'] / 1e6:.2f} M",
+         f"{peer['build_tokens_per_s'] / 1e6:.3f} M",
+         f"{same['build_tokens_per_s'] / peer['build_tokens_per_s']:.1f}×"],
+        ["build tokens/CPU-s", f"{same['build_tokens_per_cpu_s'] / 1e6:.2f} M",
+         f"{peer['build_tokens_per_cpu_s'] / 1e6:.3f} M",
+         f"{same['build_tokens_per_cpu_s'] / peer['build_tokens_per_cpu_s']:.1f}×"],
+    ]
+
+
+def _replay_rows(same: dict, peer: dict) -> list[list[str]]:
+    """Replay rows of a peer table: step latency, tree size, tokens a verifier would accept."""
+    return [
+        ["step p50 (µs)", f"{same['step_p50_us']:.1f}", f"{peer['step_p50_us']:.1f}",
+         f"{peer['step_p50_us'] / same['step_p50_us']:.1f}× faster"],
+        ["step p99 (µs)", f"{same['step_p99_us']:.1f}", f"{peer['step_p99_us']:.1f}",
+         f"{peer['step_p99_us'] / same['step_p99_us']:.1f}× faster"],
+        ["mean tree nodes", f"{same['mean_tree_nodes']:.1f}", f"{peer['mean_tree_nodes']:.1f}", ""],
+        ["mean accepted if verified", f"{same['mean_accepted_if_verified']:.2f}",
+         f"{peer['mean_accepted_if_verified']:.2f}",
+         f"{same['mean_accepted_if_verified'] / max(peer['mean_accepted_if_verified'], 1e-9):.2f}×"],
+    ]
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--max-files", type=int, default=None, help="use only the first N stdlib files")
@@ -449,21 +475,7 @@ def main(argv=None) -> int:
         print(f"\nArcticInference: not measured ({arctic['unavailable']})")
     elif arctic:
         same = baselines["refdec_on_prefix"]
-        rows = [
-            ["build tokens/s (wall)", f"{same['build_tokens_per_s'] / 1e6:.2f} M",
-             f"{arctic['build_tokens_per_s'] / 1e6:.3f} M",
-             f"{same['build_tokens_per_s'] / arctic['build_tokens_per_s']:.1f}×"],
-            ["build tokens/CPU-s", f"{same['build_tokens_per_cpu_s'] / 1e6:.2f} M",
-             f"{arctic['build_tokens_per_cpu_s'] / 1e6:.3f} M",
-             f"{same['build_tokens_per_cpu_s'] / arctic['build_tokens_per_cpu_s']:.1f}×"],
-            ["step p50 (µs)", f"{same['step_p50_us']:.1f}", f"{arctic['step_p50_us']:.1f}",
-             f"{arctic['step_p50_us'] / same['step_p50_us']:.1f}× faster"],
-            ["step p99 (µs)", f"{same['step_p99_us']:.1f}", f"{arctic['step_p99_us']:.1f}",
-             f"{arctic['step_p99_us'] / same['step_p99_us']:.1f}× faster"],
-            ["mean tree nodes", f"{same['mean_tree_nodes']:.1f}", f"{arctic['mean_tree_nodes']:.1f}", ""],
-            ["mean accepted if verified", f"{same['mean_accepted_if_verified']:.2f}",
-             f"{arctic['mean_accepted_if_verified']:.2f}",
-             f"{same['mean_accepted_if_verified'] / max(arctic['mean_accepted_if_verified'], 1e-9):.2f}×"],
+        rows = _build_rows(same, arctic) + _replay_rows(same, arctic) + [
             ["memory (bytes/token)", f"{refdec_result['bytes_per_token']:.1f} (file)",
              f"{arctic['bytes_per_token_in_memory']:.1f} (estimate_memory)" if arctic["bytes_per_token_in_memory"] else "?",
              ""],
@@ -476,26 +488,13 @@ def main(argv=None) -> int:
         print(f"\nDraftRetriever (REST): not measured ({rest['unavailable']})")
     elif rest:
         same = baselines["refdec_on_prefix"]
-        rows = [
-            ["build tokens/s (wall)", f"{same['build_tokens_per_s'] / 1e6:.2f} M", f"{rest['build_tokens_per_s'] / 1e6:.3f} M",
-             f"{same['build_tokens_per_s'] / rest['build_tokens_per_s']:.1f}×"],
-            ["build tokens/CPU-s", f"{same['build_tokens_per_cpu_s'] / 1e6:.2f} M",
-             f"{rest['build_tokens_per_cpu_s'] / 1e6:.3f} M",
-             f"{same['build_tokens_per_cpu_s'] / rest['build_tokens_per_cpu_s']:.1f}×"],
+        rows = _build_rows(same, rest) + [
             ["file bytes/token", f"{refdec_result['bytes_per_token']:.1f} (full corpus)",
              f"{rest['bytes_per_token']:.1f}", ""],
             ["load (in process)", f"{refdec_result['load_ms_in_process_median']:.2f} ms (full corpus)",
              f"{rest['load_ms_in_process']:.1f} ms",
              f"{rest['load_ms_in_process'] / max(refdec_result['load_ms_in_process_median'], 1e-9):.0f}×"],
-            ["step p50 (µs)", f"{same['step_p50_us']:.1f}", f"{rest['step_p50_us']:.1f}",
-             f"{rest['step_p50_us'] / same['step_p50_us']:.1f}× faster"],
-            ["step p99 (µs)", f"{same['step_p99_us']:.1f}", f"{rest['step_p99_us']:.1f}",
-             f"{rest['step_p99_us'] / same['step_p99_us']:.1f}× faster"],
-            ["mean tree nodes", f"{same['mean_tree_nodes']:.1f}", f"{rest['mean_tree_nodes']:.1f}", ""],
-            ["mean accepted if verified", f"{same['mean_accepted_if_verified']:.2f}",
-             f"{rest['mean_accepted_if_verified']:.2f}",
-             f"{same['mean_accepted_if_verified'] / max(rest['mean_accepted_if_verified'], 1e-9):.2f}×"],
-        ]
+        ] + _replay_rows(same, rest)
         print(f"\n### vs DraftRetriever / REST (same {rest['tokens']:,} tokens, same replay; REST has no live-context "
               "source)\n")
         print(markdown_table(rows, ["measure", "refdec", "DraftRetriever", "ratio"]))
