@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tiny_models import MODEL_BUILDERS
+from tiny_models import MODEL_BUILDERS, cached_model
 
 torch.set_num_threads(1)
 
@@ -20,10 +20,7 @@ def tiny_model_cache():
 @pytest.fixture(params=FAMILIES)
 def family_model(request, tiny_model_cache):
     """(family name, model) for every tiny model family, built once per session."""
-    name = request.param
-    if name not in tiny_model_cache:
-        tiny_model_cache[name] = MODEL_BUILDERS[name]()
-    return name, tiny_model_cache[name]
+    return request.param, cached_model(tiny_model_cache, request.param)
 
 
 @pytest.fixture(scope="session")

@@ -17,7 +17,7 @@ import torch
 import refdec
 import refdec.batch as batch
 import refdec.decoding as decoding
-from tiny_models import lookup_factory, repetitive_prompts, tiny_llama
+from tiny_models import cached_model, lookup_factory, repetitive_prompts, tiny_llama
 
 NEW = 40
 FAMILIES = ["gemma3", "gpt2", "llama"]
@@ -25,12 +25,7 @@ FAMILIES = ["gemma3", "gpt2", "llama"]
 
 @pytest.fixture(params=FAMILIES)
 def model3(request, tiny_model_cache):
-    from tiny_models import MODEL_BUILDERS
-
-    name = request.param
-    if name not in tiny_model_cache:
-        tiny_model_cache[name] = MODEL_BUILDERS[name]()
-    return name, tiny_model_cache[name]
+    return request.param, cached_model(tiny_model_cache, request.param)
 
 
 def hf_row(model, prompt, max_new_tokens=NEW, eos_token_id=None):

@@ -80,6 +80,13 @@ def tiny_gpt2(seed: int = 0, scale: float = 3.0):
 MODEL_BUILDERS = {"llama": tiny_llama, "qwen2": tiny_qwen2, "gemma3": tiny_gemma3, "gpt2": tiny_gpt2}
 
 
+def cached_model(cache: dict, name: str):
+    """The tiny model of family ``name``, built once per ``cache`` (a session-scoped dict)."""
+    if name not in cache:
+        cache[name] = MODEL_BUILDERS[name]()
+    return cache[name]
+
+
 def repetitive_prompts(count: int, seed: int = 0, vocab: int = VOCAB, low: int = 3) -> list[list[int]]:
     """Prompts made of a random span repeated a few times with small edits, so drafts match."""
     rng = np.random.default_rng(seed)
