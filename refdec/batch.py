@@ -71,7 +71,7 @@ from refdec.budget import FixedBudget, make_budget
 from refdec.cache import GrowingLayer, new_cache
 from refdec.masks import _finish, ancestor_matrix
 from refdec.sampling import TargetSampler, random_seed
-from refdec.tree import DraftTree, prune_to_depth
+from refdec.tree import DraftTree
 from refdec.verify import accept_walk, accept_walk_lazy
 
 
@@ -277,9 +277,8 @@ def generate_batch(decoder, prompts: list[np.ndarray], padded: np.ndarray | None
             auto_template = make_budget("auto", model=decoder.model)  # the calibrated cost curve (cached)
         except TypeError:  # a make_budget without the model argument
             auto_template = make_budget("auto")
-    from refdec import decoding as _decoding
+    from refdec.decoding import draft_for_step
 
-    drop_out_of_vocab = getattr(_decoding, "_drop_out_of_vocab", None)
     drafting = not (isinstance(shared_budget, FixedBudget) and shared_budget.max_nodes == 0)
 
     rows: list[_Row] = []
@@ -372,17 +371,8 @@ def generate_batch(decoder, prompts: list[np.ndarray], padded: np.ndarray | None
             row = rows[b]
             tree = empty
             if row.proposer is not None:
-                n_nodes = int(row.budget.choose(row.proposer.last_match_lengths()))
-                if n_nodes > 0:
-                    tree = row.proposer.propose(n_nodes)
-                    useful_depth = row.max_total - len(row.seq) - 1
-                    if len(tree) and useful_depth < decoder.max_depth:
-                        tree = prune_to_depth(tree, useful_depth)
-                    if drop_out_of_vocab is not None and len(tree) and int(tree.token_ids.max()) >= vocab:
-                        tree = drop_out_of_vocab(tree, vocab)
-                    select = getattr(row.budget, "select", None)  # optional policy hooks (refdec.budget)
-                    if select is not None and len(tree):
-                        tree = select(tree)
+                tree = draft_for_step(row.proposer, row.budget, row.max_total - len(row.seq) - 1,
+                                      decoder.max_depth, vocab)
             trees.append(tree)
         t1 = time.perf_counter()
         # -- prepare: [n_act, T] queries, mask [n_act, 1, T, slots + T]

@@ -224,6 +224,24 @@ def _drop_out_of_vocab(tree: DraftTree, vocab_size: int) -> DraftTree:
                      source_names=tree.source_names)
 
 
+def draft_for_step(proposer, budget, useful_depth: int, max_depth: int, vocab_size: int) -> DraftTree:
+    """One step's draft: as many nodes as ``budget`` chooses, cut to ``useful_depth`` (the
+    tokens still allowed), without tokens the model's vocabulary lacks, then trimmed by the
+    budget's optional ``select`` hook (AutoBudget: the prefix worth its forward cost)."""
+    n_nodes = int(budget.choose(proposer.last_match_lengths()))
+    if n_nodes <= 0:
+        return DraftTree.empty()
+    tree = proposer.propose(n_nodes)
+    if len(tree) and useful_depth < max_depth:
+        tree = prune_to_depth(tree, useful_depth)
+    if len(tree) and int(tree.token_ids.max()) >= vocab_size:
+        tree = _drop_out_of_vocab(tree, vocab_size)
+    select = getattr(budget, "select", None)  # optional policy hook (refdec.budget)
+    if select is not None and len(tree):
+        tree = select(tree)
+    return tree
+
+
 def _check_retrieve(retrieve, index) -> int:
     if not _is_int(retrieve) or retrieve < 0:
         raise ValueError(f"retrieve must be an int >= 0 (documents to retrieve from the index), got {retrieve!r}")
@@ -461,7 +479,6 @@ class SpeculativeDecoder:
         stats.accept_seconds += time.perf_counter() - t1
 
         empty = DraftTree.empty()
-        select = getattr(budget, "select", None)  # optional policy hooks (refdec.budget)
         observe_nodes = getattr(budget, "observe_nodes", None)
         while not done:
             root_pos = len(seq) - 1  # == cache length
@@ -470,17 +487,9 @@ class SpeculativeDecoder:
             t0 = time.perf_counter()
             tree = empty
             if proposer is not None:
-                n_nodes = int(budget.choose(proposer.last_match_lengths()))
-                if n_nodes > 0:
-                    tree = proposer.propose(n_nodes)
-                    # depth d lands at position root_pos + d; it is useful only while the run fits max_total
-                    useful_depth = max_total - len(seq) - 1
-                    if len(tree) and useful_depth < self.max_depth:
-                        tree = prune_to_depth(tree, useful_depth)
-                    if len(tree) and int(tree.token_ids.max()) >= self.vocab_size:
-                        tree = _drop_out_of_vocab(tree, self.vocab_size)
-                    if select is not None and len(tree):
-                        tree = select(tree)  # e.g. AutoBudget: the prefix worth its forward cost
+                # depth d lands at position root_pos + d; it is useful only while the run fits max_total
+                tree = draft_for_step(proposer, budget, max_total - len(seq) - 1, self.max_depth,
+                                      self.vocab_size)
             t1 = time.perf_counter()
             # -- prepare
             inputs = build_tree_inputs(tree, root, root_pos, self.mask_spec, self.device)
