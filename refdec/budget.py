@@ -111,10 +111,11 @@ class AutoBudget:
     observations. The expected accepted length of the prefix of ``n`` nodes is
     ``E(n) = p_0 + ... + p_{n-1}`` and the verified prefix is
 
-        argmax over n in 0..len(tree) of  (1 + E(n)) / cost(n)
+        argmax over n in 0..len(tree) of  (1 + E(n)) / cost(n, E(n))
 
     ``cost``: a :class:`~refdec.calibration.CostCurve` (seconds per forward with n
-    draft nodes). ``n = 0`` (plain decoding) wins whenever no prefix pays for its
+    draft nodes; with a lazy head, the backbone's seconds plus the head's chunks
+    for the ``1 + E(n)`` rows the walk is expected to visit). ``n = 0`` (plain decoding) wins whenever no prefix pays for its
     extra cost. While the policy keeps choosing no draft although the proposer had
     one, every ``explore_every``-th such step verifies the top ``explore_nodes``
     nodes anyway, so that too pessimistic cells can recover.
@@ -168,9 +169,13 @@ class AutoBudget:
         return out
 
     def best_prefix(self, expected: np.ndarray) -> int:
-        """argmax over n of (1 + E(n)) / cost(n) for ``expected`` = E(0..N)."""
+        """argmax over n of (1 + E(n)) / cost(n, E(n)) for ``expected`` = E(0..N)."""
         n_max = min(len(expected) - 1, self.max_nodes)
-        value = (1.0 + expected[: n_max + 1]) * self._inv_cost[: n_max + 1]
+        expected = expected[: n_max + 1]
+        if self.cost.lazy_head:  # the head runs on the visited rows only: its cost follows E(n)
+            value = (1.0 + expected) / (self._cost[: n_max + 1] + self.cost.head_seconds(expected))
+        else:
+            value = (1.0 + expected) * self._inv_cost[: n_max + 1]
         return int(np.argmax(value))
 
     def select(self, tree: DraftTree) -> DraftTree:

@@ -10,6 +10,12 @@ a tree against this curve.
     curve(16)                         # seconds for a forward with 16 draft nodes
     CostCurve([1, 64], [1.0, 1.0])    # a synthetic (GPU-like, flat) curve
 
+With a lazy head (the decoder's default on a CPU, refdec.verify.LazyRowLogits) the
+LM head runs only on the rows the acceptance walk visits, a chunk of 4 at a time;
+the curve then holds the backbone's cost per tree size (``seconds``) plus the cost
+of one head chunk (``head_chunk_seconds``), and a step that accepts ``k`` nodes
+costs about ``seconds(n) + head_chunk_seconds * (k + 2.5) / 4``.
+
 ``calibrate`` measures forwards of ``1 + n`` rows (root + n nodes) over a cache
 of ``cache_len`` tokens with the tree mask the decoder uses, ``repeats`` times
 each (the minimum: load from other work on a shared machine only ever adds
@@ -31,9 +37,9 @@ import numpy as np
 from refdec.atomic import atomic_write
 
 DEFAULT_NODES = (0, 1, 2, 4, 8, 16, 24, 32, 48, 64)
-_FORMAT = 1
+_FORMAT = 2  # 2: head_chunk_seconds, head_chunk_rows
 # Part of the cache key: bump when the verification forward changes (its cost curve with it).
-FORWARD_VERSION = "mm-head-1-min"  # -min: per-size minimum of repeats (was the median)
+FORWARD_VERSION = "lazy-head-1"  # backbone curve + head chunk (was "mm-head-1-min": the whole tree's head)
 
 
 @dataclass(frozen=True)
@@ -42,12 +48,17 @@ class CostCurve:
     them and extrapolated linearly past the last point.
 
     ``nodes``: increasing ints >= 0 (draft nodes; a forward feeds ``1 + n`` rows).
-    ``seconds``: the forward time at each size (minimum over repeats).
+    ``seconds``: the forward time at each size (minimum over repeats); with
+    ``head_chunk_seconds`` set, the backbone's time only (no LM head).
+    ``head_chunk_seconds``: None when ``seconds`` include every row's head, else the
+    time of the head on one chunk of ``head_chunk_rows`` rows (lazy head).
     """
 
     nodes: tuple
     seconds: tuple
     meta: dict | None = field(default=None, compare=False)
+    head_chunk_seconds: float | None = None
+    head_chunk_rows: int = 4
 
     def __post_init__(self) -> None:
         nodes = tuple(int(n) for n in self.nodes)
@@ -60,6 +71,27 @@ class CostCurve:
             raise ValueError(f"CostCurve seconds must be finite and > 0, got {seconds}")
         object.__setattr__(self, "nodes", nodes)
         object.__setattr__(self, "seconds", seconds)
+        if self.head_chunk_seconds is not None:
+            head = float(self.head_chunk_seconds)
+            if not np.isfinite(head) or head < 0:
+                raise ValueError(f"CostCurve head_chunk_seconds must be finite and >= 0, got {self.head_chunk_seconds}")
+            object.__setattr__(self, "head_chunk_seconds", head)
+        if isinstance(self.head_chunk_rows, bool) or int(self.head_chunk_rows) < 1:
+            raise ValueError(f"CostCurve head_chunk_rows must be an int >= 1, got {self.head_chunk_rows!r}")
+        object.__setattr__(self, "head_chunk_rows", int(self.head_chunk_rows))
+
+    @property
+    def lazy_head(self) -> bool:
+        return self.head_chunk_seconds is not None
+
+    def head_seconds(self, expected_accepted):
+        """Head cost of a step that accepts ``expected_accepted`` nodes (float or float64 array):
+        0 for a curve whose ``seconds`` include the head; else the chunks the walk visits,
+        ``max(1, (k + 2.5) / rows)`` (k + 1 rows on the path plus, on average, half a chunk)."""
+        if self.head_chunk_seconds is None:
+            return np.zeros_like(np.asarray(expected_accepted, dtype=np.float64))
+        chunks = np.maximum(1.0, (np.asarray(expected_accepted, dtype=np.float64) + 2.5) / self.head_chunk_rows)
+        return self.head_chunk_seconds * chunks
 
     def table(self, max_nodes: int) -> np.ndarray:
         """float64 array of shape (max_nodes + 1,): the cost of n = 0 .. max_nodes draft nodes."""
@@ -73,23 +105,28 @@ class CostCurve:
             out[tail] = ys[-1] + slope * (n[tail] - xs[-1])
         return out
 
-    def __call__(self, n: int) -> float:
-        return float(self.table(int(n))[int(n)])
+    def __call__(self, n: int, expected_accepted: float = 0.0) -> float:
+        """Seconds for a step verifying ``n`` nodes that accepts ``expected_accepted`` of them."""
+        return float(self.table(int(n))[int(n)] + self.head_seconds(expected_accepted))
 
     def relative(self) -> dict:
-        """{n: cost(n) / cost(0)} at the measured sizes (cost(0) interpolated if not measured)."""
+        """{n: cost(n) / cost(0)} at the measured sizes (cost(0) interpolated if not measured), a
+        lazy head counted for a step that accepts nothing."""
         base = self(0)
-        return {n: s / base for n, s in zip(self.nodes, self.seconds)}
+        head = float(self.head_seconds(0.0))
+        return {n: (s + head) / base for n, s in zip(self.nodes, self.seconds)}
 
     def to_json(self) -> dict:
         return {"format": _FORMAT, "nodes": list(self.nodes), "seconds": list(self.seconds),
+                "head_chunk_seconds": self.head_chunk_seconds, "head_chunk_rows": self.head_chunk_rows,
                 "meta": self.meta or {}}
 
     @classmethod
     def from_json(cls, data: dict) -> "CostCurve":
         if data.get("format") != _FORMAT:
             raise ValueError(f"calibration format {data.get('format')!r}, expected {_FORMAT}")
-        return cls(tuple(data["nodes"]), tuple(data["seconds"]), data.get("meta"))
+        return cls(tuple(data["nodes"]), tuple(data["seconds"]), data.get("meta"),
+                   data.get("head_chunk_seconds"), int(data.get("head_chunk_rows", 4)))
 
 
 def flat_curve(seconds: float = 1.0) -> CostCurve:
@@ -122,23 +159,31 @@ def calibration_path(model) -> Path:
 
 
 def measure(model, nodes=DEFAULT_NODES, *, cache_len: int = 512, repeats: int = 3,
-            warmup: int = 1) -> CostCurve:
+            warmup: int = 1, lazy_head: bool | None = None) -> CostCurve:
     """Times tree-verification forwards of ``1 + n`` rows over a cache of ``cache_len`` tokens.
 
     The trees are chains (the mask shape does not change the cost of an SDPA forward);
     sizes are interleaved across repeats so that load drifts on a shared machine hit all
     sizes alike. Returns the per-size minimum (load only adds time).
+
+    ``lazy_head`` (default: as the decoder, i.e. a plain-head model on a CPU): time the
+    backbone alone per size and the head on one chunk of rows; else the whole forward.
     """
     import torch
 
     from refdec.cache import compact, new_cache
     from refdec.masks import build_tree_inputs, mask_spec_for
     from refdec.tree import DraftTree
-    from refdec.verify import tree_forward_fn
+    from refdec.verify import split_forward_fn, tree_forward_fn
 
     spec = mask_spec_for(model)
     tree_forward = tree_forward_fn(model)
+    split = split_forward_fn(model)
     device = next(model.parameters()).device
+    if lazy_head is None:
+        lazy_head = split is not None and device.type == "cpu"
+    if lazy_head and split is None:
+        raise ValueError("lazy_head=True needs a model with a plain linear LM head (refdec.verify.split_forward_fn)")
     config = model.config.get_text_config(decoder=True) if hasattr(model.config, "get_text_config") \
         else model.config
     vocab = int(config.vocab_size)
@@ -146,6 +191,8 @@ def measure(model, nodes=DEFAULT_NODES, *, cache_len: int = 512, repeats: int = 
     prompt = torch.from_numpy(rng.integers(3, min(vocab, 30000), size=cache_len)).unsqueeze(0).to(device)
     nodes = tuple(sorted(set(int(n) for n in nodes)))
     times: dict[int, list[float]] = {n: [] for n in nodes}
+    head_times: list[float] = []
+    chunk_rows = 4
     with torch.inference_mode():
         cache = new_cache()
         model(input_ids=prompt, past_key_values=cache, use_cache=True, logits_to_keep=1)
@@ -154,23 +201,34 @@ def measure(model, nodes=DEFAULT_NODES, *, cache_len: int = 512, repeats: int = 
             for n in order:
                 tree = DraftTree.chain(rng.integers(3, min(vocab, 30000), size=n))
                 inputs = build_tree_inputs(tree, 5, cache_len, spec, device)
+                kwargs = dict(input_ids=inputs.input_ids, position_ids=inputs.position_ids,
+                              attention_mask=inputs.attention_mask)
                 t0 = time.perf_counter()
-                if tree_forward is not None:  # the decoder's own verification forward
-                    logits = tree_forward(cache, input_ids=inputs.input_ids, position_ids=inputs.position_ids,
-                                          attention_mask=inputs.attention_mask)
+                if lazy_head:
+                    out = split[0](cache, **kwargs)
+                    out[-1, :1].cpu()  # wait for the device
+                elif tree_forward is not None:  # the decoder's own verification forward
+                    out = tree_forward(cache, **kwargs)
+                    out.argmax(-1).cpu()
                 else:
-                    logits = model(input_ids=inputs.input_ids, position_ids=inputs.position_ids,
-                                   attention_mask=inputs.attention_mask, past_key_values=cache,
-                                   use_cache=True).logits[0]
-                logits.argmax(-1).cpu()
+                    out = model(past_key_values=cache, use_cache=True, **kwargs).logits[0]
+                    out.argmax(-1).cpu()
                 elapsed = time.perf_counter() - t0
-                del logits
+                if lazy_head and n == nodes[-1]:
+                    t0 = time.perf_counter()
+                    split[1].logits(out[:chunk_rows]).argmax(-1).tolist()
+                    if rep >= warmup:
+                        head_times.append(time.perf_counter() - t0)
+                del out
                 compact(cache, cache_len, None, 0)  # back to the prompt
                 if rep >= warmup:
                     times[n].append(elapsed)
     seconds = tuple(float(np.min(times[n])) for n in nodes)
     meta = {"cache_len": cache_len, "repeats": repeats, "threads": torch.get_num_threads(),
             "samples": {str(n): times[n] for n in nodes}, "measured_at": time.strftime("%Y-%m-%d %H:%M:%S")}
+    if lazy_head:
+        meta["head_samples"] = head_times
+        return CostCurve(nodes, seconds, meta, float(np.min(head_times)), chunk_rows)
     return CostCurve(nodes, seconds, meta)
 
 

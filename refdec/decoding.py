@@ -31,7 +31,7 @@ from refdec.cache import compact, new_cache
 from refdec.masks import build_tree_inputs, mask_spec_for
 from refdec.sampling import TargetSampler, random_seed
 from refdec.tree import DraftTree, prune_to_depth
-from refdec.verify import accept_walk, accept_walk_lazy, tree_forward_fn
+from refdec.verify import LazyRowLogits, accept_walk, accept_walk_lazy, split_forward_fn, tree_forward_fn
 
 
 @dataclass
@@ -44,10 +44,10 @@ class DecodingStats:
     draft and the prefill.
     Times are seconds (time.perf_counter): ``prefill`` (the prompt forward),
     ``propose`` (budget + proposer), ``prepare`` (tree → tensors), ``forward``
-    (model forward; for greedy also the argmax of every row and the one host
-    sync), ``accept`` (the acceptance walk, which for sampling includes drawing
-    the token of each row on the path; KV compaction, proposer update, stops,
-    streaming).
+    (model forward, including the LM head of the rows the walk visits and the
+    greedy argmax), ``accept`` (the acceptance walk, which for sampling includes
+    drawing the token of each row on the path; KV compaction, proposer update,
+    stops, streaming).
     """
 
     new_tokens: int = 0
@@ -67,6 +67,7 @@ class DecodingStats:
     retrieved_documents: list[int] = field(default_factory=list)  # retrieve=k: doc_idx in the index, best first
     retrieve_seconds: float = 0.0
     rows: list = field(default_factory=list)  # batched calls: one DecodingStats per batch row
+    head_rows: int = 0  # tree rows the LM head ran on (lazy head: about the accepted path; else every row)
 
     @property
     def tokens_per_pass(self) -> float:
@@ -349,10 +350,24 @@ class SpeculativeDecoder:
         self._cache_kw = "cache" if "cache" in params else "past_key_values"
         self._auto_budget = None  # the "auto" policy persists across calls (its feedback carries over)
         self._tree_forward = tree_forward_fn(model)  # None: the model's own forward computes the logits
+        split = split_forward_fn(model)
+        self._backbone_forward, self._head = split if split is not None else (None, None)
+        # Lazy head (CPU): the LM head runs only on the tree rows the acceptance walk visits
+        # (refdec.verify.LazyRowLogits). On a GPU the head of every row costs about as much as
+        # one row's, so the whole tree is computed in the forward.
+        self.lazy_head = split is not None and self.device.type == "cpu"
 
     def _forward(self, cache, **kwargs):
         kwargs[self._cache_kw] = cache
         return self.model(use_cache=True, **kwargs)
+
+    def _full_logits(self, cache, inputs):
+        """float [1 + n, V]: every tree row's logits (verifier head when the model has a plain one)."""
+        kwargs = dict(input_ids=inputs.input_ids, position_ids=inputs.position_ids,
+                      attention_mask=inputs.attention_mask)
+        if self._tree_forward is not None:
+            return self._tree_forward(cache, **kwargs)
+        return self._forward(cache, **kwargs).logits[0]
 
     @torch.inference_mode()
     def generate(self, input_ids, *, tokenizer=None, index=None, references=None, max_new_tokens: int = 256,
@@ -468,10 +483,15 @@ class SpeculativeDecoder:
         # Prefill: the whole prompt; its last logits give the first new token.
         t0 = time.perf_counter()
         cache = new_cache()
-        out = self._forward(cache, input_ids=prompt_tensor.to(self.device), logits_to_keep=1)
-        last_logits = out.logits[0, -1]
+        if self._head is not None:
+            hidden = self._backbone_forward(cache, input_ids=prompt_tensor.to(self.device))
+            last_logits = self._head.logits(hidden[-1:])[0]
+            del hidden
+        else:
+            out = self._forward(cache, input_ids=prompt_tensor.to(self.device), logits_to_keep=1)
+            last_logits = out.logits[0, -1]
+            del out
         first = sampler.sample(last_logits, prompt_len) if do_sample else int(last_logits.argmax())
-        del out
         t1 = time.perf_counter()
         stats.prefill_seconds = t1 - t0
         stats._count_pass(0)
@@ -494,26 +514,36 @@ class SpeculativeDecoder:
             # -- prepare
             inputs = build_tree_inputs(tree, root, root_pos, self.mask_spec, self.device)
             t2 = time.perf_counter()
-            # -- forward + targets (one host sync)
-            if self._tree_forward is not None:
-                logits = self._tree_forward(cache, input_ids=inputs.input_ids, position_ids=inputs.position_ids,
-                                            attention_mask=inputs.attention_mask)
-            else:
-                out = self._forward(cache, input_ids=inputs.input_ids, position_ids=inputs.position_ids,
-                                    attention_mask=inputs.attention_mask)
-                logits = out.logits[0]
-                del out
-            if do_sample:
+            # -- forward + targets
+            head_seconds = 0.0
+            if self.lazy_head:
+                hidden = self._backbone_forward(cache, input_ids=inputs.input_ids, position_ids=inputs.position_ids,
+                                                attention_mask=inputs.attention_mask)
+                row_logits = LazyRowLogits(tree, hidden, self._head)
                 t3 = time.perf_counter()
-                # -- accept: sample only the rows on the accepted path
-                accepted, bonus = accept_walk_lazy(
-                    tree, lambda row, depth: sampler.sample(logits[row], root_pos + 1 + depth))
+                # -- accept: the head runs on the rows the walk visits, a chunk at a time
+                if do_sample:
+                    accepted, bonus = accept_walk_lazy(
+                        tree, lambda row, depth: sampler.sample(row_logits.row_logits(row), root_pos + 1 + depth))
+                else:
+                    accepted, bonus = accept_walk_lazy(tree, lambda row, depth: row_logits.argmax(row))
+                head_seconds = row_logits.seconds  # head time counts as forward, not as accept
+                stats.head_rows += row_logits.rows_computed
+                del hidden, row_logits
             else:
-                targets = sampler.greedy_targets(logits).cpu().numpy()  # the one host sync
-                t3 = time.perf_counter()
-                # -- accept
-                accepted, bonus = accept_walk(tree, targets)
-            del logits
+                logits = self._full_logits(cache, inputs)  # [1 + n, V]
+                stats.head_rows += 1 + len(tree)
+                if do_sample:
+                    t3 = time.perf_counter()
+                    # -- accept: sample only the rows on the accepted path
+                    accepted, bonus = accept_walk_lazy(
+                        tree, lambda row, depth: sampler.sample(logits[row], root_pos + 1 + depth))
+                else:
+                    targets = sampler.greedy_targets(logits).cpu().numpy()  # the one host sync
+                    t3 = time.perf_counter()
+                    # -- accept
+                    accepted, bonus = accept_walk(tree, targets)
+                del logits
             k = int(accepted.shape[0])
             chain_prefix = bool(k == 0 or int(accepted[-1]) == k - 1)  # nodes 0..k-1: a plain truncation
             compact(cache, root_pos + 1, None if chain_prefix else torch.from_numpy(accepted).to(self.device), k)
@@ -533,8 +563,8 @@ class SpeculativeDecoder:
             t4 = time.perf_counter()
             stats.propose_seconds += t1 - t0
             stats.prepare_seconds += t2 - t1
-            stats.forward_seconds += t3 - t2
-            stats.accept_seconds += t4 - t3
+            stats.forward_seconds += t3 - t2 + head_seconds
+            stats.accept_seconds += t4 - t3 - head_seconds
 
         if streamer is not None:
             streamer.end()
