@@ -10,7 +10,12 @@ Methods:
     hf-pld         model.generate(do_sample=False, prompt_lookup_num_tokens=10)
     refdec-auto    refdec, max_draft_tokens="auto" (the cost-curve budget, refdec.budget.AutoBudget)
     refdec-chain   the same proposer cut to its best path (one chain, no tree), "auto" budget
-    refdec-N       refdec with a fixed budget of N nodes (e.g. refdec-16, refdec-64)
+    refdec-N       refdec with a fixed budget of N nodes (e.g. refdec-16, refdec-64); refdec-0 is
+                   plain decoding through refdec's loop (its verifier head: no drafts at all)
+    peer-pld       HF's prompt-lookup algorithm (2..1-gram, first occurrence, 10-token chain,
+                   benchmarks/baselines.PromptLookup) in refdec's verifier: the verifier's share
+    peer-arctic    ArcticInference's SuffixDecodingCache (if installed) as the proposer in
+                   refdec's verifier, "auto" budget: the proposer's share
 
 Workloads (benchmarks/workloads.py): edits (prompt = original file + change,
 references = [original]; refdec in editing mode, as ``refdec edit``),
@@ -83,6 +88,42 @@ class ChainProposer:
                          tree.source_ids[keep], source_names=tree.source_names)
 
 
+class PeerProposer:
+    """A baseline drafter (benchmarks/baselines.py: start / accept / propose) with the
+    ``last_match_lengths`` the decoder's budget asks for (always "something to draft")."""
+
+    def __init__(self, inner, name: str) -> None:
+        self.inner = inner
+        self.name = name
+
+    def start(self, prompt_ids):
+        self.inner.start(prompt_ids)
+
+    def accept(self, tokens):
+        self.inner.accept(tokens)
+
+    def last_match_lengths(self):
+        return {self.name: 1}
+
+    def propose(self, max_nodes):
+        return self.inner.propose(max_nodes)
+
+
+def peer_factory(method: str):
+    import baselines
+
+    def make(index, references, max_depth):
+        if method == "peer-pld":  # transformers' PromptLookupCandidateGenerator rule
+            return PeerProposer(baselines.PromptLookup(max_ngram=2, occurrence="first"), "pld")
+        if method == "peer-arctic":
+            if not baselines.arctic_available():
+                raise RuntimeError("peer-arctic needs arctic_inference (pip install arctic-inference)")
+            return PeerProposer(baselines.ArcticSuffix(), "arctic")
+        raise ValueError(f"unknown peer method {method!r}")
+
+    return make
+
+
 def proposer_factory(editing: bool, chain: bool):
     def make(index, references, max_depth):
         from refdec.proposer import Proposer
@@ -97,10 +138,11 @@ def proposer_factory(editing: bool, chain: bool):
 # ---------------------------------------------------------------- running
 
 class Runner:
-    def __init__(self, model, tokenizer, max_new_tokens: int) -> None:
+    def __init__(self, model, tokenizer, max_new_tokens: int, edits_max_new_tokens: int | None = None) -> None:
         self.model = model
         self.tokenizer = tokenizer
-        self.max_new_tokens = max_new_tokens
+        self.default_max_new_tokens = max_new_tokens
+        self.edits_max_new_tokens = edits_max_new_tokens or max_new_tokens
         self.decoders: dict = {}
 
     def decoder(self, method: str, workload: str, index, editing: bool):
@@ -109,15 +151,17 @@ class Runner:
 
         key = (method, workload)
         if key not in self.decoders:
-            self.decoders[key] = SpeculativeDecoder(
-                self.model, self.tokenizer, index=index,
-                proposer_factory=proposer_factory(editing, method == "refdec-chain"))
+            factory = (peer_factory(method) if method.startswith("peer-")
+                       else proposer_factory(editing, method == "refdec-chain"))
+            self.decoders[key] = SpeculativeDecoder(self.model, self.tokenizer, index=index,
+                                                    proposer_factory=factory)
         return self.decoders[key]
 
     def run(self, method: str, workload: str, case, index, editing: bool) -> dict:
         import torch
 
         ids = torch.tensor([case.prompt.tolist()], dtype=torch.long)
+        self.max_new_tokens = self.edits_max_new_tokens if workload == "edits" else self.default_max_new_tokens
         rec = {"method": method}
         if method.startswith("hf-"):
             kwargs = dict(do_sample=False, max_new_tokens=self.max_new_tokens, attention_mask=torch.ones_like(ids),
@@ -131,7 +175,12 @@ class Runner:
             tokens = out[0, ids.shape[1]:].tolist()
             rec.update(seconds=seconds, new_tokens=len(tokens), tokens=tokens)
             return rec
-        budget = "auto" if method in ("refdec-auto", "refdec-chain") else int(method.split("-")[1])
+        if method in ("refdec-auto", "refdec-chain", "peer-arctic"):
+            budget = "auto"
+        elif method == "peer-pld":
+            budget = 10  # prompt_lookup_num_tokens=10, as hf-pld
+        else:
+            budget = int(method.split("-")[1])
         decoder = self.decoder(method, workload, index, editing)
         refs = [r.tolist() for r in case.references] or None
         t0 = time.perf_counter()
@@ -143,6 +192,7 @@ class Runner:
         rec.update(seconds=seconds, new_tokens=len(tokens), tokens=tokens, passes=s.forward_passes,
                    tokens_per_pass=s.tokens_per_pass, proposed=s.proposed_tokens, accepted=s.accepted_tokens,
                    accepted_by_source=dict(s.accepted_by_source),
+                   head_rows=s.head_rows,
                    split={"prefill": s.prefill_seconds, "propose": s.propose_seconds,
                           "prepare": s.prepare_seconds, "forward": s.forward_seconds,
                           "accept": s.accept_seconds})
@@ -229,6 +279,8 @@ def main(argv=None) -> int:
     ap.add_argument("--limit", type=int, default=None, help="prompts per workload (default: 6 edits, 4 others)")
     ap.add_argument("--edits-limit", type=int, default=None, help="prompts for edits (default: --limit)")
     ap.add_argument("--max-new-tokens", type=int, default=128)
+    ap.add_argument("--edits-max-new-tokens", type=int, default=None,
+                    help="max new tokens for the edits workload (default: --max-new-tokens)")
     ap.add_argument("--threads", type=int, default=2, help="torch threads (default 2)")
     ap.add_argument("--only", action="append", default=[], metavar="METHOD=WL1,WL2",
                     help="run METHOD on these workloads only (repeatable), e.g. refdec-64=edits,humaneval")
@@ -273,8 +325,10 @@ def main(argv=None) -> int:
     t0 = time.perf_counter()
     curve = auto_cost_curve(model)  # calibrate (or load) before any timing
     print(f"cost curve ({time.perf_counter() - t0:.1f} s): "
-          + ", ".join(f"{n}:{s * 1e3:.0f}ms" for n, s in zip(curve.nodes, curve.seconds)), flush=True)
-    runner = Runner(model, tok, args.max_new_tokens)
+          + ", ".join(f"{n}:{s * 1e3:.0f}ms" for n, s in zip(curve.nodes, curve.seconds))
+          + (f"; head chunk of {curve.head_chunk_rows} rows {curve.head_chunk_seconds * 1e3:.0f}ms"
+             if curve.lazy_head else ""), flush=True)
+    runner = Runner(model, tok, args.max_new_tokens, args.edits_max_new_tokens)
     # warm-up (kernels, allocator)
     warm = workloads.load_workload("mtbench", 1).cases or workloads.load_workload("humaneval", 1).cases
     with torch.inference_mode():
