@@ -4,10 +4,12 @@
         [--e2e benchmarks/out/e2e-....json] [--json OUT]
 
 1. Per-step split (ms/step: propose / prepare / forward / accept) of
-   ``SpeculativeDecoder.generate`` on an edit prompt and a chat prompt, for the
-   verification forward refdec uses ("after": backbone + ``W @ h.T`` head,
-   refdec.verify.tree_forward_fn) and the model's own forward ("before":
-   ``F.linear`` head); the two alternate and must give the same tokens.
+   ``SpeculativeDecoder.generate`` on an edit prompt and a chat prompt, for three
+   verification forwards: the model's own (``model``: ``F.linear`` head on every
+   row), backbone + ``W @ h.T`` head on every row (``mm-head``,
+   refdec.verify.tree_forward_fn) and the lazy head refdec uses on a CPU
+   (``lazy-head``: the head only on the rows the acceptance walk visits,
+   refdec.verify.LazyRowLogits); they alternate and must give the same tokens.
 2. A torch.profiler table (top ops by self CPU time) of one generate call: how
    much of a step is the LM head, attention, the rest, and the host side.
 3. The cost curve (refdec.calibration) and the projected speed-up on a flat,
@@ -63,9 +65,11 @@ def main(argv=None) -> int:
     curve = auto_cost_curve(model)
     report = {"threads": args.threads, "cost_curve": curve.to_json()}
     base = curve(0)
-    print("cost curve (forward seconds vs draft nodes, relative to plain decoding):")
+    print("cost curve (forward seconds vs draft nodes, relative to plain decoding"
+          + (f"; backbone only, + {curve.head_chunk_seconds * 1e3:.1f} ms per head chunk of "
+             f"{curve.head_chunk_rows} visited rows" if curve.lazy_head else "") + "):")
     for n, s in zip(curve.nodes, curve.seconds):
-        print(f"  {n:3d} nodes: {s * 1e3:7.1f} ms  ({s / base:.2f}x)")
+        print(f"  {n:3d} nodes: {s * 1e3:7.1f} ms  ({curve(n) / base:.2f}x with one head chunk)")
 
     edit = workloads.load_workload("edits", 1).cases[0]
     chat = workloads.load_workload("mtbench", 1).cases[0]
@@ -80,25 +84,27 @@ def main(argv=None) -> int:
     for name, (case, editing) in cases.items():
         refs = [r.tolist() for r in case.references] or None
         for budget in budgets:
-            results = {"before": [], "after": []}
+            variants = ("model", "mm-head", "lazy-head")
+            results = {v: [] for v in variants}
             tokens = {}
             for rep in range(args.repeats):
-                for variant in (("before", "after") if rep % 2 == 0 else ("after", "before")):
+                for variant in (variants if rep % 2 == 0 else variants[::-1]):
                     dec = SpeculativeDecoder(model, tok, proposer_factory=factory(editing))
-                    if variant == "before":
+                    dec.lazy_head = variant == "lazy-head"
+                    if variant == "model":
                         dec._tree_forward = None
                     out = dec.generate(case.prompt.tolist(), references=refs, max_new_tokens=args.max_new_tokens,
                                        max_draft_tokens=budget)
-                    results[variant].append(split_ms(out.stats))
+                    results[variant].append({**split_ms(out.stats), "head_rows": out.stats.head_rows})
                     tokens[variant] = out.sequences[0].tolist()
-            same = tokens["before"] == tokens["after"]
+            same = all(t == tokens["model"] for t in tokens.values())
             for variant, splits in results.items():
                 med = {k: statistics.median(s[k] for s in splits) for k in splits[0]}
                 rows.append({"workload": name, "budget": budget, "variant": variant, "same_tokens": same, **med})
-                print(f"{name:8s} budget={budget!s:5s} {variant:6s}: "
+                print(f"{name:8s} budget={budget!s:5s} {variant:9s}: "
                       f"propose {med['propose']:.2f}  prepare {med['prepare']:.2f}  forward {med['forward']:.1f}  "
                       f"accept {med['accept']:.2f} ms/step; {med['tokens_per_pass']:.2f} tok/pass; "
-                      f"wall {med['wall_s']:.1f} s (prefill {med['prefill_s']:.1f} s)"
+                      f"head rows {med['head_rows']:.0f}; wall {med['wall_s']:.1f} s (prefill {med['prefill_s']:.1f} s)"
                       + ("" if same else "  !!! tokens differ"), flush=True)
     report["split"] = rows
 
