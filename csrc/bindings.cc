@@ -308,6 +308,10 @@ PYBIND11_MODULE(_C, m) {
               else if (key == "copy_decay") c.copy_decay = v.cast<float>();
               else if (key == "depth_decay") c.depth_decay = v.cast<float>();
               else if (key == "decay_levels") c.decay_levels = v.cast<int32_t>();
+              else if (key == "hazard_power") c.hazard_power = v.cast<float>();
+              else if (key == "hazard_scale") c.hazard_scale = v.cast<float>();
+              else if (key == "copy_hazard_power") c.copy_hazard_power = v.cast<float>();
+              else if (key == "copy_hazard_scale") c.copy_hazard_scale = v.cast<float>();
               else if (key == "confirm_run") c.confirm_run = v.cast<int32_t>();
               else if (key == "max_candidates") c.max_candidates = v.cast<int32_t>();
               else if (key == "max_backoff") c.max_backoff = v.cast<int32_t>();

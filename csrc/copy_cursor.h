@@ -46,7 +46,7 @@ struct CursorParams {
   float distance_scale = 32.0f;
   float back_penalty = 4.0f;
   // Log-odds of "none of the candidates" (the output is new text).
-  float null_score = 2.0f;
+  float null_score = 3.0f;
   // Added to the log-odds of the anchor (the output re-joins where the copy
   // stopped: an insertion) and of the diagonal anchor + k after k output
   // tokens since the anchor (k reference tokens replaced by k new ones).
@@ -56,13 +56,23 @@ struct CursorParams {
   float copy_decay = 1.0f;
   // Score factor per tree level for every source of the draft while the
   // cursor is on (DraftTreeBuilder::set_depth_decay), weakened by the best
-  // candidate's aligned run r: 1 - (1 - depth_decay) * 4 / (4 + r). Below 1 it
-  // lets the cursor's other candidates and the other sources' alternatives in
-  // near the root before the best chain takes the rest of the budget.
-  float depth_decay = 0.85f;
+  // candidate's aligned run r: 1 - (1 - depth_decay) * 4 / (4 + r). 1 = off
+  // (the default: the per-source survival below replaces it).
+  float depth_decay = 1.0f;
   // Levels that decay at a budget of 64 nodes, in proportion to the budget
   // (max_nodes * decay_levels / 64, at least 1): depth_decay^min(depth, levels).
   int32_t decay_levels = 16;
+  // Per-source survival while the cursor is on (DraftSource::hazard_power),
+  // 0 = off: a suffix-match source's path score at depth d is multiplied by
+  // ((hazard_scale + e) / (hazard_scale + e + d))^hazard_power, e = its match
+  // length: a copy backed by a long match keeps nearly its score deep down,
+  // one backed by a token or two yields the budget after a few levels.
+  float hazard_power = 1.5f;
+  float hazard_scale = 1.0f;
+  // The same for the cursor's fixed-copy candidates and unigram chains, e =
+  // the candidate's aligned run (its common suffix with the output).
+  float copy_hazard_power = 1.0f;
+  float copy_hazard_scale = 1.0f;
   // Aligned tokens in a row after which the alignment becomes the anchor.
   int32_t confirm_run = 8;
   // Candidates kept (the best one is the alignment).

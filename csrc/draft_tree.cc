@@ -83,9 +83,15 @@ void DraftTreeBuilder::expand(const std::vector<DraftSource>& sources, int32_t n
   // Step 1. Every entry's children.
   proposals_.clear();
   for (int32_t i = 0; i < n_entries; ++i) {
-    const Entry& e = entries[i];
+    Entry e = entries[i];
     const DraftSource& source = sources[e.source];
     const AutomatonView* view = source.view;
+    // Step 0. The source's survival to the next level (DraftSource::hazard_power).
+    if (source.hazard_power > 0.0f) {
+      const float held = std::max(source.hazard_scale, 1e-3f) + std::max(source.evidence, 0.0f) +
+                         static_cast<float>(depth);
+      e.score *= std::pow(held / (held + 1.0f), source.hazard_power);
+    }
     // Step 1a. Fixed copy: the entry's pos is the next token_pos to read.
     if (source.copy_from >= 0) {
       const int64_t read = e.pos;

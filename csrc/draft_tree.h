@@ -38,6 +38,13 @@ struct DraftSource {
   int64_t copy_end = 0;                 // copy_from >= 0: end of the copied document
   float copy_decay = 1.0f;              // copy_from >= 0: score factor per copied token
   const std::vector<Substitution>* substitutions = nullptr;  // copy_from >= 0: forks of copied tokens
+  float evidence = 0.0f;                // tokens already seen to follow this source (its match
+                                        // length, or a cursor candidate's aligned run)
+  float hazard_power = 0.0f;            // survival: the source's path score at depth d is
+  float hazard_scale = 1.0f;            // multiplied by ((s + e) / (s + e + d))^p, p = hazard_power,
+                                        // s = hazard_scale, e = evidence (a per-level hazard
+                                        // ~ p / (s + e + j) that falls the longer the copy held);
+                                        // p = 0: no such factor
 };
 
 // Confidence of a source with a match of `match_len` tokens:

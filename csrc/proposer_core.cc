@@ -87,6 +87,7 @@ void ProposerCore::push_cursor_sources(const MatchedSource& m) {
     s.copy_from = c.pos;
     s.copy_end = c.end;
     s.weight = c.weight;
+    s.evidence = static_cast<float>(c.pos == m.cursor->align() ? m.cursor->run() : c.match);
     sources_.push_back(s);
   }
   // Unsure: the unigram fallback.
@@ -97,6 +98,7 @@ void ProposerCore::push_cursor_sources(const MatchedSource& m) {
       s.copy_from = c.pos;
       s.copy_end = c.end;
       s.weight = c.weight;
+      s.evidence = 0.0f;
       sources_.push_back(s);
     }
   }
@@ -109,6 +111,7 @@ void ProposerCore::propose(int32_t max_nodes, DraftResult* out) {
     DraftSource s = context_params_;
     s.state = context_->match_state();
     s.match_len = context_->length(s.state);
+    s.evidence = static_cast<float>(s.match_len);
     push_source(s);
   }
   for (const MatchedSource& m : matched_) {
@@ -116,10 +119,11 @@ void ProposerCore::propose(int32_t max_nodes, DraftResult* out) {
     s.state = m.matcher.state();
     s.match_len = m.matcher.match_length();
     with_continuation(&s);
+    s.evidence = static_cast<float>(s.match_len);
     push_source(s);
     if (output_started_ && m.cursor) push_cursor_sources(m);
   }
-  // Step 2. One best-first tree over all of them.
+  // Step 2. Depth decay of the whole tree from the cursor's best candidate.
   float decay = 1.0f;
   if (output_started_)
     for (const MatchedSource& m : matched_)
@@ -134,6 +138,19 @@ void ProposerCore::propose(int32_t max_nodes, DraftResult* out) {
   for (const MatchedSource& m : matched_)
     if (m.cursor) levels = std::min(levels, std::max(1, m.cursor->params().decay_levels * max_nodes / 64));
   builder_.set_depth_decay(decay, levels);
+  // Step 3. Survival per source while a cursor is on: suffix matches and
+  // fixed copies each by their own evidence (copy_cursor.h).
+  const CursorParams* cursor_params = nullptr;
+  if (output_started_)
+    for (const MatchedSource& m : matched_)
+      if (m.cursor && cursor_params == nullptr) cursor_params = &m.cursor->params();
+  if (cursor_params != nullptr)
+    for (DraftSource& s : sources_) {
+      const bool copy = s.copy_from >= 0;
+      s.hazard_power = copy ? cursor_params->copy_hazard_power : cursor_params->hazard_power;
+      s.hazard_scale = copy ? cursor_params->copy_hazard_scale : cursor_params->hazard_scale;
+    }
+  // Step 4. One best-first tree over all of them.
   builder_.build(sources_, max_nodes, max_depth_, out);
 }
 
@@ -165,6 +182,7 @@ void ProposerCore::push_source(DraftSource s) {
     if (len < min_backoff_len_ || len >= s.match_len) break;
     s.state = l;
     s.match_len = len;
+    s.evidence = static_cast<float>(len);
     sources_.push_back(s);
   }
 }

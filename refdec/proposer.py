@@ -66,11 +66,17 @@ class CursorParams:
     since the anchor (k reference tokens replaced by k new ones). The best
     ``max_candidates`` become fixed-copy branches of the reference source with
     weight softmax(log-odds, null_score); each copied token multiplies the score
-    by ``copy_decay``. While the cursor is on, every node of the tree (all
-    sources) is scored ``combined score * g ** min(depth, levels)`` with
+    by ``copy_decay``. While the cursor is on, each source's path score at
+    depth d is multiplied by its survival ``((s + e) / (s + e + d)) ** p`` (a
+    hazard ~ p / (s + e + j) per level that falls the longer the copy held):
+    e = the source's match length with ``p, s = hazard_power, hazard_scale``,
+    or a cursor candidate's aligned run with ``copy_hazard_power,
+    copy_hazard_scale``. A copy backed by a long match keeps its score deep
+    down; weakly backed alternatives yield the budget after a few levels.
+    ``depth_decay`` < 1 (1 = off, the default) also scores every node
+    ``combined score * g ** min(depth, levels)`` with
     ``g = 1 - (1 - depth_decay) * 4 / (4 + r)`` (r = the best candidate's aligned
-    run) and ``levels = decay_levels * max_nodes / 64``: near the root,
-    alternatives get budget before the best chain goes deep. While the best candidate's
+    run) and ``levels = decay_levels * max_nodes / 64``. While the best candidate's
     weight is below ``unigram_below``, the ``unigram_k`` most frequent
     reference tokens are added too, each copied from its occurrence nearest the
     anchor, with weight ``unigram_weight * (its share of the reference)``.
@@ -84,12 +90,16 @@ class CursorParams:
     match_cap: int = 16
     distance_scale: float = 32.0
     back_penalty: float = 4.0
-    null_score: float = 2.0
+    null_score: float = 3.0
     anchor_bonus: float = 1.0
     diag_bonus: float = 1.0
     copy_decay: float = 1.0
-    depth_decay: float = 0.85
+    depth_decay: float = 1.0
     decay_levels: int = 16
+    hazard_power: float = 1.5
+    hazard_scale: float = 1.0
+    copy_hazard_power: float = 1.0
+    copy_hazard_scale: float = 1.0
     confirm_run: int = 8
     max_candidates: int = 3
     max_backoff: int = 6

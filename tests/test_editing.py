@@ -123,7 +123,9 @@ def test_insertion_the_draft_rejoins_where_the_copy_stopped():
     proposer = editing()
     feed(proposer, A[0][:25] + [1000, 1001, 1002])
     assert proposer.cursor_state()["anchor"] == 25
-    assert main_line(proposer.propose(64))[:30] == ORIGINAL[25:55]
+    # 20 deep: the diagonal and the unigram chains share the budget (survival
+    # per source lets a re-join backed by no matched token go ~25 deep).
+    assert main_line(proposer.propose(64))[:20] == ORIGINAL[25:45]
 
 
 def test_one_token_substitution_the_draft_continues_on_the_diagonal():
@@ -348,3 +350,58 @@ def test_a_learnt_substitution_forks_later_copies_of_the_same_token():
     tree = proposer.propose(64)
     first = tree.token_ids[tree.parents == -1].tolist()
     assert 5 in first and 4 in first
+
+
+
+# ---------------------------------------------------------------- survival per source
+
+
+def chain_scores(proposer, expected):
+    """Scores of the tree nodes on the root path spelling ``expected``, by depth."""
+    tree = proposer.propose(64)
+    tokens, parents = tree.token_ids.tolist(), tree.parents.tolist()
+    out, node = [], -1
+    for t in expected:
+        node = next(i for i in range(len(tokens)) if parents[i] == node and tokens[i] == t)
+        out.append(float(tree.scores[node]))
+    return out
+
+
+def test_a_fixed_copy_keeps_its_weight_times_the_survival_to_its_depth():
+    # Only the cursor's copy decays (suffix sources hazard_power 0, no global
+    # decay). Both are entries of the reference source, so a node scores their
+    # max: max(a, w * f(d)), a = the suffix match's constant confidence
+    # L / (L + 2), w = the aligned candidate's weight, f(d) =
+    # ((s + e) / (s + e + d)) ** p with e = its run.
+    p, s = 1.0, 1.0
+    params = CursorParams(depth_decay=1.0, hazard_power=0.0, copy_hazard_power=p, copy_hazard_scale=s)
+    proposer = Proposer(references=[arr(ORIGINAL)], max_depth=64, cursor=params)
+    feed(proposer, ORIGINAL[:20])
+    run = proposer.cursor_state()["run"]
+    (pos, _, w), *_ = proposer.cursor_candidates()
+    assert (pos, run) == (20, 20)
+    length = proposer.last_match_lengths()["reference"]
+    a = length / (length + 2.0)
+    got = chain_scores(proposer, ORIGINAL[20:60])
+    want = [max(a, w * ((s + run) / (s + run + d)) ** p) for d in range(1, 41)]
+    assert want[0] > a  # the copy's own score shows near the root
+    np.testing.assert_allclose(got, want, rtol=1e-5)
+
+
+def test_a_copy_backed_by_a_longer_run_keeps_more_of_its_score_deep_down():
+    def kept(n_fed):
+        proposer = editing()
+        feed(proposer, ORIGINAL[:n_fed])
+        scores = chain_scores(proposer, ORIGINAL[n_fed:n_fed + 24])
+        assert all(x >= y for x, y in zip(scores, scores[1:]))  # never grows with depth
+        return scores[-1] / scores[0]
+
+    assert kept(6) < kept(36) < 1.0
+
+
+def test_survival_params_of_zero_power_leave_scores_undecayed_along_a_unique_copy():
+    params = CursorParams(depth_decay=1.0, hazard_power=0.0, copy_hazard_power=0.0)
+    proposer = Proposer(references=[arr(ORIGINAL)], max_depth=64, cursor=params)
+    feed(proposer, ORIGINAL[:20])
+    scores = chain_scores(proposer, ORIGINAL[20:60])
+    assert max(scores) - min(scores) < 1e-6
