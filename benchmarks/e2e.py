@@ -339,7 +339,7 @@ def main(argv=None) -> int:
     started = time.time()
     rotation = 0
     for wl_name in workload_names:
-        wl = workloads.load_workload(wl_name, limits[wl_name])
+        wl = workloads.load_workload(wl_name, limits[wl_name], require_output=False)
         index = workloads.corpus_index(wl.corpus) if wl.corpus else None
         editing = wl_name == "edits"
         wl_methods = [m for m in methods if m not in only or wl_name in only[m]]

@@ -195,31 +195,37 @@ def load_humaneval(limit: int | None = None) -> Workload:
     return Workload("humaneval", cases, corpus="stdlib")
 
 
-def load_generated(category: str, limit: int | None = None) -> Workload:
-    """Chat prompts whose outputs ``make_outputs.py`` has cached; the cases
-    without a cached output are skipped."""
+def load_generated(category: str, limit: int | None = None, require_output: bool = True) -> Workload:
+    """Chat prompts whose outputs ``make_outputs.py`` has cached; the cases without a cached
+    output are skipped, unless ``require_output=False`` (end-to-end runs, which compare
+    against HF greedy itself): then every question is a case, with an empty ``output``
+    where none is cached."""
     cases = []
     for i, q in enumerate(chat_questions(category)):
         text = chat_prompt(q)
         path = OUTPUTS_DIR / f"{prompt_key(text)}.json"
-        if not path.exists():
+        if path.exists():
+            rec = json.loads(path.read_text())
+            prompt_ids, output_ids = rec["prompt_ids"], rec["output_ids"]
+        elif require_output:
             continue
-        rec = json.loads(path.read_text())
-        cases.append(Case(prompt=np.asarray(rec["prompt_ids"], dtype=np.int32),
-                          output=np.asarray(rec["output_ids"], dtype=np.int32),
+        else:
+            prompt_ids, output_ids = encode(text, bos=True), []
+        cases.append(Case(prompt=np.asarray(prompt_ids, dtype=np.int32),
+                          output=np.asarray(output_ids, dtype=np.int32),
                           name=f"{category}/{i}"))
         if limit and len(cases) >= limit:
             break
     return Workload(category, cases)
 
 
-def load_workload(name: str, limit: int | None = None) -> Workload:
+def load_workload(name: str, limit: int | None = None, require_output: bool = True) -> Workload:
     if name == "edits":
         return load_edits(limit)
     if name == "humaneval":
         return load_humaneval(limit)
     if name in GENERATED_WORKLOADS:
-        return load_generated(name, limit)
+        return load_generated(name, limit, require_output)
     raise ValueError(f"unknown workload {name!r}; expected one of {ALL_WORKLOADS}")
 
 
