@@ -39,11 +39,21 @@ Finished rows leave the batch: their cache rows are dropped (``index_select``
 on the batch dim), so they stop costing compute, and the left-padding slots
 that every remaining row has (the longest prompt's row left) are cut as well.
 
+LM head: with ``decoder.lazy_head`` (a CPU and a plain-head model) the verification forward
+runs the model's backbone only (hidden ``[n_act, T, D]``); the acceptance walks of all rows
+then advance together (refdec.verify.LockstepLazyWalks) and each round runs ONE head GEMM
+over the rows the waiting walks ask for (the asked row, plus rows along its best-child path
+when few walks wait), so a step computes about ``sum_b (1 + k_b)`` head rows instead of
+``n_act * T``. Otherwise (a GPU, or a model whose head is not a plain linear layer) the
+model's own forward computes every row's logits. ``stats.head_rows`` (and per row) counts
+the rows the head ran on; head time counts as forward time.
+
 Draft sizes: each row keeps its own budget policy (an int is one node count
 for every row; ``"auto"`` gives each row its own AutoBudget). The policies
 see the single-row cost curve, not the batch's: on a CPU a batched step costs
 about ``B * T`` rows, so large per-row trees at large ``B`` cost more than the
-single-row curve says (see benchmarks/e2e_batch.py).
+single-row curve says (see benchmarks/e2e_batch.py); with the lazy head that excess is the
+backbone's (the head rows grow with accepted tokens, not tree sizes).
 
 Sampling: the Gumbel noise is keyed by ``(seed, absolute output position)``;
 row ``b`` uses ``seed + b`` when ``seed`` is an int (or ``seeds[b]`` when a
@@ -72,7 +82,7 @@ from refdec.cache import GrowingLayer, new_cache
 from refdec.masks import _finish, ancestor_matrix
 from refdec.sampling import TargetSampler, random_seed
 from refdec.tree import DraftTree
-from refdec.verify import accept_walk, accept_walk_lazy
+from refdec.verify import LockstepLazyWalks, accept_walk, accept_walk_lazy, batch_backbone_forward_fn
 
 
 def _is_int(x) -> bool:
@@ -279,6 +289,10 @@ def generate_batch(decoder, prompts: list[np.ndarray], padded: np.ndarray | None
             auto_template = make_budget("auto")
     from refdec.decoding import draft_for_step
 
+    # Lazy head (CPU, plain-head model): the backbone runs on every row of every tree, the head
+    # only on the rows the acceptance walks visit, one GEMM per round for all batch rows.
+    head = getattr(decoder, "_head", None)
+    backbone = batch_backbone_forward_fn(decoder.model) if decoder.lazy_head and head is not None else None
     drafting = not (isinstance(shared_budget, FixedBudget) and shared_budget.max_nodes == 0)
 
     rows: list[_Row] = []
@@ -336,11 +350,14 @@ def generate_batch(decoder, prompts: list[np.ndarray], padded: np.ndarray | None
         full |= eye  # padding rows see themselves only (no fully masked row)
         cache = new_cache()
         mask = _mask_for(full, q_pos, key_pos, spec, device)
-        out = decoder._forward(cache, input_ids=torch.from_numpy(ids).to(device),
-                               position_ids=torch.from_numpy(q_pos).to(device), attention_mask=mask,
-                               logits_to_keep=1)
-        last = out.logits[:, -1]
-        del out
+        inputs = dict(input_ids=torch.from_numpy(ids).to(device), position_ids=torch.from_numpy(q_pos).to(device),
+                      attention_mask=mask)
+        if backbone is not None:
+            last = head.logits(backbone(cache, **inputs)[:, -1])  # [B, V]: every row's last slot is a token
+        else:
+            out = decoder._forward(cache, logits_to_keep=1, **inputs)
+            last = out.logits[:, -1]
+            del out
         if do_sample:
             firsts = [r.sampler.sample(last[b], prompt_lens[b]) for b, r in enumerate(rows)]
         else:
@@ -398,26 +415,47 @@ def generate_batch(decoder, prompts: list[np.ndarray], padded: np.ndarray | None
         mask = _mask_for(full, q_pos, k_pos, spec, device)
         t2 = time.perf_counter()
         # -- forward + targets
-        out = decoder._forward(cache, input_ids=torch.from_numpy(ids).to(device),
-                               position_ids=torch.from_numpy(q_pos).to(device), attention_mask=mask)
-        logits = out.logits
-        del out
-        if not do_sample:
-            targets = logits.argmax(dim=-1).cpu().numpy()  # the one host sync
-        t3 = time.perf_counter()
-        # -- accept
+        inputs = dict(input_ids=torch.from_numpy(ids).to(device), position_ids=torch.from_numpy(q_pos).to(device),
+                      attention_mask=mask)
+        head_seconds = 0.0
+        if backbone is not None:
+            hidden = backbone(cache, **inputs)  # [n_act, T, D]
+            t3 = time.perf_counter()
+            # -- accept: all rows' walks in lock-step, one head GEMM per round for the rows they visit
+            walks = LockstepLazyWalks(trees, hidden, head)
+            if do_sample:
+                walk_results = walks.run(lambda i, r, depth: rows[active[i]].sampler.sample(
+                    walks.lazy[i].row_logits(r), int(root_pos[i]) + 1 + depth))
+            else:
+                walk_results = walks.run(lambda i, r, depth: walks.lazy[i].argmax(r))
+            head_seconds = walks.seconds  # head time counts as forward, not as accept
+            head_rows = [lazy.rows_computed for lazy in walks.lazy]
+            del hidden, walks
+        else:
+            logits = decoder._forward(cache, **inputs).logits  # [n_act, T, V]
+            head_rows = [t] * n_act  # the model's head ran on every query row, padding included
+            if not do_sample:
+                targets = logits.argmax(dim=-1).cpu().numpy()  # the one host sync
+            t3 = time.perf_counter()
+            # -- accept
+            walk_results = []
+            for i, (b, tree) in enumerate(zip(active, trees)):
+                if do_sample:
+                    row, rp = rows[b], int(root_pos[i])
+                    walk_results.append(accept_walk_lazy(
+                        tree, lambda r, depth, i=i, row=row, rp=rp: row.sampler.sample(logits[i, r], rp + 1 + depth)))
+                else:
+                    walk_results.append(accept_walk(tree, targets[i, : 1 + len(tree)]))
+            del logits
         accepted_rows = []
         for i, (b, tree) in enumerate(zip(active, trees)):
             row = rows[b]
-            if do_sample:
-                rp = int(root_pos[i])
-                accepted, bonus = accept_walk_lazy(
-                    tree, lambda r, depth, i=i, row=row, rp=rp: row.sampler.sample(logits[i, r], rp + 1 + depth))
-            else:
-                accepted, bonus = accept_walk(tree, targets[i, : 1 + len(tree)])
+            accepted, bonus = walk_results[i]
             accepted_rows.append(accepted)
             k = int(accepted.shape[0])
             rs = row.stats
+            rs.head_rows += head_rows[i]
+            stats.head_rows += head_rows[i]
             rs._count_pass(k)
             rs.proposed_tokens += len(tree)
             rs.accepted_tokens += k
@@ -434,7 +472,6 @@ def generate_batch(decoder, prompts: list[np.ndarray], padded: np.ndarray | None
                 if observe_nodes is not None:
                     observe_nodes(accepted)
             emit(row, tree.token_ids[accepted].tolist() + [bonus])
-        del logits
         stats._count_pass(int(max(a.shape[0] for a in accepted_rows)))
         # -- compact: row i keeps its root (slot `slots`) and accepted nodes at slots lengths[i] ..
         kmax = 1 + max(a.shape[0] for a in accepted_rows)
@@ -461,8 +498,8 @@ def generate_batch(decoder, prompts: list[np.ndarray], padded: np.ndarray | None
         t4 = time.perf_counter()
         stats.propose_seconds += t1 - t0
         stats.prepare_seconds += t2 - t1
-        stats.forward_seconds += t3 - t2
-        stats.accept_seconds += t4 - t3
+        stats.forward_seconds += t3 - t2 + head_seconds
+        stats.accept_seconds += t4 - t3 - head_seconds
 
     # -- outputs, model.generate's layout
     if padded is None:

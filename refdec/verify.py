@@ -191,17 +191,34 @@ class LazyRowLogits:
         self.seconds = 0.0  # time spent in the head (perf_counter)
 
     def _chunk_rows(self, row: int) -> list[int]:
+        return self.chunk_rows(row, self.chunk)
+
+    def chunk_rows(self, row: int, chunk: int) -> list[int]:
+        """The rows (tree row indices, at most ``chunk``) one head call computes when ``row`` is asked:
+        ``row``, its best-child chain, then the next rows by index; only rows not computed yet."""
         rows = [row]
         nxt = int(self._first_child[row])
-        while nxt >= 0 and len(rows) < self.chunk and nxt not in self._argmax:
+        while nxt >= 0 and len(rows) < chunk and nxt not in self._argmax:
             rows.append(nxt)
             nxt = int(self._first_child[nxt])
         fill = row + 1
-        while len(rows) < self.chunk and fill < self.n_rows:
+        while len(rows) < chunk and fill < self.n_rows:
             if fill not in self._argmax and fill not in rows:
                 rows.append(fill)
             fill += 1
         return rows
+
+    def has(self, row: int) -> bool:
+        """True when ``row``'s logits are computed (asking for them costs no head call)."""
+        return row in self._argmax
+
+    def store(self, rows: list[int], logits, best: list[int]) -> None:
+        """Record logits computed elsewhere (one GEMM for several walks, :class:`LockstepLazyWalks`):
+        ``logits`` float [len(rows), V] and their argmax ``best`` for the tree rows ``rows``."""
+        for i, r in enumerate(rows):
+            self._logits[r] = logits[i]
+            self._argmax[r] = int(best[i])
+        self.rows_computed += len(rows)
 
     def _compute(self, row: int) -> None:
         import time
@@ -212,10 +229,7 @@ class LazyRowLogits:
         rows = self._chunk_rows(row)
         logits = self.head.logits(self.hidden[torch.tensor(rows, dtype=torch.long, device=self.hidden.device)])
         best = logits.argmax(dim=-1).tolist()  # the one host sync of this chunk
-        for i, r in enumerate(rows):
-            self._logits[r] = logits[i]
-            self._argmax[r] = int(best[i])
-        self.rows_computed += len(rows)
+        self.store(rows, logits, best)
         self.seconds += time.perf_counter() - t0
 
     def argmax(self, row: int) -> int:
@@ -227,3 +241,139 @@ class LazyRowLogits:
         if row not in self._logits:
             self._compute(row)
         return self._logits[row]
+
+
+def accept_walk_steps(tree: DraftTree):
+    """:func:`accept_walk_lazy` as a generator, for walks that wait on each other.
+
+    Yields ``(row, depth)`` whenever the walk needs the target of ``row``; the caller
+    passes the target (int) back with ``send``. The walk ends with ``StopIteration`` whose
+    ``value`` is ``(accepted_nodes, bonus_token)``, as :func:`accept_walk_lazy` returns.
+    """
+    parent_rows = tree.parents.astype(np.int64) + 1
+    token_ids = tree.token_ids
+    accepted = []
+    row = 0
+    while True:
+        target = int((yield row, len(accepted)))
+        kids = np.flatnonzero(parent_rows == row)
+        match = kids[token_ids[kids] == target]
+        if match.size == 0:
+            return np.asarray(accepted, dtype=np.int64), target
+        node = int(match[0])
+        accepted.append(node)
+        row = node + 1
+
+
+class LockstepLazyWalks:
+    """The acceptance walks of a batch of verified trees, with ONE head GEMM per round for all of them.
+
+    ``trees[walk_idx]`` was verified in batch row ``walk_idx`` of ``hidden`` (float
+    [n_walks, T, D], the backbone's output; tree row ``r`` of walk ``walk_idx`` is
+    ``hidden[walk_idx, r]``, rows past ``len(tree)`` are padding and never read). Each walk
+    has a :class:`LazyRowLogits` (``self.lazy[walk_idx]``). :meth:`run` advances every walk as
+    far as its computed rows allow; the walks then waiting on a row each contribute a chunk
+    (:meth:`LazyRowLogits.chunk_rows`: the row, its best-child chain, the next rows) and one
+    :meth:`PlainHead.logits` call computes all chunks. A step costs about as many head calls
+    as the longest walk needs chunks, not one per walk.
+
+    Chunk size: ``chunk`` rows per waiting walk, or with ``adaptive`` (the default) the
+    fewest that keep a call at the head's ``min_rows`` — ``ceil(min_rows / waiting)``,
+    at most ``chunk``: with 8 walks waiting each computes just the asked row (on a CPU the
+    head costs about a row's worth per row past ``min_rows``, so rows the walk may never
+    visit are paid for), with one walk left it takes a whole chunk along its best path (the
+    padding would be computed anyway).
+
+    ``seconds``: time in the head (GEMM + argmax + host sync); ``head_calls``: GEMMs run;
+    ``self.lazy[walk_idx].rows_computed``: the rows computed for each walk.
+    """
+
+    def __init__(self, trees: list[DraftTree], hidden, head: PlainHead, chunk: int = 4,
+                 adaptive: bool = True) -> None:
+        if hidden.shape[0] != len(trees):
+            raise ValueError(f"hidden has {hidden.shape[0]} batch rows for {len(trees)} trees")
+        too_big = [i for i, t in enumerate(trees) if 1 + len(t) > hidden.shape[1]]
+        if too_big:
+            raise ValueError(f"tree {too_big[0]} has {1 + len(trees[too_big[0]])} rows, hidden only "
+                             f"{hidden.shape[1]} per batch row")
+        self.trees = trees
+        self.hidden = hidden
+        self.head = head
+        self.chunk = max(1, int(chunk))
+        self.adaptive = bool(adaptive)
+        self.lazy = [LazyRowLogits(tree, hidden[i, : 1 + len(tree)], head, self.chunk)
+                     for i, tree in enumerate(trees)]
+        self.seconds = 0.0
+        self.head_calls = 0
+
+    def run(self, target_of_row) -> list[tuple[np.ndarray, int]]:
+        """Every walk's ``(accepted_nodes, bonus_token)``, in walk order.
+
+        ``target_of_row(walk_idx, row, depth) -> int`` is called only once ``row``'s logits are
+        computed: ``self.lazy[walk_idx].argmax(row)`` (greedy) or a draw from
+        ``self.lazy[walk_idx].row_logits(row)`` (sampling) costs no head call there.
+        """
+        walks = [accept_walk_steps(tree) for tree in self.trees]
+        results: list = [None] * len(walks)
+        waiting = {walk_idx: next(walk) for walk_idx, walk in enumerate(walks)}  # walk_idx -> (row, depth)
+        while waiting:
+            for walk_idx in list(waiting):
+                row, depth = waiting[walk_idx]
+                while self.lazy[walk_idx].has(row):
+                    try:
+                        row, depth = walks[walk_idx].send(target_of_row(walk_idx, row, depth))
+                    except StopIteration as end:
+                        results[walk_idx] = end.value
+                        del waiting[walk_idx]
+                        break
+                else:
+                    waiting[walk_idx] = (row, depth)
+            if waiting:
+                self._compute({walk_idx: row for walk_idx, (row, _) in waiting.items()})
+        return results
+
+    def _compute(self, asked: dict[int, int]) -> None:
+        """One head call for the chunks of the walks in ``asked`` (walk_idx -> tree row)."""
+        import time
+
+        import torch
+
+        t0 = time.perf_counter()
+        chunk = self.chunk
+        if self.adaptive:
+            chunk = min(chunk, max(1, -(-self.head.min_rows // len(asked))))
+        chunks = {walk_idx: self.lazy[walk_idx].chunk_rows(row, chunk) for walk_idx, row in asked.items()}
+        walk_of = [walk_idx for walk_idx, rows in chunks.items() for _ in rows]
+        row_of = [r for rows in chunks.values() for r in rows]
+        device = self.hidden.device
+        hidden = self.hidden[torch.tensor(walk_of, dtype=torch.long, device=device),
+                             torch.tensor(row_of, dtype=torch.long, device=device)]  # [sum_rows, D]
+        logits = self.head.logits(hidden)
+        best = logits.argmax(dim=-1).tolist()  # the one host sync of this round
+        start = 0
+        for walk_idx, rows in chunks.items():
+            stop = start + len(rows)
+            self.lazy[walk_idx].store(rows, logits[start:stop], best[start:stop])
+            start = stop
+        self.head_calls += 1
+        self.seconds += time.perf_counter() - t0
+
+
+def batch_backbone_forward_fn(model):
+    """``backbone_forward(cache, **inputs) -> hidden`` (float [B, T, D], every sequence), or None.
+
+    The batched counterpart of :func:`split_forward_fn`'s backbone (same models; its head
+    is that function's :class:`PlainHead`)."""
+    import inspect
+
+    if split_forward_fn(model) is None:
+        return None
+    backbone = getattr(model, model.base_model_prefix)
+    params = inspect.signature(backbone.forward).parameters
+    cache_kw = "cache" if "cache" in params else "past_key_values"
+
+    def backbone_forward(cache, **inputs):
+        inputs[cache_kw] = cache
+        return backbone(use_cache=True, **inputs).last_hidden_state  # [B, T, D]
+
+    return backbone_forward

@@ -164,19 +164,26 @@ def test_batched_input_errors_name_the_problem():
         refdec.generate(model, prompts, do_sample=True, seed=[1], max_new_tokens=4)
 
 
-def test_finished_rows_leave_the_batch(monkeypatch):
+@pytest.mark.parametrize("lazy_head", [True, False])
+def test_finished_rows_leave_the_batch(monkeypatch, lazy_head):
     """Once a row stops, the verification forwards carry fewer rows (its cache row is dropped)."""
     model = tiny_llama()
     prompts = repetitive_prompts(3, seed=6)
     decoder = decoding.SpeculativeDecoder(model)
+    decoder.lazy_head = lazy_head
     batch_rows = []
-    forward = decoder._forward
 
-    def recording_forward(cache, **kwargs):
-        batch_rows.append(int(kwargs["input_ids"].shape[0]))
-        return forward(cache, **kwargs)
+    def recording(forward):
+        def recording_forward(cache, **kwargs):
+            batch_rows.append(int(kwargs["input_ids"].shape[0]))
+            return forward(cache, **kwargs)
+        return recording_forward
 
-    monkeypatch.setattr(decoder, "_forward", recording_forward)
+    if lazy_head:  # the backbone runs the forward, the head only the visited rows
+        backbone_fn = batch.batch_backbone_forward_fn
+        monkeypatch.setattr(batch, "batch_backbone_forward_fn", lambda m: recording(backbone_fn(m)))
+    else:
+        monkeypatch.setattr(decoder, "_forward", recording(decoder._forward))
     eos = hf_row(model, prompts[0])[len(prompts[0]) + 3]
     out = decoder.generate(prompts, max_new_tokens=NEW, eos_token_id=eos, max_draft_tokens=4)
     for b, p in enumerate(prompts):
