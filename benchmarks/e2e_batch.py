@@ -8,13 +8,18 @@ size B the first B prompts of the mix are run
     hf       model.generate(left-padded ids, attention_mask, do_sample=False)
     refdec   refdec.generate(list of prompts, references per row)
 
-and every row is compared with model.generate on that row alone. Batched HF
+and every row is compared with model.generate on that row alone. ``--heads lazy full``
+runs refdec twice per batch size, with the lazy LM head (the default on a CPU: the head
+only on the tree rows the acceptance walks visit, one GEMM per round for all rows) and
+with the head on every row (``decoder.lazy_head = False``), so the two are compared in
+the same run; ``--repeats`` keeps each timing's minimum (a noisy machine). Batched HF
 greedy with left padding is not bit-identical to unbatched greedy in float32
 (other matmul shapes, padded keys in the softmax sums), so near-ties may flip
 either way; refdec's rows are also computed batched, so both are compared with
 the single-row output and the count of equal rows is reported for each.
 
     .venv/bin/python benchmarks/e2e_batch.py [--batch-sizes 1 4 8] [--new 64] [--max-draft 8]
+        [--heads lazy full] [--repeats 1]
 
 Writes benchmarks/out/e2e_batch.json.
 
@@ -88,6 +93,9 @@ def main() -> None:
     ap.add_argument("--new", type=int, default=64)
     ap.add_argument("--max-draft", default="8", help="draft nodes per row and step, or 'auto'")
     ap.add_argument("--max-edit-tokens", type=int, default=700, help="skip longer edit prompts (keeps it small)")
+    ap.add_argument("--heads", nargs="+", choices=["lazy", "full"], default=["lazy", "full"],
+                    help="refdec's LM head: lazy (visited rows only) and/or full (every tree row)")
+    ap.add_argument("--repeats", type=int, default=1, help="time each run this many times, keep the minimum")
     args = ap.parse_args()
     max_draft = args.max_draft if args.max_draft == "auto" else int(args.max_draft)
     torch.set_num_threads(2)
@@ -120,53 +128,66 @@ def main() -> None:
         out, dt = hf_batch([r])
         single.append(out[0])
         single_time += dt
+
+    def refdec_batch(batch_rows, lazy_head: bool):
+        prompts = [r["prompt"] for r in batch_rows]
+        refs = [r["references"] for r in batch_rows]
+        t0 = time.perf_counter()
+        decoder = refdec.SpeculativeDecoder(model)
+        decoder.lazy_head = lazy_head and decoder.lazy_head
+        if len(batch_rows) == 1:
+            res = decoder.generate(prompts[0], references=refs[0], max_new_tokens=args.new,
+                                   max_draft_tokens=max_draft)
+            dt = time.perf_counter() - t0
+            return [res.sequences[0].tolist()[len(prompts[0]):]], dt, res.stats, [res.stats]
+        res = decoder.generate(prompts, references=refs, max_new_tokens=args.new, max_draft_tokens=max_draft,
+                               pad_token_id=pad)
+        dt = time.perf_counter() - t0
+        width = res.sequences.shape[1] - max(s.new_tokens for s in res.stats.rows)
+        rd_out = [res.sequences[b].tolist()[width: width + res.stats.rows[b].new_tokens]
+                  for b in range(len(batch_rows))]
+        return rd_out, dt, res.stats, res.stats.rows
+
+    def fastest(run):
+        """The run with the least time of ``--repeats`` (outputs are identical across repeats)."""
+        return min((run() for _ in range(max(1, args.repeats))), key=lambda r: r[1])
+
     results = []
     for bs in args.batch_sizes:
         batch_rows = rows[:bs]
-        hf_out, hf_dt = hf_batch(batch_rows)
-        t0 = time.perf_counter()
-        prompts = [r["prompt"] for r in batch_rows]
-        refs = [r["references"] for r in batch_rows]
-        if bs == 1:
-            res = refdec.generate(model, prompts[0], references=refs[0], max_new_tokens=args.new,
-                                  max_draft_tokens=max_draft)
-            rd_out = [res.sequences[0].tolist()[len(prompts[0]):]]
-            row_stats = [res.stats]
-        else:
-            res = refdec.generate(model, prompts, references=refs, max_new_tokens=args.new,
-                                  max_draft_tokens=max_draft, pad_token_id=pad)
-            width = res.sequences.shape[1] - max(s.new_tokens for s in res.stats.rows)
-            rd_out = [res.sequences[b].tolist()[width: width + res.stats.rows[b].new_tokens] for b in range(bs)]
-            row_stats = res.stats.rows
-        rd_dt = time.perf_counter() - t0
+        hf_out, hf_dt = fastest(lambda: hf_batch(batch_rows))
         hf_tokens = sum(len(x) for x in hf_out)
-        rd_tokens = sum(len(x) for x in rd_out)
-        seq_single_tps = sum(len(single[b]) for b in range(bs)) / max(1e-9, single_time * bs / len(rows))
-        entry = dict(
-            batch_size=bs,
-            hf_tokens=hf_tokens, hf_seconds=hf_dt, hf_tps=hf_tokens / hf_dt,
-            refdec_tokens=rd_tokens, refdec_seconds=rd_dt, refdec_tps=rd_tokens / rd_dt,
-            speedup=(rd_tokens / rd_dt) / (hf_tokens / hf_dt),
-            forward_passes=res.stats.forward_passes,
-            tokens_per_pass=[round(s.tokens_per_pass, 2) for s in row_stats],
-            refdec_equal_single=sum(rd_out[b] == single[b] for b in range(bs)),
-            hf_batched_equal_single=sum(hf_out[b] == single[b] for b in range(bs)),
-            refdec_first_mismatch=[first_mismatch(rd_out[b], single[b]) for b in range(bs)],
-            hf_batched_first_mismatch=[first_mismatch(hf_out[b], single[b]) for b in range(bs)],
-            kinds=[r["kind"] for r in batch_rows],
-            forward_seconds=res.stats.forward_seconds,
-            bookkeeping_seconds=res.stats.bookkeeping_seconds,
-            prefill_seconds=res.stats.prefill_seconds,
-            hf_single_sequential_tps_estimate=seq_single_tps,
-        )
-        results.append(entry)
-        print(entry, flush=True)
+        for head in args.heads:
+            rd_out, rd_dt, stats, row_stats = fastest(lambda: refdec_batch(batch_rows, head == "lazy"))
+            rd_tokens = sum(len(x) for x in rd_out)
+            seq_single_tps = sum(len(single[b]) for b in range(bs)) / max(1e-9, single_time * bs / len(rows))
+            entry = dict(
+                batch_size=bs, head=head,
+                hf_tokens=hf_tokens, hf_seconds=hf_dt, hf_tps=hf_tokens / hf_dt,
+                refdec_tokens=rd_tokens, refdec_seconds=rd_dt, refdec_tps=rd_tokens / rd_dt,
+                speedup=(rd_tokens / rd_dt) / (hf_tokens / hf_dt),
+                forward_passes=stats.forward_passes,
+                head_rows=stats.head_rows,
+                tokens_per_pass=[round(s.tokens_per_pass, 2) for s in row_stats],
+                refdec_equal_single=sum(rd_out[b] == single[b] for b in range(bs)),
+                hf_batched_equal_single=sum(hf_out[b] == single[b] for b in range(bs)),
+                refdec_first_mismatch=[first_mismatch(rd_out[b], single[b]) for b in range(bs)],
+                hf_batched_first_mismatch=[first_mismatch(hf_out[b], single[b]) for b in range(bs)],
+                kinds=[r["kind"] for r in batch_rows],
+                forward_seconds=stats.forward_seconds,
+                bookkeeping_seconds=stats.bookkeeping_seconds,
+                prefill_seconds=stats.prefill_seconds,
+                hf_single_sequential_tps_estimate=seq_single_tps,
+            )
+            results.append(entry)
+            print(entry, flush=True)
     table = markdown_table(
-        [[e["batch_size"], f"{e['hf_tps']:.1f}", f"{e['refdec_tps']:.1f}", f"{e['speedup']:.2f}x",
-          e["forward_passes"], f"{e['refdec_equal_single']}/{e['batch_size']}",
+        [[e["batch_size"], e["head"], f"{e['hf_tps']:.1f}", f"{e['refdec_tps']:.1f}", f"{e['speedup']:.2f}x",
+          e["forward_passes"], e["head_rows"], f"{e['forward_seconds']:.2f}",
+          f"{e['refdec_equal_single']}/{e['batch_size']}",
           f"{e['hf_batched_equal_single']}/{e['batch_size']}"] for e in results],
-        ["B", "HF tok/s", "refdec tok/s", "ratio", "refdec passes", "refdec rows = single HF",
-         "HF batched rows = single HF"])
+        ["B", "head", "HF tok/s", "refdec tok/s", "ratio", "refdec passes", "head rows", "forward s",
+         "refdec rows = single HF", "HF batched rows = single HF"])
     print(table)
     print(f"HF single-row sequential: {sum(len(s) for s in single) / single_time:.1f} tok/s over {len(rows)} prompts")
     path = write_json("e2e_batch", dict(args=vars(args), machine=machine_info(), rows=[
