@@ -1,7 +1,10 @@
 """Plot an e2e.py result: speed-up over HF greedy per workload and method (median, min-max bars),
 and the cost curve it ran under.
 
-    python benchmarks/plot.py benchmarks/out/e2e-main.json [--out benchmarks/out/e2e-main.png]
+    python benchmarks/plot.py RESULTS.json [MORE.json ...] [--out benchmarks/out/e2e-main.png]
+
+Several result files (e.g. edits and the chat workloads run separately) are merged into one
+figure; the cost curve shown is the first file's (with a lazy head: backbone + one head chunk).
 """
 
 from __future__ import annotations
@@ -14,7 +17,7 @@ from pathlib import Path
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("results")
+    ap.add_argument("results", nargs="+")
     ap.add_argument("--out", default=None)
     args = ap.parse_args(argv)
 
@@ -24,10 +27,15 @@ def main(argv=None) -> int:
     import matplotlib.pyplot as plt
     import numpy as np
 
-    data = json.loads(Path(args.results).read_text())
-    summary = data["summary"]
-    workloads = data["workloads"]
-    methods = [m for m in data["methods"] if m != "hf-greedy"]
+    runs = [json.loads(Path(path).read_text()) for path in args.results]
+    data = runs[0]
+    summary, workloads, methods = {}, [], []
+    for run in runs:
+        summary.update(run["summary"])
+        workloads += [w for w in run["workloads"] if w not in workloads]
+        methods += [m for m in run["methods"] if m != "hf-greedy" and m not in methods]
+    new_tokens = sorted({str(run["args"].get("edits_max_new_tokens") or run["args"]["max_new_tokens"])
+                         if "edits" in run["workloads"] else str(run["args"]["max_new_tokens"]) for run in runs})
     fig, (ax, ax2) = plt.subplots(1, 2, figsize=(14, 5), gridspec_kw={"width_ratios": [3, 1]})
     width = 0.8 / len(methods)
     x = np.arange(len(workloads))
@@ -46,19 +54,21 @@ def main(argv=None) -> int:
     ax.set_xticks(x, workloads)
     ax.set_ylabel("speed-up over HF greedy (median, min-max)")
     threads = data.get("machine", {}).get("torch_threads")
-    ax.set_title(f"Gemma 3 270M fp32, CPU {threads} thread(s), {data['args']['max_new_tokens']} new tokens, "
+    ax.set_title(f"Gemma 3 270M fp32, CPU {threads} thread(s), {'/'.join(new_tokens)} new tokens, "
                  "outputs identical to HF greedy")
     ax.legend(fontsize=8)
     curve = data["cost_curve"]
-    base = curve["seconds"][0]
-    ax2.plot(curve["nodes"], [s / base for s in curve["seconds"]], marker="o", label="measured (this CPU)")
+    head = curve.get("head_chunk_seconds") or 0.0  # lazy head: one chunk of visited rows per step
+    seconds = [s + head for s in curve["seconds"]]
+    ax2.plot(curve["nodes"], [s / seconds[0] for s in seconds], marker="o",
+             label="measured (this CPU)" + (", + 1 head chunk" if head else ""))
     ax2.plot(curve["nodes"], [1.0] * len(curve["nodes"]), linestyle="--", label="flat (GPU-like)")
     ax2.set_xlabel("draft nodes verified")
     ax2.set_ylabel("forward cost / plain-decoding forward")
     ax2.set_title("cost curve")
     ax2.legend(fontsize=8)
     fig.tight_layout()
-    out = Path(args.out) if args.out else Path(args.results).with_suffix(".png")
+    out = Path(args.out) if args.out else Path(args.results[0]).with_suffix(".png")
     fig.savefig(out, dpi=110)
     print(f"wrote {out}")
     return 0
