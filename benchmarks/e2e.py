@@ -53,11 +53,8 @@ DEFAULT_METHODS = ("hf-greedy", "hf-pld", "refdec-auto", "refdec-chain", "refdec
 
 # ---------------------------------------------------------------- proposers
 
-class ChainProposer:
-    """Wraps a Proposer: keeps only the best path of each tree (the ablation "no tree").
-
-    The best path starts at the first child of the root and follows the first child of
-    each node: nodes come best-first, so the first child is the most probable one."""
+class WrappedProposer:
+    """Passes the proposer protocol (start / accept / last_match_lengths / propose) to ``inner``."""
 
     def __init__(self, inner) -> None:
         self.inner = inner
@@ -70,6 +67,16 @@ class ChainProposer:
 
     def last_match_lengths(self):
         return self.inner.last_match_lengths()
+
+    def propose(self, max_nodes):
+        return self.inner.propose(max_nodes)
+
+
+class ChainProposer(WrappedProposer):
+    """Wraps a Proposer: keeps only the best path of each tree (the ablation "no tree").
+
+    The best path starts at the first child of the root and follows the first child of
+    each node: nodes come best-first, so the first child is the most probable one."""
 
     def propose(self, max_nodes):
         from refdec.tree import DraftTree
@@ -88,25 +95,16 @@ class ChainProposer:
                          tree.source_ids[keep], source_names=tree.source_names)
 
 
-class PeerProposer:
+class PeerProposer(WrappedProposer):
     """A baseline drafter (benchmarks/baselines.py: start / accept / propose) with the
     ``last_match_lengths`` the decoder's budget asks for (always "something to draft")."""
 
     def __init__(self, inner, name: str) -> None:
-        self.inner = inner
+        super().__init__(inner)
         self.name = name
-
-    def start(self, prompt_ids):
-        self.inner.start(prompt_ids)
-
-    def accept(self, tokens):
-        self.inner.accept(tokens)
 
     def last_match_lengths(self):
         return {self.name: 1}
-
-    def propose(self, max_nodes):
-        return self.inner.propose(max_nodes)
 
 
 def peer_factory(method: str):

@@ -49,19 +49,13 @@ def accept_walk_lazy(tree: DraftTree, target_of_row) -> tuple[np.ndarray, int]:
     Used for sampling, where a target costs a pass over the vocabulary: a step that
     accepts ``k`` nodes computes ``k + 1`` targets, whatever the tree size.
     """
-    parent_rows = tree.parents.astype(np.int64) + 1
-    token_ids = tree.token_ids
-    accepted = []
-    row = 0
-    while True:
-        target = int(target_of_row(row, len(accepted)))
-        kids = np.flatnonzero(parent_rows == row)
-        match = kids[token_ids[kids] == target]
-        if match.size == 0:
-            return np.asarray(accepted, dtype=np.int64), target
-        node = int(match[0])
-        accepted.append(node)
-        row = node + 1
+    walk = accept_walk_steps(tree)
+    request = next(walk)
+    try:
+        while True:
+            request = walk.send(int(target_of_row(*request)))
+    except StopIteration as done:
+        return done.value
 
 
 # Model types whose causal-LM head is exactly ``lm_head(last_hidden_state)`` (then Gemma's optional
