@@ -82,7 +82,7 @@ from refdec.cache import GrowingLayer, new_cache
 from refdec.masks import _finish, ancestor_matrix
 from refdec.sampling import TargetSampler, random_seed
 from refdec.tree import DraftTree
-from refdec.verify import LockstepLazyWalks, accept_walk, accept_walk_lazy, batch_backbone_forward_fn
+from refdec.verify import LockstepLazyWalks, accept_walk, accept_walk_lazy
 
 
 def _is_int(x) -> bool:
@@ -292,7 +292,7 @@ def generate_batch(decoder, prompts: list[np.ndarray], padded: np.ndarray | None
     # Lazy head (CPU, plain-head model): the backbone runs on every row of every tree, the head
     # only on the rows the acceptance walks visit, one GEMM per round for all batch rows.
     head = getattr(decoder, "_head", None)
-    backbone = batch_backbone_forward_fn(decoder.model) if decoder.lazy_head and head is not None else None
+    backbone = decoder._backbone_forward if decoder.lazy_head and head is not None else None  # -> [B, T, D]
     drafting = not (isinstance(shared_budget, FixedBudget) and shared_budget.max_nodes == 0)
 
     rows: list[_Row] = []

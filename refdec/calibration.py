@@ -205,7 +205,7 @@ def measure(model, nodes=DEFAULT_NODES, *, cache_len: int = 512, repeats: int = 
                               attention_mask=inputs.attention_mask)
                 t0 = time.perf_counter()
                 if lazy_head:
-                    out = split[0](cache, **kwargs)
+                    out = split[0](cache, **kwargs)[0]  # [1 + n, D]
                     out[-1, :1].cpu()  # wait for the device
                 elif tree_forward is not None:  # the decoder's own verification forward
                     out = tree_forward(cache, **kwargs)

@@ -30,7 +30,7 @@ from refdec.budget import FixedBudget, make_budget
 from refdec.cache import compact, new_cache
 from refdec.masks import build_tree_inputs, mask_spec_for
 from refdec.sampling import TargetSampler, random_seed
-from refdec.tree import DraftTree, prune_to_depth
+from refdec.tree import DraftTree, keep_nodes, prune_to_depth
 from refdec.verify import LazyRowLogits, accept_walk, accept_walk_lazy, split_forward_fn, tree_forward_fn
 
 
@@ -214,15 +214,7 @@ def _drop_out_of_vocab(tree: DraftTree, vocab_size: int) -> DraftTree:
     for node_idx in range(len(tree)):  # parents precede children
         if keep[node_idx] and parents[node_idx] >= 0 and not keep[parents[node_idx]]:
             keep[node_idx] = False
-    kept = np.flatnonzero(keep)
-    if kept.size == 0:
-        return DraftTree.empty()
-    new_index = np.full(len(tree), -1, dtype=np.int32)
-    new_index[kept] = np.arange(kept.size, dtype=np.int32)
-    old_parents = parents[kept]
-    new_parents = np.where(old_parents < 0, -1, new_index[np.maximum(old_parents, 0)]).astype(np.int32)
-    return DraftTree(tree.token_ids[kept], new_parents, tree.scores[kept], tree.source_ids[kept],
-                     source_names=tree.source_names)
+    return keep_nodes(tree, np.flatnonzero(keep))
 
 
 def draft_for_step(proposer, budget, useful_depth: int, max_depth: int, vocab_size: int) -> DraftTree:
@@ -484,7 +476,7 @@ class SpeculativeDecoder:
         t0 = time.perf_counter()
         cache = new_cache()
         if self._head is not None:
-            hidden = self._backbone_forward(cache, input_ids=prompt_tensor.to(self.device))
+            hidden = self._backbone_forward(cache, input_ids=prompt_tensor.to(self.device))[0]
             last_logits = self._head.logits(hidden[-1:])[0]
             del hidden
         else:
@@ -518,7 +510,7 @@ class SpeculativeDecoder:
             head_seconds = 0.0
             if self.lazy_head:
                 hidden = self._backbone_forward(cache, input_ids=inputs.input_ids, position_ids=inputs.position_ids,
-                                                attention_mask=inputs.attention_mask)
+                                                attention_mask=inputs.attention_mask)[0]  # [1 + n, D]
                 row_logits = LazyRowLogits(tree, hidden, self._head)
                 t3 = time.perf_counter()
                 # -- accept: the head runs on the rows the walk visits, a chunk at a time

@@ -98,10 +98,11 @@ class PlainHead:
 def split_forward_fn(model):
     """``(backbone_forward, head)`` for models with a plain linear LM head, or None.
 
-    ``backbone_forward(cache, **inputs) -> hidden`` (float [T, D], one sequence) runs the
-    model without its head; ``head`` is a :class:`PlainHead`. Splitting the two lets the
+    ``backbone_forward(cache, **inputs) -> hidden`` (float [B, T, D]) runs the model
+    without its head; ``head`` is a :class:`PlainHead`. Splitting the two lets the
     verifier compute logits only for the tree rows its acceptance walk visits
-    (:class:`LazyRowLogits`): on a CPU the head is most of a forward.
+    (:class:`LazyRowLogits`, :class:`LockstepLazyWalks`): on a CPU the head is most of a
+    forward.
     """
     import inspect
 
@@ -123,7 +124,7 @@ def split_forward_fn(model):
 
     def backbone_forward(cache, **inputs):
         inputs[cache_kw] = cache
-        return backbone(use_cache=True, **inputs).last_hidden_state[0]  # [T, D]
+        return backbone(use_cache=True, **inputs).last_hidden_state  # [B, T, D]
 
     return backbone_forward, PlainHead(head.weight, getattr(config, "final_logit_softcapping", None))
 
@@ -140,7 +141,7 @@ def tree_forward_fn(model):
     backbone_forward, head = split
 
     def forward(cache, **inputs):
-        return head.logits(backbone_forward(cache, **inputs))
+        return head.logits(backbone_forward(cache, **inputs)[0])
 
     return forward
 
@@ -184,9 +185,6 @@ class LazyRowLogits:
         self.rows_computed = 0
         self.seconds = 0.0  # time spent in the head (perf_counter)
 
-    def _chunk_rows(self, row: int) -> list[int]:
-        return self.chunk_rows(row, self.chunk)
-
     def chunk_rows(self, row: int, chunk: int) -> list[int]:
         """The rows (tree row indices, at most ``chunk``) one head call computes when ``row`` is asked:
         ``row``, its best-child chain, then the next rows by index; only rows not computed yet."""
@@ -220,7 +218,7 @@ class LazyRowLogits:
         import torch
 
         t0 = time.perf_counter()
-        rows = self._chunk_rows(row)
+        rows = self.chunk_rows(row, self.chunk)
         logits = self.head.logits(self.hidden[torch.tensor(rows, dtype=torch.long, device=self.hidden.device)])
         best = logits.argmax(dim=-1).tolist()  # the one host sync of this chunk
         self.store(rows, logits, best)
@@ -351,23 +349,3 @@ class LockstepLazyWalks:
             start = stop
         self.head_calls += 1
         self.seconds += time.perf_counter() - t0
-
-
-def batch_backbone_forward_fn(model):
-    """``backbone_forward(cache, **inputs) -> hidden`` (float [B, T, D], every sequence), or None.
-
-    The batched counterpart of :func:`split_forward_fn`'s backbone (same models; its head
-    is that function's :class:`PlainHead`)."""
-    import inspect
-
-    if split_forward_fn(model) is None:
-        return None
-    backbone = getattr(model, model.base_model_prefix)
-    params = inspect.signature(backbone.forward).parameters
-    cache_kw = "cache" if "cache" in params else "past_key_values"
-
-    def backbone_forward(cache, **inputs):
-        inputs[cache_kw] = cache
-        return backbone(use_cache=True, **inputs).last_hidden_state  # [B, T, D]
-
-    return backbone_forward

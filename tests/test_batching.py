@@ -180,8 +180,7 @@ def test_finished_rows_leave_the_batch(monkeypatch, lazy_head):
         return recording_forward
 
     if lazy_head:  # the backbone runs the forward, the head only the visited rows
-        backbone_fn = batch.batch_backbone_forward_fn
-        monkeypatch.setattr(batch, "batch_backbone_forward_fn", lambda m: recording(backbone_fn(m)))
+        monkeypatch.setattr(decoder, "_backbone_forward", recording(decoder._backbone_forward))
     else:
         monkeypatch.setattr(decoder, "_forward", recording(decoder._forward))
     eos = hf_row(model, prompts[0])[len(prompts[0]) + 3]

@@ -35,7 +35,7 @@ def _tree_hidden(model, tree):
         cache = new_cache()
         model(input_ids=prompt, past_key_values=cache, use_cache=True)
         hidden = backbone_forward(cache, input_ids=inputs.input_ids, position_ids=inputs.position_ids,
-                                  attention_mask=inputs.attention_mask)
+                                  attention_mask=inputs.attention_mask)[0]
         cache = new_cache()
         model(input_ids=prompt, past_key_values=cache, use_cache=True)
         full = model(input_ids=inputs.input_ids, position_ids=inputs.position_ids,
