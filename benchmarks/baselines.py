@@ -13,6 +13,8 @@
 
 from __future__ import annotations
 
+import itertools
+
 import numpy as np
 
 from refdec.tree import DraftTree
@@ -346,22 +348,5 @@ class DraftRetrieverProposer:
         if max_nodes <= 0:
             return _EMPTY
         paths = self.reader.search(self.seq[-self.tail:], choices=max_nodes)[0]
-        ids, parents, children = [], [], {}
-        for path in paths:
-            node = -1
-            for tok in path:
-                if tok < 0:
-                    break
-                nxt = children.get((node, tok))
-                if nxt is None:
-                    if len(ids) >= max_nodes:
-                        break
-                    nxt = len(ids)
-                    ids.append(tok)
-                    parents.append(node)
-                    children[(node, tok)] = nxt
-                node = nxt
-        if not ids:
-            return _EMPTY
-        return DraftTree(np.asarray(ids, dtype=np.int32), np.asarray(parents, dtype=np.int32),
-                         np.ones(len(ids), dtype=np.float32), source_names=("draftretriever",))
+        paths = [list(itertools.takewhile(lambda tok: tok >= 0, path)) for path in paths]  # -1: padding
+        return DraftTree.from_paths(paths, max_nodes, source_names=("draftretriever",))

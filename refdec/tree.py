@@ -73,6 +73,35 @@ class DraftTree:
         return cls(tokens, np.arange(-1, n - 1, dtype=np.int32), np.ones(n, dtype=np.float32),
                    source_names=source_names)
 
+    @classmethod
+    def from_paths(cls, paths, max_nodes: int, path_sources=None,
+                   source_names: tuple[str, ...] = ("draft",)) -> "DraftTree":
+        """Merge root-down token paths (lists of ints) into one trie, first path first.
+
+        A path follows an existing node while its token matches a child there; a new node is
+        added only while the tree has fewer than ``max_nodes`` (the rest of that path is
+        dropped, later paths may still follow existing nodes). Scores are 1; a node's source
+        is ``path_sources[i]`` of the path ``i`` that added it (default 0)."""
+        tokens, parents, sources = [], [], []
+        children: dict[tuple[int, int], int] = {}  # (parent node, token) -> node
+        for path_idx, path in enumerate(paths):
+            source = 0 if path_sources is None else int(path_sources[path_idx])
+            parent = -1
+            for tok in path:
+                node = children.get((parent, int(tok)))
+                if node is None:
+                    if len(tokens) >= max_nodes:
+                        break
+                    node = len(tokens)
+                    tokens.append(int(tok))
+                    parents.append(parent)
+                    sources.append(source)
+                    children[(parent, int(tok))] = node
+                parent = node
+        return cls(np.asarray(tokens, dtype=np.int32), np.asarray(parents, dtype=np.int32),
+                   np.ones(len(tokens), dtype=np.float32), np.asarray(sources, dtype=np.int32),
+                   source_names=source_names)
+
     def depths(self) -> np.ndarray:
         """int32 [n]: depth of each node, 1 for children of the root."""
         depth = np.zeros(len(self), dtype=np.int32)
@@ -84,6 +113,19 @@ class DraftTree:
         return f"DraftTree(n={len(self)}, max_depth={int(self.depths().max()) if len(self) else 0})"
 
 
+def keep_nodes(tree: DraftTree, node_idx: np.ndarray) -> DraftTree:
+    """The subtree of the nodes ``node_idx`` (increasing ints; every kept node's parent is kept
+    too), renumbered in the same order."""
+    if node_idx.size == 0:
+        return DraftTree.empty()
+    new_index = np.full(len(tree), -1, dtype=np.int32)
+    new_index[node_idx] = np.arange(node_idx.size, dtype=np.int32)
+    old_parents = tree.parents[node_idx]
+    parents = np.where(old_parents < 0, -1, new_index[np.maximum(old_parents, 0)]).astype(np.int32)
+    return DraftTree(tree.token_ids[node_idx], parents, tree.scores[node_idx], tree.source_ids[node_idx],
+                     source_names=tree.source_names)
+
+
 def prune_to_depth(tree: DraftTree, max_depth: int) -> DraftTree:
     """The subtree of nodes at depth <= ``max_depth`` (indices renumbered, order kept)."""
     if len(tree) == 0:
@@ -91,12 +133,4 @@ def prune_to_depth(tree: DraftTree, max_depth: int) -> DraftTree:
     depth = tree.depths()
     if int(depth.max()) <= max_depth:
         return tree
-    keep = np.flatnonzero(depth <= max_depth)
-    if keep.size == 0:
-        return DraftTree.empty()
-    new_index = np.full(len(tree), -1, dtype=np.int32)
-    new_index[keep] = np.arange(keep.size, dtype=np.int32)
-    old_parents = tree.parents[keep]
-    parents = np.where(old_parents < 0, -1, new_index[np.maximum(old_parents, 0)]).astype(np.int32)
-    return DraftTree(tree.token_ids[keep], parents, tree.scores[keep], tree.source_ids[keep],
-                     source_names=tree.source_names)
+    return keep_nodes(tree, np.flatnonzero(depth <= max_depth))

@@ -253,3 +253,24 @@ def test_lazy_walk_equals_vectorised_walk_and_accepts_a_root_path_of_matching_to
         assert tree.parents[node] + 1 == row and tree.token_ids[node] == targets[row]
         row = node + 1
     assert bonus == targets[row]
+
+
+def test_from_paths_merges_shared_prefixes_and_stops_adding_at_max_nodes():
+    tree = DraftTree.from_paths([[5, 6, 7], [5, 6, 8], [9, 5]], max_nodes=10, path_sources=[0, 1, 1],
+                                source_names=("a", "b"))
+    assert tree.token_ids.tolist() == [5, 6, 7, 8, 9, 5]
+    assert tree.parents.tolist() == [-1, 0, 1, 1, -1, 4]
+    assert tree.source_ids.tolist() == [0, 0, 0, 1, 1, 1] and tree.source_names == ("a", "b")
+    # at the cap a path stops adding nodes, but a later path may still follow existing ones
+    capped = DraftTree.from_paths([[5, 6, 7], [9], [5, 6, 8]], max_nodes=3)
+    assert capped.token_ids.tolist() == [5, 6, 7] and capped.parents.tolist() == [-1, 0, 1]
+    assert len(DraftTree.from_paths([], max_nodes=4)) == 0
+
+
+def test_keep_nodes_renumbers_parents():
+    from refdec.tree import keep_nodes
+
+    tree = DraftTree(np.array([10, 11, 12, 13]), np.array([-1, 0, -1, 2]), np.ones(4, np.float32))
+    sub = keep_nodes(tree, np.array([2, 3]))
+    assert sub.token_ids.tolist() == [12, 13] and sub.parents.tolist() == [-1, 0]
+    assert len(keep_nodes(tree, np.array([], dtype=np.int64))) == 0

@@ -170,25 +170,8 @@ class PromptLookupProposer:
         branches = self._find()
         keep = {"chain": 1, "tree": 2, "wide": 4}[self.shape]
         branches = branches[:keep]
-        tokens, parents, sources = [], [], []
-        children: dict[tuple[int, int], int] = {}  # (parent node, token) -> node
-        for source, cont in branches:
-            parent = -1
-            for tok in cont:
-                node = children.get((parent, tok))
-                if node is None:
-                    if len(tokens) >= max_nodes:
-                        break
-                    node = len(tokens)
-                    tokens.append(tok)
-                    parents.append(parent)
-                    sources.append(source)
-                    children[(parent, tok)] = node
-                parent = node
-        if not tokens:
-            return DraftTree.empty()
-        return DraftTree(np.array(tokens), np.array(parents), np.ones(len(tokens), dtype=np.float32),
-                         np.array(sources), source_names=self.source_names)
+        return DraftTree.from_paths([cont for _, cont in branches], max_nodes, [source for source, _ in branches],
+                                    source_names=self.source_names)
 
 
 def lookup_factory(shape: str = "tree", max_ngram: int = 3):
