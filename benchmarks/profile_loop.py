@@ -92,7 +92,7 @@ def main(argv=None) -> int:
                     dec = SpeculativeDecoder(model, tok, proposer_factory=factory(editing))
                     dec.lazy_head = variant == "lazy-head"
                     if variant == "model":
-                        dec._tree_forward = None
+                        dec._head = None  # the model's own forward (prefill too)
                     out = dec.generate(case.prompt.tolist(), references=refs, max_new_tokens=args.max_new_tokens,
                                        max_draft_tokens=budget)
                     results[variant].append({**split_ms(out.stats), "head_rows": out.stats.head_rows})

@@ -31,7 +31,7 @@ from refdec.cache import compact, new_cache
 from refdec.masks import build_tree_inputs, mask_spec_for
 from refdec.sampling import TargetSampler, random_seed
 from refdec.tree import DraftTree, keep_nodes, prune_to_depth
-from refdec.verify import LazyRowLogits, accept_walk, accept_walk_lazy, split_forward_fn, tree_forward_fn
+from refdec.verify import LazyRowLogits, accept_walk, accept_walk_lazy, split_forward_fn
 
 
 @dataclass
@@ -341,8 +341,7 @@ class SpeculativeDecoder:
         params = inspect.signature(model.forward).parameters
         self._cache_kw = "cache" if "cache" in params else "past_key_values"
         self._auto_budget = None  # the "auto" policy persists across calls (its feedback carries over)
-        self._tree_forward = tree_forward_fn(model)  # None: the model's own forward computes the logits
-        split = split_forward_fn(model)
+        split = split_forward_fn(model)  # None: the model's own forward computes the logits
         self._backbone_forward, self._head = split if split is not None else (None, None)
         # Lazy head (CPU): the LM head runs only on the tree rows the acceptance walk visits
         # (refdec.verify.LazyRowLogits). On a GPU the head of every row costs about as much as
@@ -357,8 +356,8 @@ class SpeculativeDecoder:
         """float [1 + n, V]: every tree row's logits (verifier head when the model has a plain one)."""
         kwargs = dict(input_ids=inputs.input_ids, position_ids=inputs.position_ids,
                       attention_mask=inputs.attention_mask)
-        if self._tree_forward is not None:
-            return self._tree_forward(cache, **kwargs)
+        if self._head is not None:
+            return self._head.logits(self._backbone_forward(cache, **kwargs)[0])
         return self._forward(cache, **kwargs).logits[0]
 
     @torch.inference_mode()
