@@ -457,15 +457,8 @@ def generate_batch(decoder, prompts: list[np.ndarray], padded: np.ndarray | None
             rs.head_rows += head_rows[i]
             stats.head_rows += head_rows[i]
             rs._count_pass(k)
-            rs.proposed_tokens += len(tree)
-            rs.accepted_tokens += k
-            stats.proposed_tokens += len(tree)
-            stats.accepted_tokens += k
-            if k:
-                for src, count in zip(*np.unique(tree.source_ids[accepted], return_counts=True)):
-                    name = tree.source_names[src] if src < len(tree.source_names) else str(int(src))
-                    rs.accepted_by_source[name] = rs.accepted_by_source.get(name, 0) + int(count)
-                    stats.accepted_by_source[name] = stats.accepted_by_source.get(name, 0) + int(count)
+            rs._count_draft(tree, accepted)
+            stats._count_draft(tree, accepted)
             if row.proposer is not None and len(tree):
                 row.budget.observe(len(tree), k)
                 observe_nodes = getattr(row.budget, "observe_nodes", None)

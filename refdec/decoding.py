@@ -92,6 +92,16 @@ class DecodingStats:
             self.accepted_per_pass.append(0)
         self.accepted_per_pass[accepted] += 1
 
+    def _count_draft(self, tree: DraftTree, accepted_nodes: np.ndarray) -> None:
+        """Proposed and accepted draft tokens of one verified ``tree``, accepted ones per source
+        (``accepted_nodes``: int64 [k], the accepted node indices)."""
+        self.proposed_tokens += len(tree)
+        self.accepted_tokens += int(accepted_nodes.shape[0])
+        if accepted_nodes.shape[0]:
+            for src, count in zip(*np.unique(tree.source_ids[accepted_nodes], return_counts=True)):
+                name = tree.source_names[src] if src < len(tree.source_names) else str(int(src))
+                self.accepted_by_source[name] = self.accepted_by_source.get(name, 0) + int(count)
+
 
 @dataclass
 class GenerateOutput:
@@ -449,7 +459,6 @@ class SpeculativeDecoder:
                 stats.retrieve_seconds = time.perf_counter() - t0
             proposer = self.proposer_factory(index, refs, self.max_depth)
             proposer.start(prompt.astype(np.int32))
-        accepted_by_source = stats.accepted_by_source
 
         def emit(tokens: list[int]) -> bool:
             """Append an accepted run, honouring stops; return True when generation is over."""
@@ -540,12 +549,7 @@ class SpeculativeDecoder:
             compact(cache, root_pos + 1, None if chain_prefix else torch.from_numpy(accepted).to(self.device), k)
             run = tree.token_ids[accepted].tolist() + [bonus]
             stats._count_pass(k)
-            stats.proposed_tokens += len(tree)
-            stats.accepted_tokens += k
-            if k:
-                for src, count in zip(*np.unique(tree.source_ids[accepted], return_counts=True)):
-                    name = tree.source_names[src] if src < len(tree.source_names) else str(int(src))
-                    accepted_by_source[name] = accepted_by_source.get(name, 0) + int(count)
+            stats._count_draft(tree, accepted)
             if proposer is not None and len(tree):
                 budget.observe(len(tree), k)
                 if observe_nodes is not None:
