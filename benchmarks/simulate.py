@@ -37,6 +37,10 @@ Methods:
                     MCTS, which adds each query's 3-grams to the table (it learns
                     from the context); a fresh Reader per case
     draftretriever-shared  the same with one Reader per pass (learns across cases)
+
+Diagnostics (each prints a table and exits):
+    --diagnose edits:32    refdec's losing steps against the oracle chain, by kind
+    --ceiling edits:64     refdec/oracle hybrids: which steps hold the gap to the oracle
 """
 
 from __future__ import annotations
@@ -425,6 +429,90 @@ def _best_path(tree) -> list:
         path.append(tokens[node])
 
 
+def _reference_offsets(reference: list, run: list, anchor: int) -> list:
+    """Offsets from ``anchor`` of every occurrence of ``run`` (a token list) in ``reference``."""
+    if not run or len(reference) < len(run):
+        return []
+    ref = np.asarray(reference)
+    starts = np.flatnonzero(ref[: len(ref) - len(run) + 1] == run[0])
+    return [int(q) - anchor for q in starts if reference[q:q + len(run)] == run]
+
+
+CEILING_RULES = {
+    "refdec alone": lambda acc, offsets: False,
+    "oracle wherever it copies more": lambda acc, offsets: True,
+    "... only where refdec accepts >= 4": lambda acc, offsets: acc >= 4,
+    "... only where refdec accepts < 4": lambda acc, offsets: acc < 4,
+    "... only where the run is in the reference at or after the anchor, <= 64 on": lambda acc, offsets: any(
+        0 <= d <= 64 for d in offsets),
+    "... only where the run is in the reference only behind the anchor": lambda acc, offsets: bool(offsets) and all(
+        d < 0 for d in offsets),
+    "... only where the run is not in the reference": lambda acc, offsets: not offsets,
+}
+
+
+def ceiling(workload_name: str, budget: int, limit=None, corpus=None) -> dict:
+    """Where refdec's gap to the oracle chain lies, as tokens/step of hybrids.
+
+    Each hybrid replays refdec's proposer (editing mode where the case has
+    references, as the decoder does) and, at the steps a rule selects where the
+    oracle chain's copied run is longer than what refdec accepted, advances by
+    the oracle's run instead; the proposer is fed whatever was advanced, so the
+    trajectory follows. "oracle wherever it copies more" reproduces the oracle
+    chain (exactly, unless refdec's tree ever out-copies it: a path joined from
+    several sources); each other rule says how much of the gap its steps hold. The run's
+    place in the reference is taken from its first <= 16 tokens and the copy
+    cursor's anchor.
+    """
+    wl = workloads.load_workload(workload_name, limit)
+    if corpus is None and wl.corpus:
+        corpus = workloads.corpus_index(wl.corpus)
+    return {"workload": workload_name, "budget": budget, "rules": ceiling_cases(wl.cases, budget, corpus)}
+
+
+def ceiling_cases(cases, budget: int, corpus=None, rules=None) -> dict:
+    """{rule name: tokens/step} of the hybrids of :func:`ceiling` over ``cases``
+    (``workloads.Case``: prompt, references, output)."""
+    import refdec
+
+    out = {}
+    for rule_name, rule in (rules or CEILING_RULES).items():
+        tokens = steps = 0
+        for case in cases:
+            truth = case.output.tolist()
+            reference = case.references[0].tolist() if case.references else []
+            prop = refdec.Proposer(index=corpus, references=list(case.references) or None, max_depth=64,
+                                   cursor=bool(case.references))
+            oracle = baselines.OracleChain(case.output)
+            prop.start(case.prompt)
+            oracle.start(case.prompt)
+            pos = 0
+            while pos < len(truth):
+                anchor = prop.cursor_state()["anchor"] if case.references else 0
+                acc = accepted_length(prop.propose(budget), truth, pos)
+                run_len = min(oracle.match_length(budget)[0], budget)
+                if run_len > acc:
+                    offsets = _reference_offsets(reference, truth[pos:pos + min(run_len, 16)], anchor)
+                    if rule(acc, offsets):
+                        acc = run_len
+                adv = min(acc + 1, len(truth) - pos)
+                prop.accept(np.asarray(truth[pos:pos + adv], dtype=np.int32))
+                oracle.accept(truth[pos:pos + adv])
+                pos += adv
+                steps += 1
+            tokens += len(truth)
+        out[rule_name] = tokens / max(steps, 1)
+    return out
+
+
+def print_ceiling(c: dict) -> None:
+    oracle = c["rules"]["oracle wherever it copies more"]
+    print(f"\n## Where refdec's gap to the oracle chain lies: {c['workload']}, k={c['budget']}")
+    print("| hybrid: refdec, taking the oracle chain's run ... | tokens/step | / oracle chain |\n|---|---|---|")
+    for name, value in c["rules"].items():
+        print(f"| {name} | {value:.2f} | {value / oracle:.3f} |")
+
+
 def print_diagnosis(d: dict, n_examples: int = 8) -> None:
     tok = workloads.tokenizer()
     print(f"\n## refdec vs {d['oracle']} on {d['workload']} at k={d['budget']} (refdec's trajectory)")
@@ -494,6 +582,9 @@ def main(argv=None) -> int:
     ap.add_argument("--diagnose", default=None, metavar="WORKLOAD:BUDGET[:ANCHOR]",
                     help="classify refdec's losses against the oracle chain (e.g. edits:32), or with ANCHOR=1 "
                          "against oracle-suffix1 (edits:32:1), and exit")
+    ap.add_argument("--ceiling", default=None, metavar="WORKLOAD:BUDGET",
+                    help="tokens/step of refdec/oracle-chain hybrids: where the gap to the oracle lies "
+                         "(e.g. edits:64), and exit")
     args = ap.parse_args(argv)
 
     import torch
@@ -516,6 +607,14 @@ def main(argv=None) -> int:
         out = Path(args.json) if args.json else OUT_DIR / f"diagnose-{wname}-{budget}{'-suffix1' if rest else ''}.json"
         out.parent.mkdir(parents=True, exist_ok=True)
         out.write_text(json.dumps(d, indent=1))
+        return 0
+    if args.ceiling:
+        wname, budget = args.ceiling.split(":")
+        c = ceiling(wname, int(budget), limit)
+        print_ceiling(c)
+        out = Path(args.json) if args.json else OUT_DIR / f"ceiling-{wname}-{budget}.json"
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(json.dumps({**c, "git_commit": _git_commit()}, indent=1))
         return 0
     results = run(wnames, methods, budgets, limit, progress=not args.quiet)
     print(markdown(results, budgets))

@@ -271,3 +271,43 @@ def test_draftretriever_paths_merge_into_one_trie_within_the_budget():
     assert tree.token_ids.tolist() == [5, 6, 7, 8, 9]
     assert tree.parents.tolist() == [-1, 0, 1, -1, 3]
     assert len(prop.propose(4)) == 4
+
+
+# ---------------------------------------------------------------- ceiling hybrids
+
+def test_reference_offsets_lists_every_occurrence_relative_to_the_anchor():
+    reference = [5, 6, 7, 1, 5, 6, 9, 5, 6]
+    assert simulate._reference_offsets(reference, [5, 6], anchor=4) == [-4, 0, 3]
+    assert simulate._reference_offsets(reference, [6, 7], anchor=0) == [1]
+    assert simulate._reference_offsets(reference, [8], anchor=0) == []
+    assert simulate._reference_offsets(reference, [], anchor=0) == []
+
+
+def test_ceiling_hybrids_reproduce_refdec_alone_and_the_oracle_chain():
+    import workloads
+
+    refdec = pytest.importorskip("refdec")
+    rng = np.random.default_rng(3)
+    cases = []
+    for _ in range(3):
+        reference = rng.integers(10, 60, size=300).astype(np.int32)
+        # an edit: a deletion, an insertion of new text, and a block moved from behind
+        output = np.concatenate([reference[:80], reference[100:150], rng.integers(60, 90, size=12),
+                                 reference[20:60], reference[150:]]).astype(np.int32)
+        prompt = np.concatenate([[1], reference, [2, 3]]).astype(np.int32)
+        cases.append(workloads.Case(prompt=prompt, references=[reference], output=output, name="synthetic"))
+    budget = 16
+    got = simulate.ceiling_cases(cases, budget)
+
+    def pooled(make):
+        replays = [simulate.replay(make(c), c.prompt, c.output, budget) for c in cases]
+        return simulate.summarize(replays)["tokens_per_step"]
+
+    alone = pooled(lambda c: refdec.Proposer(references=list(c.references), max_depth=64, cursor=True))
+    oracle = pooled(lambda c: baselines.OracleChain(c.output))
+    assert got["refdec alone"] == pytest.approx(alone)
+    assert got["oracle wherever it copies more"] == pytest.approx(oracle)
+    # every partial hybrid lies between the two ends
+    for name, value in got.items():
+        assert alone - 1e-9 <= value <= oracle + 1e-9, name
+    assert oracle > alone  # the synthetic edits leave refdec a gap to close
