@@ -287,7 +287,7 @@ def generate_batch(decoder, prompts: list[np.ndarray], padded: np.ndarray | None
             auto_template = make_budget("auto", model=decoder.model)  # the calibrated cost curve (cached)
         except TypeError:  # a make_budget without the model argument
             auto_template = make_budget("auto")
-    from refdec.decoding import draft_for_step
+    from refdec.decoding import draft_for_step, prefill_spans
 
     # Lazy head (CPU, plain-head model): the backbone runs on every row of every tree, the head
     # only on the rows the acceptance walks visit, one GEMM per round for all batch rows.
@@ -349,15 +349,20 @@ def generate_batch(decoder, prompts: list[np.ndarray], padded: np.ndarray | None
         eye = np.eye(width, dtype=bool)[None]
         full |= eye  # padding rows see themselves only (no fully masked row)
         cache = new_cache()
-        mask = _mask_for(full, q_pos, key_pos, spec, device)
-        inputs = dict(input_ids=torch.from_numpy(ids).to(device), position_ids=torch.from_numpy(q_pos).to(device),
-                      attention_mask=mask)
-        if backbone is not None:
-            last = head.logits(backbone(cache, **inputs)[:, -1])  # [B, V]: every row's last slot is a token
-        else:
-            out = decoder._forward(cache, logits_to_keep=1, **inputs)
-            last = out.logits[:, -1]
-            del out
+        for begin, end in prefill_spans(width, decoder.prefill_chunk):
+            # the chunk's query rows against every key up to its end
+            mask = _mask_for(full[:, begin:end, :end], q_pos[:, begin:end], key_pos[:, :end], spec, device)
+            inputs = dict(input_ids=torch.from_numpy(ids[:, begin:end]).to(device),
+                          position_ids=torch.from_numpy(q_pos[:, begin:end]).to(device), attention_mask=mask)
+            if backbone is not None:
+                hidden = backbone(cache, **inputs)
+                if end == width:
+                    last = head.logits(hidden[:, -1])  # [B, V]: every row's last slot is a token
+                del hidden
+            else:
+                out = decoder._forward(cache, logits_to_keep=1, **inputs)
+                last = out.logits[:, -1]
+                del out
         if do_sample:
             firsts = [r.sampler.sample(last[b], prompt_lens[b]) for b, r in enumerate(rows)]
         else:

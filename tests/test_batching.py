@@ -236,3 +236,14 @@ def test_auto_budget_gives_each_row_its_own_policy():
     for b, p in enumerate(prompts):
         assert row_tokens(out, b, len(p)) == hf_row(model, p)
     assert out.stats.accepted_tokens > 0
+
+
+def test_chunked_batch_prefill_keeps_every_row_exact(model3):
+    """The left-padded batch prefilled 5 columns at a time (padding, sliding window and
+    positions cut across chunks) still gives each row its own generate output."""
+    name, model = model3
+    prompts = mixed_batch()
+    decoder = decoding.SpeculativeDecoder(model, prefill_chunk=5)
+    out = decoder.generate(prompts, max_new_tokens=NEW, eos_token_id=[], max_draft_tokens=16)
+    for b, p in enumerate(prompts):
+        assert row_tokens(out, b, len(p)) == hf_row(model, p), (name, b)

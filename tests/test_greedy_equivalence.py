@@ -130,3 +130,38 @@ def test_drafts_from_a_corpus_index_built_from_token_lists(family_model):
         assert out.sequences[0].tolist() == hf_greedy(model, prompt)
         from_corpus += out.stats.accepted_by_source.get("corpus", 0)
     assert from_corpus > 20
+
+
+def test_prefill_spans_cover_the_prompt_in_order():
+    assert decoding.prefill_spans(10, None) == [(0, 10)]
+    assert decoding.prefill_spans(10, 10) == [(0, 10)]
+    assert decoding.prefill_spans(10, 4) == [(0, 4), (4, 8), (8, 10)]
+    assert decoding.prefill_spans(3, 1) == [(0, 1), (1, 2), (2, 3)]
+
+
+@pytest.mark.parametrize("chunk", [1, 5, 16])
+def test_chunked_prefill_matches_generate(family_model, chunk):
+    """Prompts prefilled in chunks (across Gemma 3's sliding window of 8 with chunk 5) give
+    generate's tokens, and the prefill really ran ceil(prompt / chunk) forwards."""
+    name, model = family_model
+    forwards = []
+    hook = model.get_input_embeddings().register_forward_hook(lambda module, args, out: forwards.append(1))
+    try:
+        decoder = decoding.SpeculativeDecoder(model, prefill_chunk=chunk)
+        for prompt in repetitive_prompts(4, seed=13):
+            assert len(prompt) > chunk
+            forwards.clear()
+            out = decoder.generate(prompt, max_new_tokens=NEW_TOKENS, eos_token_id=[], max_draft_tokens=16)
+            prefill_forwards = len(forwards) - (out.stats.forward_passes - 1)  # stats count the prefill once
+            assert out.sequences[0].tolist() == hf_greedy(model, prompt), (name, chunk, prompt)
+            assert prefill_forwards == -(-len(prompt) // chunk), (name, chunk, len(prompt))
+    finally:
+        hook.remove()
+
+
+@pytest.mark.parametrize("bad", [0, -3, 2.5, "1024", True])
+def test_prefill_chunk_must_be_a_positive_int_or_none(bad):
+    from tiny_models import tiny_llama
+
+    with pytest.raises(ValueError, match="prefill_chunk"):
+        decoding.SpeculativeDecoder(tiny_llama(), prefill_chunk=bad)

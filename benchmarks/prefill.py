@@ -1,0 +1,100 @@
+"""Prefill cost against the prefill chunk size, on the real model.
+
+    python benchmarks/prefill.py [--threads 2] [--lengths 512,1024,2048,4096,8192]
+        [--chunks none,512,1024,2048] [--repeats 3] [--json OUT]
+
+For each prompt length, times refdec's prefill (``SpeculativeDecoder.generate``
+with ``max_new_tokens=1``, no drafting: ``stats.prefill_seconds``) at each
+``prefill_chunk`` (``none`` = one forward over the whole prompt, what
+``model.generate`` does), the settings alternating within each repeat; reports
+the minimum over repeats and the ratio to ``none``, and checks that every
+setting gives the same first token. Prompts: the longest edit prompts of
+edits-click.jsonl where ../shared/data is present, else random tokens.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+OUT_DIR = Path(__file__).resolve().parent / "out"
+
+
+def prompts_of_lengths(lengths, vocab: int) -> dict:
+    """{length: int32 array}: a prefix of the concatenated edit prompts (real text) when the
+    data is present, else random token ids."""
+    import workloads
+
+    text = np.zeros(0, dtype=np.int32)
+    if workloads.data_dir().exists():
+        wl = workloads.load_edits()
+        text = np.concatenate([c.prompt for c in sorted(wl.cases, key=lambda c: -len(c.prompt))])
+    rng = np.random.default_rng(0)
+    out = {}
+    for n in lengths:
+        out[n] = text[:n] if len(text) >= n else rng.integers(3, min(vocab, 30000), size=n).astype(np.int32)
+    return out
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--lengths", default="512,1024,2048,4096,8192")
+    ap.add_argument("--chunks", default="none,512,1024,2048")
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--json", default=None)
+    args = ap.parse_args(argv)
+
+    import torch
+
+    torch.set_num_threads(args.threads)
+    from refdec.decoding import SpeculativeDecoder
+    from refdec.models import load_default
+
+    model, _ = load_default()
+    lengths = [int(x) for x in args.lengths.split(",") if x]
+    chunks = [None if c == "none" else int(c) for c in args.chunks.split(",") if c]
+    decoders = {c: SpeculativeDecoder(model, prefill_chunk=c) for c in chunks}
+    prompts = prompts_of_lengths(lengths, decoders[chunks[0]].vocab_size)
+    rows = []
+    for n in lengths:
+        times = {c: [] for c in chunks}
+        firsts = set()
+        for rep in range(args.repeats + 1):  # the first round warms up
+            order = chunks if rep % 2 == 0 else list(reversed(chunks))
+            for c in order:
+                out = decoders[c].generate(prompts[n], max_new_tokens=1, max_draft_tokens=0, eos_token_id=[])
+                firsts.add(int(out.sequences[0, -1]))
+                if rep:
+                    times[c].append(out.stats.prefill_seconds)
+        if len(firsts) != 1:
+            print(f"MISMATCH: prompt {n}: first tokens {sorted(firsts)} differ across chunk sizes", file=sys.stderr)
+        best = {c: min(v) for c, v in times.items()}
+        base = best[chunks[0]]
+        row = {"tokens": n, "seconds": {str(c): round(best[c], 4) for c in chunks},
+               "vs_first": {str(c): round(base / best[c], 3) for c in chunks}, "same_first_token": len(firsts) == 1}
+        rows.append(row)
+        cells = "  ".join(f"{c}: {best[c]:.3f}s ({base / best[c]:.2f}x)" for c in chunks)
+        print(f"{n:6d} tokens  {cells}", flush=True)
+    print(f"\n| prompt tokens | " + " | ".join(f"chunk {c}" for c in chunks) + " |")
+    print("|---|" + "---|" * len(chunks))
+    for r in rows:
+        print(f"| {r['tokens']} | " + " | ".join(
+            f"{r['seconds'][str(c)]:.2f} s ({r['vs_first'][str(c)]:.2f}×)" for c in chunks) + " |")
+    out = Path(args.json) if args.json else OUT_DIR / f"prefill-{time.strftime('%Y%m%d-%H%M%S')}.json"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps({"argv": sys.argv[1:], "threads": args.threads, "rows": rows}, indent=1))
+    print(f"\nJSON: {out}", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
