@@ -449,6 +449,13 @@ CEILING_RULES = {
         d < 0 for d in offsets),
     "... only where the run is not in the reference": lambda acc, offsets: not offsets,
 }
+# Hybrids with refdec's own wider tree instead of the oracle: what a perfect pick among refdec's
+# present candidates would give (the tree of CEILING_WIDE_NODES nodes, accepted depth capped at the budget).
+CEILING_WIDE_NODES = 2048
+CEILING_WIDE_RULES = {
+    f"refdec's {CEILING_WIDE_NODES}-node tree, only where refdec accepts < 4": lambda acc: acc < 4,
+    f"refdec's {CEILING_WIDE_NODES}-node tree at every step": lambda acc: True,
+}
 
 
 def ceiling(workload_name: str, budget: int, limit=None, corpus=None) -> dict:
@@ -458,7 +465,9 @@ def ceiling(workload_name: str, budget: int, limit=None, corpus=None) -> dict:
     references, as the decoder does) and, at the steps a rule selects where the
     oracle chain's copied run is longer than what refdec accepted, advances by
     the oracle's run instead; the proposer is fed whatever was advanced, so the
-    trajectory follows. "oracle wherever it copies more" reproduces the oracle
+    trajectory follows; the "wide" rules take refdec's own tree of
+    CEILING_WIDE_NODES nodes instead (a perfect pick among its present
+    candidates). "oracle wherever it copies more" reproduces the oracle
     chain (exactly, unless refdec's tree ever out-copies it: a path joined from
     several sources); each other rule says how much of the gap its steps hold. The run's
     place in the reference is taken from its first <= 16 tokens and the copy
@@ -476,7 +485,9 @@ def ceiling_cases(cases, budget: int, corpus=None, rules=None) -> dict:
     import refdec
 
     out = {}
-    for rule_name, rule in (rules or CEILING_RULES).items():
+    rules = dict(rules) if rules is not None else {**CEILING_RULES, **CEILING_WIDE_RULES}
+    for rule_name, rule in rules.items():
+        wide = rule_name in CEILING_WIDE_RULES
         tokens = steps = 0
         for case in cases:
             truth = case.output.tolist()
@@ -490,7 +501,12 @@ def ceiling_cases(cases, budget: int, corpus=None, rules=None) -> dict:
             while pos < len(truth):
                 anchor = prop.cursor_state()["anchor"] if case.references else 0
                 acc = accepted_length(prop.propose(budget), truth, pos)
-                run_len = min(oracle.match_length(budget)[0], budget)
+                if wide:
+                    if rule(acc):
+                        acc = max(acc, min(accepted_length(prop.propose(CEILING_WIDE_NODES), truth, pos), budget))
+                    run_len = 0
+                else:
+                    run_len = min(oracle.match_length(budget)[0], budget)
                 if run_len > acc:
                     offsets = _reference_offsets(reference, truth[pos:pos + min(run_len, 16)], anchor)
                     if rule(acc, offsets):
