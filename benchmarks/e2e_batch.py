@@ -18,8 +18,12 @@ greedy with left padding is not bit-identical to unbatched greedy in float32
 either way; refdec's rows are also computed batched, so both are compared with
 the single-row output and the count of equal rows is reported for each.
 
-    .venv/bin/python benchmarks/e2e_batch.py [--batch-sizes 1 4 8] [--new 64] [--max-draft 8]
+    .venv/bin/python benchmarks/e2e_batch.py [--batch-sizes 1 4 8] [--new 64] [--max-draft 8 [auto ...]]
         [--heads lazy full] [--repeats 1]
+
+``--max-draft`` takes several values, run side by side per batch size: a node count, ``auto``
+(the rows' prefixes chosen together, priced as one padded batched forward) or
+``auto-rowwise`` (each row priced alone on the single-row curve, the earlier policy).
 
 Writes benchmarks/out/e2e_batch.json.
 
@@ -107,13 +111,16 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 4, 8])
     ap.add_argument("--new", type=int, default=64)
-    ap.add_argument("--max-draft", default="8", help="draft nodes per row and step, or 'auto'")
+    ap.add_argument("--max-draft", nargs="+", default=["8"],
+                    help="draft nodes per row and step, 'auto' (rows priced together as one batched "
+                         "forward), or 'auto-rowwise' (each row priced alone: decoder.joint_batch_budget "
+                         "= False); several values are run side by side")
     ap.add_argument("--max-edit-tokens", type=int, default=700, help="skip longer edit prompts (keeps it small)")
     ap.add_argument("--heads", nargs="+", choices=["lazy", "full"], default=["lazy", "full"],
                     help="refdec's LM head: lazy (visited rows only) and/or full (every tree row)")
     ap.add_argument("--repeats", type=int, default=1, help="time each run this many times, keep the minimum")
     args = ap.parse_args()
-    max_draft = args.max_draft if args.max_draft == "auto" else int(args.max_draft)
+    drafts = [m if m in ("auto", "auto-rowwise") else int(m) for m in args.max_draft]
     torch.set_num_threads(2)
 
     from refdec.models import load_default
@@ -145,12 +152,14 @@ def main() -> None:
         single.append(out[0])
         single_time += dt
 
-    def refdec_batch(batch_rows, lazy_head: bool):
+    def refdec_batch(batch_rows, lazy_head: bool, max_draft):
         prompts = [r["prompt"] for r in batch_rows]
         refs = [r["references"] for r in batch_rows]
         t0 = time.perf_counter()
         decoder = refdec.SpeculativeDecoder(model)
         decoder.lazy_head = lazy_head and decoder.lazy_head
+        decoder.joint_batch_budget = max_draft != "auto-rowwise"
+        max_draft = "auto" if max_draft == "auto-rowwise" else max_draft
         if len(batch_rows) == 1:
             res = decoder.generate(prompts[0], references=refs[0], max_new_tokens=args.new,
                                    max_draft_tokens=max_draft)
@@ -173,12 +182,12 @@ def main() -> None:
         batch_rows = rows[:bs]
         hf_out, hf_dt = fastest(lambda: hf_batch(batch_rows))
         hf_tokens = sum(len(x) for x in hf_out)
-        for head in args.heads:
-            rd_out, rd_dt, stats, row_stats = fastest(lambda: refdec_batch(batch_rows, head == "lazy"))
+        for head, max_draft in [(h, m) for m in drafts for h in args.heads]:
+            rd_out, rd_dt, stats, row_stats = fastest(lambda: refdec_batch(batch_rows, head == "lazy", max_draft))
             rd_tokens = sum(len(x) for x in rd_out)
             seq_single_tps = sum(len(single[b]) for b in range(bs)) / max(1e-9, single_time * bs / len(rows))
             entry = dict(
-                batch_size=bs, head=head,
+                batch_size=bs, head=head, max_draft=max_draft,
                 hf_tokens=hf_tokens, hf_seconds=hf_dt, hf_tps=hf_tokens / hf_dt,
                 refdec_tokens=rd_tokens, refdec_seconds=rd_dt, refdec_tps=rd_tokens / rd_dt,
                 speedup=(rd_tokens / rd_dt) / (hf_tokens / hf_dt),
@@ -198,11 +207,11 @@ def main() -> None:
             results.append(entry)
             print(entry, flush=True)
     table = markdown_table(
-        [[e["batch_size"], e["head"], f"{e['hf_tps']:.1f}", f"{e['refdec_tps']:.1f}", f"{e['speedup']:.2f}x",
+        [[e["batch_size"], e["max_draft"], e["head"], f"{e['hf_tps']:.1f}", f"{e['refdec_tps']:.1f}", f"{e['speedup']:.2f}x",
           e["forward_passes"], e["head_rows"], f"{e['forward_seconds']:.2f}",
           f"{e['refdec_equal_single']}/{e['batch_size']}",
           f"{e['hf_batched_equal_single']}/{e['batch_size']}"] for e in results],
-        ["B", "head", "HF tok/s", "refdec tok/s", "ratio", "refdec passes", "head rows", "forward s",
+        ["B", "draft", "head", "HF tok/s", "refdec tok/s", "ratio", "refdec passes", "head rows", "forward s",
          "refdec rows = single HF", "HF batched rows = single HF"])
     print(table)
     print(f"HF single-row sequential: {sum(len(s) for s in single) / single_time:.1f} tok/s over {len(rows)} prompts")

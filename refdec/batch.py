@@ -77,7 +77,7 @@ import time
 import numpy as np
 import torch
 
-from refdec.budget import FixedBudget, make_budget
+from refdec.budget import AutoBudget, FixedBudget, batch_prefix_sizes, make_budget
 from refdec.cache import GrowingLayer, new_cache
 from refdec.masks import _finish, ancestor_matrix
 from refdec.sampling import TargetSampler, random_seed
@@ -294,6 +294,8 @@ def generate_batch(decoder, prompts: list[np.ndarray], padded: np.ndarray | None
     head = getattr(decoder, "_head", None)
     backbone = decoder._backbone_forward if decoder.lazy_head and head is not None else None  # -> [B, T, D]
     drafting = not (isinstance(shared_budget, FixedBudget) and shared_budget.max_nodes == 0)
+    # "auto" prices the rows' drafts together (refdec.budget.batch_prefix_sizes)
+    joint_auto = drafting and isinstance(auto_template, AutoBudget) and getattr(decoder, "joint_batch_budget", True)
 
     rows: list[_Row] = []
     for b, prompt in enumerate(prompts):
@@ -394,8 +396,14 @@ def generate_batch(decoder, prompts: list[np.ndarray], padded: np.ndarray | None
             tree = empty
             if row.proposer is not None:
                 tree = draft_for_step(row.proposer, row.budget, row.max_total - len(row.seq) - 1,
-                                      decoder.max_depth, vocab)
+                                      decoder.max_depth, vocab, select=not joint_auto)
             trees.append(tree)
+        if joint_auto:
+            # "auto": the rows' prefixes are chosen together, priced as one batched forward
+            drafted = [i for i, b in enumerate(active) if rows[b].proposer is not None]
+            sizes = batch_prefix_sizes([rows[active[i]].budget for i in drafted], [trees[i] for i in drafted])
+            for i, n in zip(drafted, sizes):
+                trees[i] = rows[active[i]].budget.take_prefix(trees[i], n)
         t1 = time.perf_counter()
         # -- prepare: [n_act, T] queries, mask [n_act, 1, T, slots + T]
         t = 1 + max(len(tr) for tr in trees)

@@ -179,29 +179,28 @@ class AutoBudget:
         return int(np.argmax(value))
 
     def select(self, tree: DraftTree) -> DraftTree:
-        n = len(tree)
+        if len(tree) == 0:
+            return self.take_prefix(tree, 0)
+        return self.take_prefix(tree, self.best_prefix(self.expected_accepted(tree)))
+
+    def take_prefix(self, tree: DraftTree, n: int) -> DraftTree:
+        """Verifies the first ``n`` nodes of ``tree`` this step (remembering their cells for
+        :meth:`observe_nodes`). ``n = 0`` with a non-empty tree counts as a skipped draft: every
+        ``explore_every``-th one verifies the top ``explore_nodes`` nodes instead."""
         self.steps += 1
-        if n == 0:
-            self._cells = None
-            return tree
-        cells = self.cells(tree)
-        p = self._rate[cells]
-        expected = np.empty(n + 1)
-        expected[0] = 0.0
-        np.cumsum(p, out=expected[1:])
-        best = self.best_prefix(expected)
-        if best == 0:
+        size = len(tree)
+        n = max(0, min(int(n), size))
+        if n == 0 and size:
             self._skipped += 1
             if self.explore_every and self._skipped % self.explore_every == 0:
-                best = min(self.explore_nodes, n)
-        self.chosen.append(best)
-        if best == 0:
+                n = min(self.explore_nodes, size)
+        if size:
+            self.chosen.append(n)
+        if n == 0:
             self._cells = None
-            return DraftTree.empty()
-        self._cells = cells[:best]
-        if best == n:
-            return tree
-        return _prefix(tree, best)
+            return DraftTree.empty() if size else tree
+        self._cells = self.cells(tree)[:n]
+        return tree if n == size else _prefix(tree, n)
 
     def observe(self, proposed: int, accepted: int) -> None:
         pass
@@ -236,6 +235,41 @@ class AutoBudget:
 
     def __repr__(self) -> str:
         return f"AutoBudget(max_nodes={self.max_nodes}, cost={self.cost.relative()})"
+
+
+def batch_prefix_sizes(budgets: list, trees: list[DraftTree]) -> list[int]:
+    """Batch-aware "auto": how many nodes of each row's tree to verify in one batched forward.
+
+    The rows share the forward, whose query rows are padded to the longest tree, so
+    its backbone costs about one forward of ``B * (1 + n)`` rows: ``cost.table`` at
+    ``B * (1 + n) - 1`` nodes (extrapolated linearly past the curve), where n is the
+    longest verified tree; each row's walk adds its own head chunks (a head GEMM's
+    time grows with its rows on a CPU). One n for all rows, each row taking
+    ``min(n, len(tree_b))`` nodes (padding is paid for anyway):
+
+        argmax over n of  sum_b (1 + E_b(min(n, len_b))) / (backbone(B (1 + n) - 1) + sum_b head_b)
+
+    ``budgets``: one :class:`AutoBudget` per row (their learnt acceptance; the first
+    one's cost curve prices the forward); ``trees``: the rows' full drafts. With one
+    row this is :meth:`AutoBudget.best_prefix`.
+    """
+    if len(budgets) != len(trees):
+        raise ValueError(f"budgets and trees differ in length: {len(budgets)} != {len(trees)}")
+    if not trees:
+        return []
+    cost = budgets[0].cost
+    longest = max(len(t) for t in trees)
+    sizes = np.arange(longest + 1)
+    # E_b(min(n, len_b)) for n = 0..longest: each row's curve held flat past its own tree
+    expected = np.zeros((len(trees), longest + 1))
+    for b, (budget, tree) in enumerate(zip(budgets, trees)):
+        e = budget.expected_accepted(tree) if len(tree) else np.zeros(1)
+        expected[b] = e[np.minimum(sizes, len(tree))]
+    backbone = cost.table(len(trees) * (1 + longest) - 1)[len(trees) * (1 + sizes) - 1]
+    head = cost.head_seconds(expected).sum(axis=0)
+    value = (1.0 + expected).sum(axis=0) / (backbone + head)
+    best = int(np.argmax(value))
+    return [min(best, len(t)) for t in trees]
 
 
 def _prefix(tree: DraftTree, n: int) -> DraftTree:

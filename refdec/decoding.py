@@ -227,10 +227,12 @@ def _drop_out_of_vocab(tree: DraftTree, vocab_size: int) -> DraftTree:
     return keep_nodes(tree, np.flatnonzero(keep))
 
 
-def draft_for_step(proposer, budget, useful_depth: int, max_depth: int, vocab_size: int) -> DraftTree:
+def draft_for_step(proposer, budget, useful_depth: int, max_depth: int, vocab_size: int,
+                   select: bool = True) -> DraftTree:
     """One step's draft: as many nodes as ``budget`` chooses, cut to ``useful_depth`` (the
     tokens still allowed), without tokens the model's vocabulary lacks, then trimmed by the
-    budget's optional ``select`` hook (AutoBudget: the prefix worth its forward cost)."""
+    budget's optional ``select`` hook (AutoBudget: the prefix worth its forward cost) unless
+    ``select`` is False (the batched loop trims all rows together)."""
     n_nodes = int(budget.choose(proposer.last_match_lengths()))
     if n_nodes <= 0:
         return DraftTree.empty()
@@ -239,9 +241,9 @@ def draft_for_step(proposer, budget, useful_depth: int, max_depth: int, vocab_si
         tree = prune_to_depth(tree, useful_depth)
     if len(tree) and int(tree.token_ids.max()) >= vocab_size:
         tree = _drop_out_of_vocab(tree, vocab_size)
-    select = getattr(budget, "select", None)  # optional policy hook (refdec.budget)
-    if select is not None and len(tree):
-        tree = select(tree)
+    select_hook = getattr(budget, "select", None) if select else None  # optional policy hook (refdec.budget)
+    if select_hook is not None and len(tree):
+        tree = select_hook(tree)
     return tree
 
 
@@ -376,6 +378,10 @@ class SpeculativeDecoder:
         # (refdec.verify.LazyRowLogits). On a GPU the head of every row costs about as much as
         # one row's, so the whole tree is computed in the forward.
         self.lazy_head = split is not None and self.device.type == "cpu"
+        # Batches with max_draft_tokens="auto": the rows' verified prefixes are chosen together and
+        # priced as one padded batched forward (refdec.budget.batch_prefix_sizes); False prices each
+        # row alone on the single-row curve (the earlier behaviour, kept for comparison).
+        self.joint_batch_budget = True
 
     def _forward(self, cache, **kwargs):
         kwargs[self._cache_kw] = cache

@@ -228,14 +228,37 @@ def test_rows_stay_exact_after_the_longest_prompt_row_leaves(model3, monkeypatch
     assert starts[0] >= len(long) - max(len(p) for p in short)  # the shared padding was cut
 
 
-def test_auto_budget_gives_each_row_its_own_policy():
-    """max_draft_tokens="auto" (the default): one budget policy per row; rows stay exact."""
+def test_auto_budget_gives_each_row_its_own_policy(monkeypatch):
+    """max_draft_tokens="auto" (the default): one budget policy per row (its own acceptance), the
+    rows' prefixes chosen together for the batched forward (batch_prefix_sizes); rows stay exact."""
     model = tiny_llama()
     prompts = mixed_batch()
+    calls = []
+
+    def spy(budgets, trees):
+        sizes = refdec.budget.batch_prefix_sizes(budgets, trees)
+        calls.append((len(budgets), [len(t) for t in trees], sizes))
+        return sizes
+
+    monkeypatch.setattr(batch, "batch_prefix_sizes", spy)
     out = refdec.generate(model, prompts, max_new_tokens=NEW, eos_token_id=[])
     for b, p in enumerate(prompts):
         assert row_tokens(out, b, len(p)) == hf_row(model, p)
     assert out.stats.accepted_tokens > 0
+    assert calls and calls[0][0] == len(prompts)  # every active row, priced together
+    for n_rows, lengths, sizes in calls:
+        assert len(sizes) == n_rows and all(0 <= s <= n for s, n in zip(sizes, lengths))
+        # one node count for the batch, each row clipped to its own tree
+        assert len({s for s, n in zip(sizes, lengths) if s < n}) <= 1
+        assert all(s == n for s, n in zip(sizes, lengths) if s < max(sizes))
+    # decoder.joint_batch_budget = False: each row is priced alone again, still exact
+    calls.clear()
+    decoder = decoding.SpeculativeDecoder(model)
+    decoder.joint_batch_budget = False
+    out = decoder.generate(prompts, max_new_tokens=NEW, eos_token_id=[])
+    assert not calls
+    for b, p in enumerate(prompts):
+        assert row_tokens(out, b, len(p)) == hf_row(model, p)
 
 
 def test_chunked_batch_prefill_keeps_every_row_exact(model3):

@@ -137,3 +137,49 @@ def test_tiny_model_auto_does_not_calibrate(monkeypatch, tmp_path):
             return 1000
 
     assert budget_mod.auto_cost_curve(Tiny()) is budget_mod.DEFAULT_CPU_CURVE
+
+
+# ---------------------------------------------------------------- batch-aware "auto"
+
+def half_sure_chain(n):
+    """A chain whose scores fall with depth: worth a few nodes on a steep curve, not all."""
+    tree = DraftTree.chain(np.arange(10, 10 + n))
+    return DraftTree(tree.token_ids, tree.parents, (0.9 ** np.arange(1, n + 1)).astype(np.float32))
+
+
+def test_batch_prefix_of_one_row_is_the_single_row_choice():
+    from refdec.budget import batch_prefix_sizes
+
+    for curve in (STEEP, CPU, flat_curve()):
+        for tree in (sure_chain(64), unsure_bush(20), half_sure_chain(40)):
+            budget = AutoBudget(curve, max_nodes=64)
+            assert batch_prefix_sizes([budget], [tree]) == [budget.best_prefix(budget.expected_accepted(tree))]
+
+
+def test_batch_prefix_prices_the_padded_batch_forward():
+    """Eight rows pay for 8 * (1 + n) rows: they verify fewer nodes than one row would, all the same
+    number (clipped to each row's own tree), and on a flat curve everything."""
+    from refdec.budget import batch_prefix_sizes
+
+    curve = CostCurve((0, 64, 512), (1.0, 3.0, 17.0))
+    one = AutoBudget(curve, max_nodes=64)
+    single = one.best_prefix(one.expected_accepted(half_sure_chain(48)))
+    budgets = [AutoBudget(curve, max_nodes=64) for _ in range(8)]
+    trees = [half_sure_chain(48) for _ in range(7)] + [half_sure_chain(3)]
+    sizes = batch_prefix_sizes(budgets, trees)
+    assert 0 < sizes[0] < single
+    assert sizes[:7] == [sizes[0]] * 7 and sizes[7] == min(sizes[0], 3)
+    flat = [AutoBudget(flat_curve(), max_nodes=64) for _ in range(8)]
+    assert batch_prefix_sizes(flat, trees) == [len(t) for t in trees]
+    with pytest.raises(ValueError, match="differ in length"):
+        batch_prefix_sizes(budgets, trees[:3])
+
+
+def test_take_prefix_counts_skips_and_explores():
+    budget = AutoBudget(STEEP, max_nodes=64, explore_every=2, explore_nodes=3)
+    tree = half_sure_chain(10)
+    assert len(budget.take_prefix(tree, 0)) == 0  # first skip
+    assert len(budget.take_prefix(tree, 0)) == 3  # second skip explores the top 3
+    assert len(budget.take_prefix(tree, 5)) == 5 and budget.chosen == [0, 3, 5]
+    budget.observe_nodes(np.array([0, 1], dtype=np.int64))  # the cells of the 5 verified nodes learn
+    assert budget.steps == 3
