@@ -47,6 +47,13 @@ single-row HF; decoding.SpeculativeDecoder.lazy_head on / off):
                        4     22.0      38.7 (1.76x)         32.8 (1.49x)           269 / 918
                        8     32.7      36.1 (1.11x)         31.8 (0.98x)           525 / 1846
 
+Batch-aware "auto" (the rows' prefixes chosen together) against the per-row policy and fixed
+sizes, one run each, quiet machine, lazy head, every row equal to single-row HF:
+
+    --new 64  --max-draft auto auto-rowwise 8       B=4: 1.80x / 1.81x / 1.89x   B=8: 1.20x / 1.05x / 1.24x
+    --new 256 --max-draft auto auto-rowwise 8 16    B=4: 2.35x / 2.28x / 2.43x / 2.37x
+                                                    B=8: 1.50x / 1.26x / 1.55x / 1.51x
+
 The lazy head's rows follow the accepted tokens (~ sum of 1 + accepted per row and step),
 the full head's the padded trees (n_act * T per step). At B = 8 the prefill of the
 left-padded prompts (~7.5 s of ~13 s) is the same for both and dominates the total.
