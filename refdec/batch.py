@@ -48,12 +48,18 @@ when few walks wait), so a step computes about ``sum_b (1 + k_b)`` head rows ins
 model's own forward computes every row's logits. ``stats.head_rows`` (and per row) counts
 the rows the head ran on; head time counts as forward time.
 
-Draft sizes: each row keeps its own budget policy (an int is one node count
-for every row; ``"auto"`` gives each row its own AutoBudget). The policies
-see the single-row cost curve, not the batch's: on a CPU a batched step costs
-about ``B * T`` rows, so large per-row trees at large ``B`` cost more than the
-single-row curve says (see benchmarks/e2e_batch.py); with the lazy head that excess is the
-backbone's (the head rows grow with accepted tokens, not tree sizes).
+Draft sizes: an int is one node count for every row. ``"auto"`` (or an AutoBudget,
+copied per row) gives each row its own AutoBudget, which learns that row's
+acceptance, and the rows' verified prefixes are chosen together
+(refdec.budget.batch_prefix_sizes): a batched step costs about ``B * T`` rows for
+the longest tree ``T``, so one node count is priced as a forward of that many
+rows plus each row's head chunks. ``decoder.joint_batch_budget = False`` prices
+each row alone on the single-row curve instead (the earlier policy, for
+comparison; benchmarks/e2e_batch.py).
+
+Prefill: the left-padded prompts in column chunks of ``decoder.prefill_chunk``
+(each chunk's queries against the keys up to its end; its mask is built per
+chunk), counted as one forward pass in the stats.
 
 Sampling: the Gumbel noise is keyed by ``(seed, absolute output position)``;
 row ``b`` uses ``seed + b`` when ``seed`` is an int (or ``seeds[b]`` when a
@@ -282,7 +288,9 @@ def generate_batch(decoder, prompts: list[np.ndarray], padded: np.ndarray | None
     shared_budget = None if max_draft_tokens == "auto" else make_budget(max_draft_tokens)
     # "auto": one policy per row (each learns its own acceptance), on the model's cost curve
     auto_template = None
-    if shared_budget is None:
+    if isinstance(shared_budget, AutoBudget):  # a caller's AutoBudget: its copies serve the rows
+        auto_template, shared_budget = shared_budget, None
+    elif shared_budget is None:
         try:
             auto_template = make_budget("auto", model=decoder.model)  # the calibrated cost curve (cached)
         except TypeError:  # a make_budget without the model argument
@@ -346,14 +354,15 @@ def generate_batch(decoder, prompts: list[np.ndarray], padded: np.ndarray | None
             valid[b, width - p.shape[0]:] = True
         key_pos = np.where(valid, np.cumsum(valid, axis=1) - 1, -1).astype(np.int64)
         q_pos = np.maximum(key_pos, 0)
-        causal = np.tril(np.ones((width, width), dtype=bool))
-        full = causal[None] & valid[:, None, :]
-        eye = np.eye(width, dtype=bool)[None]
-        full |= eye  # padding rows see themselves only (no fully masked row)
         cache = new_cache()
         for begin, end in prefill_spans(width, decoder.prefill_chunk):
-            # the chunk's query rows against every key up to its end
-            mask = _mask_for(full[:, begin:end, :end], q_pos[:, begin:end], key_pos[:, :end], spec, device)
+            # the chunk's query rows [begin, end) against every key up to its end: causal over real
+            # keys; padding rows see themselves only (no fully masked row)
+            query = np.arange(begin, end)[:, None]
+            key = np.arange(end)[None, :]
+            full = (key <= query)[None] & valid[:, None, :end]
+            full |= (key == query)[None]
+            mask = _mask_for(full, q_pos[:, begin:end], key_pos[:, :end], spec, device)
             inputs = dict(input_ids=torch.from_numpy(ids[:, begin:end]).to(device),
                           position_ids=torch.from_numpy(q_pos[:, begin:end]).to(device), attention_mask=mask)
             if backbone is not None:
@@ -403,7 +412,8 @@ def generate_batch(decoder, prompts: list[np.ndarray], padded: np.ndarray | None
             drafted = [i for i, b in enumerate(active) if rows[b].proposer is not None]
             sizes = batch_prefix_sizes([rows[active[i]].budget for i in drafted], [trees[i] for i in drafted])
             for i, n in zip(drafted, sizes):
-                trees[i] = rows[active[i]].budget.take_prefix(trees[i], n)
+                if len(trees[i]):  # an empty draft is no step of the policy (as in the single-row loop)
+                    trees[i] = rows[active[i]].budget.take_prefix(trees[i], n)
         t1 = time.perf_counter()
         # -- prepare: [n_act, T] queries, mask [n_act, 1, T, slots + T]
         t = 1 + max(len(tr) for tr in trees)

@@ -181,15 +181,22 @@ class AutoBudget:
     def select(self, tree: DraftTree) -> DraftTree:
         if len(tree) == 0:
             return self.take_prefix(tree, 0)
-        return self.take_prefix(tree, self.best_prefix(self.expected_accepted(tree)))
+        cells = self.cells(tree)
+        expected = np.zeros(len(tree) + 1)
+        np.cumsum(self._rate[cells], out=expected[1:])
+        return self.take_prefix(tree, self.best_prefix(expected), cells=cells)
 
-    def take_prefix(self, tree: DraftTree, n: int) -> DraftTree:
-        """Verifies the first ``n`` nodes of ``tree`` this step (remembering their cells for
-        :meth:`observe_nodes`). ``n = 0`` with a non-empty tree counts as a skipped draft: every
-        ``explore_every``-th one verifies the top ``explore_nodes`` nodes instead."""
+    def take_prefix(self, tree: DraftTree, n: int, cells: np.ndarray | None = None) -> DraftTree:
+        """Verifies the first ``n`` nodes of ``tree`` this step (``n`` > len(tree): all of
+        them), remembering their cells for :meth:`observe_nodes`. ``n = 0`` with a
+        non-empty tree counts as a skipped draft: every ``explore_every``-th one verifies
+        the top ``explore_nodes`` nodes instead. ``cells``: int64 [len(tree)], the
+        tree's :meth:`cells` when already computed."""
+        if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or n < 0:
+            raise ValueError(f"n must be an int >= 0 (nodes to verify), got {n!r}")
         self.steps += 1
         size = len(tree)
-        n = max(0, min(int(n), size))
+        n = min(int(n), size)
         if n == 0 and size:
             self._skipped += 1
             if self.explore_every and self._skipped % self.explore_every == 0:
@@ -199,7 +206,7 @@ class AutoBudget:
         if n == 0:
             self._cells = None
             return DraftTree.empty() if size else tree
-        self._cells = self.cells(tree)[:n]
+        self._cells = (self.cells(tree) if cells is None else cells)[:n]
         return tree if n == size else _prefix(tree, n)
 
     def observe(self, proposed: int, accepted: int) -> None:

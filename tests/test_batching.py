@@ -235,8 +235,12 @@ def test_auto_budget_gives_each_row_its_own_policy(monkeypatch):
     prompts = mixed_batch()
     calls = []
 
+    row_budgets = {}  # id(budget) -> row, from the first call (all rows active, in order)
+
     def spy(budgets, trees):
         sizes = refdec.budget.batch_prefix_sizes(budgets, trees)
+        if not row_budgets:
+            row_budgets.update({id(budget): (b, budget) for b, budget in enumerate(budgets)})
         calls.append((len(budgets), [len(t) for t in trees], sizes))
         return sizes
 
@@ -246,6 +250,10 @@ def test_auto_budget_gives_each_row_its_own_policy(monkeypatch):
         assert row_tokens(out, b, len(p)) == hf_row(model, p)
     assert out.stats.accepted_tokens > 0
     assert calls and calls[0][0] == len(prompts)  # every active row, priced together
+    # the rows verified what their policies took (take_prefix), not their whole drafts
+    assert len(row_budgets) == len(prompts)
+    for b, budget in row_budgets.values():
+        assert sum(budget.chosen) == out.stats.rows[b].proposed_tokens, b
     for n_rows, lengths, sizes in calls:
         assert len(sizes) == n_rows and all(0 <= s <= n for s, n in zip(sizes, lengths))
         # one node count for the batch, each row clipped to its own tree
@@ -261,12 +269,38 @@ def test_auto_budget_gives_each_row_its_own_policy(monkeypatch):
         assert row_tokens(out, b, len(p)) == hf_row(model, p)
 
 
-def test_chunked_batch_prefill_keeps_every_row_exact(model3):
+@pytest.mark.parametrize("lazy_head", [True, False])
+def test_chunked_batch_prefill_keeps_every_row_exact(model3, lazy_head):
     """The left-padded batch prefilled 5 columns at a time (padding, sliding window and
-    positions cut across chunks) still gives each row its own generate output."""
+    positions cut across chunks) still gives each row its own generate output, with the
+    lazy head's backbone and with the model's own forward, in ceil(width / 5) forwards."""
     name, model = model3
     prompts = mixed_batch()
     decoder = decoding.SpeculativeDecoder(model, prefill_chunk=5)
-    out = decoder.generate(prompts, max_new_tokens=NEW, eos_token_id=[], max_draft_tokens=16)
+    decoder.lazy_head = lazy_head and decoder.lazy_head
+    forwards = []
+    hook = model.get_input_embeddings().register_forward_hook(lambda module, args, out: forwards.append(1))
+    try:
+        out = decoder.generate(prompts, max_new_tokens=NEW, eos_token_id=[], max_draft_tokens=16)
+    finally:
+        hook.remove()
+    width = max(len(p) for p in prompts)
+    assert len(forwards) - (out.stats.forward_passes - 1) == -(-width // 5)  # stats count the prefill once
     for b, p in enumerate(prompts):
         assert row_tokens(out, b, len(p)) == hf_row(model, p), (name, b)
+
+
+def test_an_autobudget_instance_serves_each_row_with_its_own_copy():
+    """max_draft_tokens=AutoBudget(...): every row learns on its own copy (one shared policy
+    mixed the rows' node cells up) and the rows' prefixes are chosen together."""
+    from refdec.budget import AutoBudget
+    from refdec.calibration import CostCurve
+
+    model = tiny_llama()
+    prompts = mixed_batch()
+    policy = AutoBudget(CostCurve((0, 64), (1.0, 2.0)), max_nodes=16)
+    out = refdec.generate(model, prompts, max_new_tokens=NEW, eos_token_id=[], max_draft_tokens=policy)
+    for b, p in enumerate(prompts):
+        assert row_tokens(out, b, len(p)) == hf_row(model, p)
+    assert out.stats.accepted_tokens > 0
+    assert policy.steps == 0  # the caller's object is the template, not a row's policy

@@ -175,11 +175,39 @@ def test_batch_prefix_prices_the_padded_batch_forward():
         batch_prefix_sizes(budgets, trees[:3])
 
 
+def test_batch_prefix_of_one_row_on_a_lazy_head_curve_is_the_single_row_choice():
+    from refdec.budget import batch_prefix_sizes
+
+    lazy = CostCurve((0, 4, 16, 64), (0.030, 0.041, 0.057, 0.119), head_chunk_seconds=0.018)
+    for tree in (sure_chain(64), unsure_bush(20), half_sure_chain(40)):
+        budget = AutoBudget(lazy, max_nodes=64)
+        assert batch_prefix_sizes([budget], [tree]) == [budget.best_prefix(budget.expected_accepted(tree))]
+    # two rows: each adds its own head chunks, and the backbone is priced at 2 * (1 + n) rows
+    budgets = [AutoBudget(lazy, max_nodes=64) for _ in range(2)]
+    trees = [half_sure_chain(40), half_sure_chain(40)]
+    n = batch_prefix_sizes(budgets, trees)[0]
+    e = budgets[0].expected_accepted(trees[0])
+    value = lambda k: 2 * (1 + e[k]) / (lazy.table(81)[2 * (1 + k) - 1] + 2 * lazy.head_seconds(e[k]))
+    assert all(value(n) >= value(k) for k in range(41))
+
+
+def test_take_prefix_clamps_validates_and_passes_empty_trees():
+    budget = AutoBudget(STEEP, max_nodes=64, explore_every=0)
+    tree = half_sure_chain(6)
+    assert len(budget.take_prefix(tree, 100)) == 6
+    assert len(budget.take_prefix(DraftTree.empty(), 3)) == 0 and budget.chosen == [6]
+    for bad in (-1, 2.0, True):
+        with pytest.raises(ValueError, match="n must be"):
+            budget.take_prefix(tree, bad)
+
+
 def test_take_prefix_counts_skips_and_explores():
     budget = AutoBudget(STEEP, max_nodes=64, explore_every=2, explore_nodes=3)
     tree = half_sure_chain(10)
     assert len(budget.take_prefix(tree, 0)) == 0  # first skip
     assert len(budget.take_prefix(tree, 0)) == 3  # second skip explores the top 3
     assert len(budget.take_prefix(tree, 5)) == 5 and budget.chosen == [0, 3, 5]
+    before = budget._prop.sum()
     budget.observe_nodes(np.array([0, 1], dtype=np.int64))  # the cells of the 5 verified nodes learn
+    assert budget._prop.sum() == pytest.approx(before * budget.decay + 5)
     assert budget.steps == 3
