@@ -127,6 +127,9 @@ def main() -> None:
                     help="refdec's LM head: lazy (visited rows only) and/or full (every tree row)")
     ap.add_argument("--repeats", type=int, default=1, help="time each run this many times, keep the minimum")
     args = ap.parse_args()
+    for m in args.max_draft:
+        if m not in ("auto", "auto-rowwise") and not (m.isdigit()):
+            ap.error(f"--max-draft values are ints >= 0, 'auto' or 'auto-rowwise', got {m!r}")
     drafts = [m if m in ("auto", "auto-rowwise") else int(m) for m in args.max_draft]
     torch.set_num_threads(2)
 

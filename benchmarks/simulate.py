@@ -625,7 +625,9 @@ def main(argv=None) -> int:
         out.write_text(json.dumps(d, indent=1))
         return 0
     if args.ceiling:
-        wname, budget = args.ceiling.split(":")
+        wname, _, budget = args.ceiling.partition(":")
+        if not wname or not budget.isdigit() or int(budget) < 1:
+            ap.error(f"--ceiling takes WORKLOAD:BUDGET with BUDGET an int >= 1 (e.g. edits:64), got {args.ceiling!r}")
         c = ceiling(wname, int(budget), limit)
         print_ceiling(c)
         out = Path(args.json) if args.json else OUT_DIR / f"ceiling-{wname}-{budget}.json"

@@ -8,9 +8,10 @@ every row at once (refdec.sampling, one host sync), walks the tree
 (refdec.verify), keeps the KV entries of the root and the accepted nodes
 (refdec.cache) and makes the bonus token the new root.
 
-The prompt is prefilled in one forward that also yields the first new token,
-so plain decoding (``max_draft_tokens=0``) takes exactly one forward per token
-and ``stats.tokens_per_pass`` counts the prefill pass too.
+The prompt is prefilled (in chunks of ``prefill_chunk`` tokens, counted as one
+pass) and yields the first new token, so plain decoding (``max_draft_tokens=0``)
+takes one forward per token after the prefill and ``stats.tokens_per_pass``
+counts the prefill as one pass too.
 
 The prompt must hold at least one token: refdec adds no BOS token of its own
 (tokenize with the tokenizer's special tokens, as for ``model.generate``).
@@ -42,7 +43,7 @@ class DecodingStats:
     ``accepted_per_pass[k]`` = number of verification passes that accepted ``k``
     draft tokens (the bonus token not counted); index 0 also counts passes without a
     draft and the prefill.
-    Times are seconds (time.perf_counter): ``prefill`` (the prompt forward),
+    Times are seconds (time.perf_counter): ``prefill`` (the prompt's forwards, one per chunk),
     ``propose`` (budget + proposer), ``prepare`` (tree → tensors), ``forward``
     (model forward, including the LM head of the rows the walk visits and the
     greedy argmax), ``accept`` (the acceptance walk, which for sampling includes
@@ -347,9 +348,16 @@ class SpeculativeDecoder:
     tokens (None: one forward). A chunk attends only to the keys before its end,
     so a long prompt skips most of the masked-out half of a whole-prompt
     attention: with Gemma 3 270M on 2 CPU threads a 4,096-token prompt prefills in
-    8.3 s instead of 10.3 s, an 8,192-token one in 22.7 s instead of 33.8 s, and
-    prompts up to ~1,200 tokens cost the same (benchmarks/RESULTS.md). Same tokens
-    either way (the tests compare).
+    8.3 s instead of 10.3 s, an 8,192-token one in 22.7 s instead of 33.8 s, and a
+    prompt of at most ``prefill_chunk`` tokens runs as one forward
+    (benchmarks/RESULTS.md; measured on a CPU only). The same computation up to
+    floating-point rounding (GEMM shapes differ): identical tokens in the tests
+    (float64) and in the benchmarks (float32).
+
+    ``decoder.joint_batch_budget`` (default True): batches with
+    ``max_draft_tokens="auto"`` choose the rows' verified prefixes together, priced as
+    one padded batched forward (refdec.budget.batch_prefix_sizes); False prices each
+    row alone on the single-row curve.
     """
 
     def __init__(self, model, tokenizer=None, index=None, *, max_depth: int = 64, proposer_factory=None,

@@ -307,7 +307,5 @@ def test_ceiling_hybrids_reproduce_refdec_alone_and_the_oracle_chain():
     oracle = pooled(lambda c: baselines.OracleChain(c.output))
     assert got["refdec alone"] == pytest.approx(alone)
     assert got["oracle wherever it copies more"] == pytest.approx(oracle)
-    # every partial hybrid lies between the two ends
-    for name, value in got.items():
-        assert alone - 1e-9 <= value <= oracle + 1e-9, name
     assert oracle > alone  # the synthetic edits leave refdec a gap to close
+    assert set(got) == set(simulate.CEILING_RULES) | set(simulate.CEILING_WIDE_RULES)
