@@ -1,12 +1,14 @@
 """Prefill cost against the prefill chunk size, on the real model.
 
     python benchmarks/prefill.py [--threads 2] [--lengths 512,1024,2048,4096,8192]
-        [--chunks none,512,1024,2048] [--repeats 3] [--json OUT]
+        [--chunks none,1024-allkeys,512,1024,2048] [--repeats 3] [--json OUT]
 
 For each prompt length, times refdec's prefill (``SpeculativeDecoder.generate``
 with ``max_new_tokens=1``, no drafting: ``stats.prefill_seconds``) at each
 ``prefill_chunk`` (``none`` = one forward over the whole prompt, what
-``model.generate`` does), the settings alternating within each repeat; reports
+``model.generate`` does; ``1024-allkeys`` = chunks of 1,024 with Gemma 3's sliding layers
+reading every earlier key instead of their window, the ablation of
+``refdec.cache.set_prefill_window``), the settings alternating within each repeat; reports
 the minimum over repeats and the ratio to ``none``, and checks that every
 setting gives the same first token. Prompts: the longest edit prompts of
 edits-click.jsonl where ../shared/data is present, else random tokens.
@@ -48,7 +50,7 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--lengths", default="512,1024,2048,4096,8192")
-    ap.add_argument("--chunks", default="none,512,1024,2048")
+    ap.add_argument("--chunks", default="none,1024-allkeys,512,1024,2048")
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--json", default=None)
     args = ap.parse_args(argv)
@@ -61,8 +63,15 @@ def main(argv=None) -> int:
 
     model, _ = load_default()
     lengths = [int(x) for x in args.lengths.split(",") if x]
-    chunks = [None if c == "none" else int(c) for c in args.chunks.split(",") if c]
-    decoders = {c: SpeculativeDecoder(model, prefill_chunk=c) for c in chunks}
+    chunks = [c for c in args.chunks.split(",") if c]
+    decoders = {}
+    for c in chunks:
+        size, _, variant = c.partition("-")
+        if not (size == "none" or size.isdigit()) or variant not in ("", "allkeys"):
+            ap.error(f"--chunks values are 'none', N or N-allkeys, got {c!r}")
+        decoders[c] = SpeculativeDecoder(model, prefill_chunk=None if size == "none" else int(size))
+        if variant == "allkeys":
+            decoders[c]._sliding_layers = []  # ablation: sliding layers see every earlier key
     prompts = prompts_of_lengths(lengths, decoders[chunks[0]].vocab_size)
     rows = []
     for n in lengths:

@@ -26,7 +26,28 @@ _MIN_CAPACITY = 256
 
 
 class GrowingLayer(DynamicLayer):
-    """A full (never evicting) cache layer over a buffer of growing capacity."""
+    """A full (never evicting) cache layer over a buffer of growing capacity.
+
+    ``prefill_window`` (set by :func:`set_prefill_window` while a prompt is prefilled in
+    chunks): a sliding-window layer then presents to attention only its last
+    ``prefill_window - 1`` entries plus the new ones, as transformers'
+    ``DynamicSlidingWindowLayer`` does (and reports the matching mask sizes), while it
+    still keeps every entry. ``None`` (the decoding loop, which passes its own masks):
+    every entry is visible.
+    """
+
+    prefill_window: int | None = None
+
+    @property
+    def is_sliding(self) -> bool:
+        return self.prefill_window is not None
+
+    def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
+        if self.prefill_window is None:
+            return super().get_mask_sizes(query_length)
+        past = self.get_seq_length()  # masks are built before this forward's update
+        visible = min(past, self.prefill_window - 1)
+        return visible + query_length, past - visible
 
     def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
         super().lazy_initialization(key_states, value_states)
@@ -52,6 +73,10 @@ class GrowingLayer(DynamicLayer):
         self._key_buf[..., self._length:end, :] = key_states
         self._value_buf[..., self._length:end, :] = value_states
         self._set_length(end)
+        if self.prefill_window is not None:
+            visible = self.prefill_window - 1 + key_states.shape[-2]
+            if visible < end:
+                return self.keys[..., end - visible:, :], self.values[..., end - visible:, :]
         return self.keys, self.values
 
     def _set_length(self, length: int) -> None:
@@ -83,6 +108,17 @@ class _GrowingCache(DynamicCache):
     def __init__(self) -> None:
         super().__init__()
         self.layer_class_to_replicate = GrowingLayer
+
+
+def set_prefill_window(cache: DynamicCache, layer_indices: list[int], window: int | None) -> None:
+    """Sets ``prefill_window`` of the given (sliding-window) layers of a :func:`new_cache`
+    cache that exist yet; ``None`` turns it off. Between the chunks of a prefill, so that
+    a sliding layer's attention reads ``window - 1 + chunk`` keys instead of all of them."""
+    if window is not None and (isinstance(window, bool) or not isinstance(window, int) or window < 1):
+        raise ValueError(f"window must be an int >= 1 or None, got {window!r}")
+    for layer_idx in layer_indices:
+        if layer_idx < len(cache.layers) and isinstance(cache.layers[layer_idx], GrowingLayer):
+            cache.layers[layer_idx].prefill_window = window
 
 
 def new_cache(preallocate: bool = True) -> DynamicCache:
