@@ -363,17 +363,11 @@ def generate_batch(decoder, prompts: list[np.ndarray], padded: np.ndarray | None
             full = (key <= query)[None] & valid[:, None, :end]
             full |= (key == query)[None]
             mask = _mask_for(full, q_pos[:, begin:end], key_pos[:, :end], spec, device)
-            inputs = dict(input_ids=torch.from_numpy(ids[:, begin:end]).to(device),
-                          position_ids=torch.from_numpy(q_pos[:, begin:end]).to(device), attention_mask=mask)
-            if backbone is not None:
-                hidden = backbone(cache, **inputs)
-                if end == width:
-                    last = head.logits(hidden[:, -1])  # [B, V]: every row's last slot is a token
-                del hidden
-            else:
-                out = decoder._forward(cache, logits_to_keep=1, **inputs)
-                last = out.logits[:, -1]
-                del out
+            # [B, V] after the last chunk: every row's last slot is a token
+            last = decoder._prefill_forward(cache, end == width, backbone is not None,
+                                            input_ids=torch.from_numpy(ids[:, begin:end]).to(device),
+                                            position_ids=torch.from_numpy(q_pos[:, begin:end]).to(device),
+                                            attention_mask=mask)
         if do_sample:
             firsts = [r.sampler.sample(last[b], prompt_lens[b]) for b, r in enumerate(rows)]
         else:

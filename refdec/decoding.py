@@ -395,13 +395,22 @@ class SpeculativeDecoder:
         self.joint_batch_budget = True
         # Sliding-window layers (Gemma 3): during a chunked prefill they read only the last
         # window - 1 keys plus the chunk (refdec.cache.set_prefill_window).
-        layer_types = list(getattr(config, "layer_types", None) or [])
-        self._sliding_layers = [i for i, kind in enumerate(layer_types) if kind == "sliding_attention"] \
-            if self.mask_spec.kind == "dict" else []
+        self._sliding_layers = list(self.mask_spec.sliding_layers)
 
     def _forward(self, cache, **kwargs):
         kwargs[self._cache_kw] = cache
         return self.model(use_cache=True, **kwargs)
+
+    def _prefill_forward(self, cache, is_last: bool, use_split: bool, **inputs):
+        """One prefill chunk (``input_ids`` [B, T] and optional positions / mask) into ``cache``.
+        Returns float [B, V], the logits of each sequence's last slot, for the last chunk
+        (``is_last``), else None. ``use_split``: through the backbone + verifier head (the
+        head on that one row), else the model's own forward with ``logits_to_keep=1``."""
+        if use_split:
+            hidden = self._backbone_forward(cache, **inputs)  # [B, T, D]
+            return self._head.logits(hidden[:, -1]) if is_last else None
+        out = self._forward(cache, logits_to_keep=1, **inputs)
+        return out.logits[:, -1] if is_last else None
 
     def _full_logits(self, cache, inputs):
         """float [1 + n, V]: every tree row's logits (verifier head when the model has a plain one)."""
@@ -527,16 +536,9 @@ class SpeculativeDecoder:
         for begin, end in prefill_spans(prompt_len, self.prefill_chunk):
             if begin and self._sliding_layers:  # the layers exist after the first chunk
                 set_prefill_window(cache, self._sliding_layers, self.mask_spec.window)
-            chunk = prompt_tensor[:, begin:end].to(self.device)
-            if self._head is not None:
-                hidden = self._backbone_forward(cache, input_ids=chunk)[0]
-                if end == prompt_len:
-                    last_logits = self._head.logits(hidden[-1:])[0]
-                del hidden
-            else:
-                out = self._forward(cache, input_ids=chunk, logits_to_keep=1)
-                last_logits = out.logits[0, -1]
-                del out
+            logits = self._prefill_forward(cache, end == prompt_len, self._head is not None,
+                                           input_ids=prompt_tensor[:, begin:end].to(self.device))
+        last_logits = logits[0]
         set_prefill_window(cache, self._sliding_layers, None)  # the loop passes its own masks
         first = sampler.sample(last_logits, prompt_len) if do_sample else int(last_logits.argmax())
         t1 = time.perf_counter()

@@ -67,12 +67,14 @@ class MaskSpec:
     window: the sliding window (``None`` for none); with ``kind="single"`` and a
     window, every layer slides (Mistral style).
     additive: eager attention adds the mask, so it must be float (0 / dtype min).
+    sliding_layers: with ``kind="dict"``, the indices of the sliding-window layers.
     """
 
     kind: str
     window: int | None
     additive: bool
     dtype: torch.dtype
+    sliding_layers: tuple[int, ...] = ()
 
 
 def mask_spec_for(model) -> MaskSpec:
@@ -99,8 +101,9 @@ def mask_spec_for(model) -> MaskSpec:
         kind, window = "single", None  # all full attention (e.g. Qwen2 with use_sliding_window=False)
     else:
         kind = "single"  # e.g. Llama/GPT-2 (window None), Mistral (every layer slides)
+    sliding_layers = tuple(i for i, t in enumerate(layer_types) if t == "sliding_attention") if kind == "dict" else ()
     return MaskSpec(kind=kind, window=int(window) if window else None, additive=attn_impl == "eager",
-                    dtype=model.dtype)
+                    dtype=model.dtype, sliding_layers=sliding_layers)
 
 
 def _finish(mask: torch.Tensor, spec: MaskSpec) -> torch.Tensor:
