@@ -88,8 +88,8 @@ def main(argv=None) -> int:
             print(f"MISMATCH: prompt {n}: first tokens {sorted(firsts)} differ across chunk sizes", file=sys.stderr)
         best = {c: min(v) for c, v in times.items()}
         base = best[chunks[0]]
-        row = {"tokens": n, "seconds": {str(c): round(best[c], 4) for c in chunks},
-               "vs_first": {str(c): round(base / best[c], 3) for c in chunks}, "same_first_token": len(firsts) == 1}
+        row = {"tokens": n, "seconds": {c: round(best[c], 4) for c in chunks},
+               "vs_first": {c: round(base / best[c], 3) for c in chunks}, "same_first_token": len(firsts) == 1}
         rows.append(row)
         cells = "  ".join(f"{c}: {best[c]:.3f}s ({base / best[c]:.2f}x)" for c in chunks)
         print(f"{n:6d} tokens  {cells}", flush=True)
@@ -97,7 +97,7 @@ def main(argv=None) -> int:
     print("|---|" + "---|" * len(chunks))
     for r in rows:
         print(f"| {r['tokens']} | " + " | ".join(
-            f"{r['seconds'][str(c)]:.2f} s ({r['vs_first'][str(c)]:.2f}×)" for c in chunks) + " |")
+            f"{r['seconds'][c]:.2f} s ({r['vs_first'][c]:.2f}×)" for c in chunks) + " |")
     out = Path(args.json) if args.json else OUT_DIR / f"prefill-{time.strftime('%Y%m%d-%H%M%S')}.json"
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps({"argv": sys.argv[1:], "threads": args.threads, "rows": rows}, indent=1))

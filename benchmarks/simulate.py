@@ -504,12 +504,10 @@ def ceiling_cases(cases, budget: int, corpus=None, rules=None) -> dict:
                 if wide:
                     if rule(acc):
                         acc = max(acc, min(accepted_length(prop.propose(CEILING_WIDE_NODES), truth, pos), budget))
-                    run_len = 0
                 else:
                     run_len = min(oracle.match_length(budget)[0], budget)
-                if run_len > acc:
-                    offsets = _reference_offsets(reference, truth[pos:pos + min(run_len, 16)], anchor)
-                    if rule(acc, offsets):
+                    if run_len > acc and rule(acc, _reference_offsets(reference, truth[pos:pos + min(run_len, 16)],
+                                                                      anchor)):
                         acc = run_len
                 adv = min(acc + 1, len(truth) - pos)
                 prop.accept(np.asarray(truth[pos:pos + adv], dtype=np.int32))

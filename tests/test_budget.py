@@ -15,6 +15,8 @@ from refdec.tree import DraftTree
 STEEP = CostCurve((0, 64), (1.0, 7.4))
 # Verification cost (relative) measured on a 2-core CPU, Gemma 3 270M.
 CPU = CostCurve((0, 1, 16, 64), (0.100, 0.105, 0.280, 0.500))
+# The lazy-head form of a CPU curve: backbone seconds per tree size + one head chunk of 4 rows.
+LAZY = CostCurve((0, 4, 16, 64), (0.030, 0.041, 0.057, 0.119), head_chunk_seconds=0.018)
 
 
 def sure_chain(n, score=0.97):
@@ -150,7 +152,7 @@ def half_sure_chain(n):
 def test_batch_prefix_of_one_row_is_the_single_row_choice():
     from refdec.budget import batch_prefix_sizes
 
-    for curve in (STEEP, CPU, flat_curve()):
+    for curve in (STEEP, CPU, flat_curve(), LAZY):
         for tree in (sure_chain(64), unsure_bush(20), half_sure_chain(40)):
             budget = AutoBudget(curve, max_nodes=64)
             assert batch_prefix_sizes([budget], [tree]) == [budget.best_prefix(budget.expected_accepted(tree))]
@@ -175,19 +177,15 @@ def test_batch_prefix_prices_the_padded_batch_forward():
         batch_prefix_sizes(budgets, trees[:3])
 
 
-def test_batch_prefix_of_one_row_on_a_lazy_head_curve_is_the_single_row_choice():
+def test_batch_prefix_on_a_lazy_head_curve_adds_each_rows_head_chunks():
+    """Two rows: each adds its own head chunks, and the backbone is priced at 2 * (1 + n) rows."""
     from refdec.budget import batch_prefix_sizes
 
-    lazy = CostCurve((0, 4, 16, 64), (0.030, 0.041, 0.057, 0.119), head_chunk_seconds=0.018)
-    for tree in (sure_chain(64), unsure_bush(20), half_sure_chain(40)):
-        budget = AutoBudget(lazy, max_nodes=64)
-        assert batch_prefix_sizes([budget], [tree]) == [budget.best_prefix(budget.expected_accepted(tree))]
-    # two rows: each adds its own head chunks, and the backbone is priced at 2 * (1 + n) rows
-    budgets = [AutoBudget(lazy, max_nodes=64) for _ in range(2)]
+    budgets = [AutoBudget(LAZY, max_nodes=64) for _ in range(2)]
     trees = [half_sure_chain(40), half_sure_chain(40)]
     n = batch_prefix_sizes(budgets, trees)[0]
     e = budgets[0].expected_accepted(trees[0])
-    value = lambda k: 2 * (1 + e[k]) / (lazy.table(81)[2 * (1 + k) - 1] + 2 * lazy.head_seconds(e[k]))
+    value = lambda k: 2 * (1 + e[k]) / (LAZY.table(81)[2 * (1 + k) - 1] + 2 * LAZY.head_seconds(e[k]))
     assert all(value(n) >= value(k) for k in range(41))
 
 
