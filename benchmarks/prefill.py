@@ -1,7 +1,7 @@
 """Prefill cost against the prefill chunk size, on the real model.
 
     python benchmarks/prefill.py [--threads 2] [--lengths 512,1024,2048,4096,8192]
-        [--chunks none,1024-allkeys,512,1024,2048] [--repeats 3] [--json OUT]
+        [--chunks none,1024-allkeys,512,1024,2048] [--repeats 3] [--batch B] [--json OUT]
 
 For each prompt length, times refdec's prefill (``SpeculativeDecoder.generate``
 with ``max_new_tokens=1``, no drafting: ``stats.prefill_seconds``) at each
@@ -12,6 +12,8 @@ reading every earlier key instead of their window, the ablation of
 the minimum over repeats and the ratio to ``none``, and checks that every
 setting gives the same first token. Prompts: the longest edit prompts of
 edits-click.jsonl where ../shared/data is present, else random tokens.
+``--batch B`` (> 1) times the batched prefill instead: B left-padded prompts of
+lengths n, n - 64, ..., n - 64 (B - 1), cut from different places of that text.
 """
 
 from __future__ import annotations
@@ -46,12 +48,24 @@ def prompts_of_lengths(lengths, vocab: int) -> dict:
     return out
 
 
+def batch_prompts(text: np.ndarray, n: int, batch: int) -> list:
+    """``batch`` int32 prompts of lengths n, n - 64, ... cut from consecutive places of ``text``
+    (wrapping around)."""
+    out = []
+    for b in range(batch):
+        length = max(1, n - 64 * b)
+        start = (b * n) % max(1, len(text) - length) if len(text) > length else 0
+        out.append(np.resize(text[start:], length).astype(np.int32))
+    return out
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--lengths", default="512,1024,2048,4096,8192")
     ap.add_argument("--chunks", default="none,1024-allkeys,512,1024,2048")
     ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--batch", type=int, default=1, help="B > 1: the batched prefill of B prompts")
     ap.add_argument("--json", default=None)
     args = ap.parse_args(argv)
 
@@ -72,7 +86,13 @@ def main(argv=None) -> int:
         decoders[c] = SpeculativeDecoder(model, prefill_chunk=None if size == "none" else int(size))
         if variant == "allkeys":
             decoders[c]._sliding_layers = []  # ablation: sliding layers see every earlier key
+    if args.batch < 1:
+        ap.error(f"--batch must be >= 1, got {args.batch}")
     prompts = prompts_of_lengths(lengths, decoders[chunks[0]].vocab_size)
+    if args.batch > 1:
+        text = prompts_of_lengths([max(lengths) * args.batch], decoders[chunks[0]].vocab_size)
+        text = next(iter(text.values()))
+        prompts = {n: batch_prompts(text, n, args.batch) for n in lengths}
     rows = []
     for n in lengths:
         times = {c: [] for c in chunks}
@@ -81,7 +101,7 @@ def main(argv=None) -> int:
             order = chunks if rep % 2 == 0 else list(reversed(chunks))
             for c in order:
                 out = decoders[c].generate(prompts[n], max_new_tokens=1, max_draft_tokens=0, eos_token_id=[])
-                firsts.add(int(out.sequences[0, -1]))
+                firsts.add(tuple(out.sequences[:, -1].tolist()))
                 if rep:
                     times[c].append(out.stats.prefill_seconds)
         if len(firsts) != 1:
@@ -100,7 +120,8 @@ def main(argv=None) -> int:
             f"{r['seconds'][c]:.2f} s ({r['vs_first'][c]:.2f}×)" for c in chunks) + " |")
     out = Path(args.json) if args.json else OUT_DIR / f"prefill-{time.strftime('%Y%m%d-%H%M%S')}.json"
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps({"argv": sys.argv[1:], "threads": args.threads, "rows": rows}, indent=1))
+    out.write_text(json.dumps({"argv": sys.argv[1:], "threads": args.threads, "batch": args.batch, "rows": rows},
+                              indent=1))
     print(f"\nJSON: {out}", file=sys.stderr)
     return 0
 

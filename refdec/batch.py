@@ -59,7 +59,9 @@ comparison; benchmarks/e2e_batch.py).
 
 Prefill: the left-padded prompts in column chunks of ``decoder.prefill_chunk``
 (each chunk's queries against the keys up to its end; its mask is built per
-chunk), counted as one forward pass in the stats.
+chunk), counted as one forward pass in the stats. After the first chunk,
+sliding-window layers (Gemma 3) read only their last ``window - 1`` columns plus
+the chunk, as in the single-row prefill, with their mask cut to those columns.
 
 Sampling: the Gumbel noise is keyed by ``(seed, absolute output position)``;
 row ``b`` uses ``seed + b`` when ``seed`` is an int (or ``seeds[b]`` when a
@@ -84,7 +86,7 @@ import numpy as np
 import torch
 
 from refdec.budget import AutoBudget, FixedBudget, batch_prefix_sizes, make_budget
-from refdec.cache import GrowingLayer, new_cache
+from refdec.cache import GrowingLayer, new_cache, set_prefill_window
 from refdec.masks import _finish, ancestor_matrix
 from refdec.sampling import TargetSampler, random_seed
 from refdec.tree import DraftTree
@@ -355,6 +357,7 @@ def generate_batch(decoder, prompts: list[np.ndarray], padded: np.ndarray | None
         key_pos = np.where(valid, np.cumsum(valid, axis=1) - 1, -1).astype(np.int64)
         q_pos = np.maximum(key_pos, 0)
         cache = new_cache()
+        sliding = decoder._sliding_layers  # Gemma 3: windowed while prefilling, as in the single-row loop
         for begin, end in prefill_spans(width, decoder.prefill_chunk):
             # the chunk's query rows [begin, end) against every key up to its end: causal over real
             # keys; padding rows see themselves only (no fully masked row)
@@ -362,12 +365,21 @@ def generate_batch(decoder, prompts: list[np.ndarray], padded: np.ndarray | None
             key = np.arange(end)[None, :]
             full = (key <= query)[None] & valid[:, None, :end]
             full |= (key == query)[None]
-            mask = _mask_for(full, q_pos[:, begin:end], key_pos[:, :end], spec, device)
+            # after the first chunk the sliding layers present only their last window - 1 columns
+            # plus the chunk (refdec.cache.set_prefill_window): their mask covers those columns only.
+            # Left padding keeps a row's columns and positions one offset apart, so every key
+            # column cut is out of every real query's window
+            sliding_from = 0
+            if begin and sliding:
+                set_prefill_window(cache, sliding, spec.window)
+                sliding_from = max(0, begin - spec.window + 1)
+            mask = _mask_for(full, q_pos[:, begin:end], key_pos[:, :end], spec, device, sliding_from)
             # [B, V] after the last chunk: every row's last slot is a token
             last = decoder._prefill_forward(cache, end == width, backbone is not None,
                                             input_ids=torch.from_numpy(ids[:, begin:end]).to(device),
                                             position_ids=torch.from_numpy(q_pos[:, begin:end]).to(device),
                                             attention_mask=mask)
+        set_prefill_window(cache, sliding, None)  # the loop passes its own masks
         if do_sample:
             firsts = [r.sampler.sample(last[b], prompt_lens[b]) for b, r in enumerate(rows)]
         else:
@@ -552,8 +564,12 @@ def _drop_finished(rows, active, cache, lengths, valid, key_pos):
     return [active[i] for i in keep], lengths - start, valid[:, start:], key_pos[keep, start:new_len]
 
 
-def _mask_for(full: np.ndarray, q_pos: np.ndarray, k_pos: np.ndarray, spec, device):
-    """bool ``full`` [B, T, S] → the model's mask(s) [B, 1, T, S] (window on positions for sliding layers)."""
+def _mask_for(full: np.ndarray, q_pos: np.ndarray, k_pos: np.ndarray, spec, device, sliding_from: int = 0):
+    """bool ``full`` [B, T, S] → the model's mask(s) [B, 1, T, S] (window on positions for sliding layers).
+
+    ``q_pos`` int64 [B, T], ``k_pos`` int64 [B, S]: positions of the query and key slots.
+    ``sliding_from``: with a per-layer-type mask (``spec.kind == "dict"``), the sliding
+    layers' mask keeps key columns ``[sliding_from, S)`` only (their windowed prefill)."""
     full_t = torch.from_numpy(np.ascontiguousarray(full))
     window_t = None
     if spec.window is not None:
@@ -561,7 +577,7 @@ def _mask_for(full: np.ndarray, q_pos: np.ndarray, k_pos: np.ndarray, spec, devi
         window_t = full_t & torch.from_numpy(in_window)
     if spec.kind == "dict":
         return {"full_attention": _finish(full_t, spec)[:, None].to(device),
-                "sliding_attention": _finish(window_t, spec)[:, None].to(device)}
+                "sliding_attention": _finish(window_t[:, :, sliding_from:], spec)[:, None].to(device)}
     if window_t is not None:
         return _finish(window_t, spec)[:, None].to(device)
     return _finish(full_t, spec)[:, None].to(device)

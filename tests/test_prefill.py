@@ -62,3 +62,43 @@ def test_the_decoder_windows_gemma3_sliding_layers_during_the_prefill_only(monke
     assert calls == [(sliding, 8)] * (n_chunks - 1) + [(sliding, None)]
     cache = caches[-1]
     assert all(layer.prefill_window is None for layer in cache.layers)  # off for the decoding loop
+
+
+def test_the_batched_prefill_windows_gemma3_sliding_layers_and_keeps_rows_exact(monkeypatch):
+    """A left-padded batch prefilled in chunks of 5: after the first chunk the sliding
+    layers present only window - 1 + 5 keys (their mask cut to those columns), the full
+    layer every key, and each row still equals generate on that row alone."""
+    import refdec.batch as batch
+
+    model = tiny_gemma3(sliding_window=8)
+    sliding = [i for i, kind in enumerate(model.config.layer_types) if kind == "sliding_attention"]
+    calls, presented = [], []
+
+    def spy(cache, layer_indices, window):
+        calls.append((list(layer_indices), window))
+        return set_prefill_window(cache, layer_indices, window)
+
+    update = GrowingLayer.update
+
+    def recording_update(self, key_states, value_states, *args, **kwargs):
+        keys, values = update(self, key_states, value_states, *args, **kwargs)
+        presented.append((self.prefill_window, key_states.shape[-2], keys.shape[-2], self.keys.shape[-2]))
+        return keys, values
+
+    monkeypatch.setattr(batch, "set_prefill_window", spy)
+    monkeypatch.setattr(GrowingLayer, "update", recording_update)
+    prompts = repetitive_prompts(3, seed=11) + [list(range(3, 40))]  # widths 15..37: left padding
+    width = max(len(p) for p in prompts)
+    decoder = decoding.SpeculativeDecoder(model, prefill_chunk=5)
+    out = decoder.generate(prompts, max_new_tokens=6, eos_token_id=[], max_draft_tokens=4)
+    n_chunks = -(-width // 5)
+    assert calls == [(sliding, 8)] * (n_chunks - 1) + [(sliding, None)]
+    windowed = [(new, shown, stored) for window, new, shown, stored in presented if window is not None]
+    assert len(windowed) == len(sliding) * (n_chunks - 1)
+    assert all(shown == min(stored, 7 + new) for new, shown, stored in windowed)
+    assert any(shown < stored for _, shown, stored in windowed)  # the window did cut
+    head = out.sequences.shape[1] - 6
+    for b, p in enumerate(prompts):
+        with torch.no_grad():
+            want = model.generate(torch.tensor([p]), do_sample=False, max_new_tokens=6, pad_token_id=0)[0].tolist()
+        assert out.sequences[b, head - len(p):].tolist() == want, b
