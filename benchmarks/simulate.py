@@ -458,6 +458,24 @@ CEILING_WIDE_RULES = {
 }
 
 
+# A perfect pick among the copy cursor's candidates (editing mode): at every step the longest
+# copy from any of them, as one chain of the whole budget (what the best possible weighting of
+# the cursor's candidates would give).
+CEILING_CURSOR_RULES = {"the cursor's best candidate as a whole-budget chain, at every step": lambda acc: True}
+
+
+def _longest_candidate_copy(reference: list, positions, truth: list, pos: int, budget: int) -> int:
+    """Longest run of ``truth[pos:]`` (<= budget tokens) copied from ``reference`` at one of ``positions``."""
+    best = 0
+    for start in positions:
+        run = 0
+        while (run < budget and start + run < len(reference) and pos + run < len(truth)
+               and reference[start + run] == truth[pos + run]):
+            run += 1
+        best = max(best, run)
+    return best
+
+
 def ceiling(workload_name: str, budget: int, limit=None, corpus=None) -> dict:
     """Where refdec's gap to the oracle chain lies, as tokens/step of hybrids.
 
@@ -469,7 +487,8 @@ def ceiling(workload_name: str, budget: int, limit=None, corpus=None) -> dict:
     CEILING_WIDE_NODES nodes instead (a perfect pick among its present
     candidates). "oracle wherever it copies more" reproduces the oracle
     chain (exactly, unless refdec's tree ever out-copies it: a path joined from
-    several sources); each other rule says how much of the gap its steps hold. The run's
+    several sources); each other rule says how much of the gap its steps hold; the "cursor"
+    rule takes the longest copy from any of the cursor's candidates. The run's
     place in the reference is taken from its first <= 16 tokens and the copy
     cursor's anchor.
     """
@@ -485,9 +504,10 @@ def ceiling_cases(cases, budget: int, corpus=None, rules=None) -> dict:
     import refdec
 
     out = {}
-    rules = dict(rules) if rules is not None else {**CEILING_RULES, **CEILING_WIDE_RULES}
+    rules = dict(rules) if rules is not None else {**CEILING_RULES, **CEILING_WIDE_RULES, **CEILING_CURSOR_RULES}
     for rule_name, rule in rules.items():
         wide = rule_name in CEILING_WIDE_RULES
+        cursor = rule_name in CEILING_CURSOR_RULES
         tokens = steps = 0
         for case in cases:
             truth = case.output.tolist()
@@ -501,7 +521,11 @@ def ceiling_cases(cases, budget: int, corpus=None, rules=None) -> dict:
             while pos < len(truth):
                 anchor = prop.cursor_state()["anchor"] if case.references else 0
                 acc = accepted_length(prop.propose(budget), truth, pos)
-                if wide:
+                if cursor:
+                    if case.references and rule(acc):
+                        starts = [start for start, _, _ in prop.cursor_candidates()]
+                        acc = max(acc, _longest_candidate_copy(reference, starts, truth, pos, budget))
+                elif wide:
                     if rule(acc):
                         acc = max(acc, min(accepted_length(prop.propose(CEILING_WIDE_NODES), truth, pos), budget))
                 else:

@@ -308,4 +308,16 @@ def test_ceiling_hybrids_reproduce_refdec_alone_and_the_oracle_chain():
     assert got["refdec alone"] == pytest.approx(alone)
     assert got["oracle wherever it copies more"] == pytest.approx(oracle)
     assert oracle > alone  # the synthetic edits leave refdec a gap to close
-    assert set(got) == set(simulate.CEILING_RULES) | set(simulate.CEILING_WIDE_RULES)
+    assert set(got) == set(simulate.CEILING_RULES) | set(simulate.CEILING_WIDE_RULES) | set(
+        simulate.CEILING_CURSOR_RULES)
+    cursor_pick = got[next(iter(simulate.CEILING_CURSOR_RULES))]
+    assert alone <= cursor_pick <= oracle
+
+
+def test_longest_candidate_copy_takes_the_best_start_and_stops_at_the_budget():
+    reference = [5, 6, 7, 8, 5, 6, 9]
+    truth = [0, 5, 6, 7, 8, 1]
+    assert simulate._longest_candidate_copy(reference, [4, 0], truth, 1, budget=16) == 4
+    assert simulate._longest_candidate_copy(reference, [4, 0], truth, 1, budget=3) == 3
+    assert simulate._longest_candidate_copy(reference, [4], truth, 1, budget=16) == 2
+    assert simulate._longest_candidate_copy(reference, [], truth, 1, budget=16) == 0
