@@ -39,6 +39,15 @@ Finished rows leave the batch: their cache rows are dropped (``index_select``
 on the batch dim), so they stop costing compute, and the left-padding slots
 that every remaining row has (the longest prompt's row left) are cut as well.
 
+Continuous batching (``max_batch_size``): at most that many rows decode
+together; the others wait in caller order and join when rows finish. A joining
+group is prefilled on its own (its own left padding and chunks), then its cache
+rows are appended to the running batch's (``append_rows``): both are padded at
+the end of the slot dim to the longer one, so a row's entries stay in
+``[0, length[b])`` and the holes after them are where its next entries go, as
+for a row that lags the longest. Each row's positions, mask and sampling keys
+are its own, so its output does not depend on which rows it shares a step with.
+
 LM head: with ``decoder.lazy_head`` (a CPU and a plain-head model) the verification forward
 runs the model's backbone only (hidden ``[n_act, T, D]``); the acceptance walks of all rows
 then advance together (refdec.verify.LockstepLazyWalks) and each round runs ONE head GEMM
@@ -84,6 +93,7 @@ import time
 
 import numpy as np
 import torch
+import torch.nn.functional as F
 
 from refdec.budget import AutoBudget, FixedBudget, batch_prefix_sizes, make_budget
 from refdec.cache import GrowingLayer, new_cache, set_prefill_window
@@ -240,6 +250,35 @@ def gather_rows(cache, batch_idx: torch.Tensor, src: torch.Tensor, dst: torch.Te
         _set_len(layer, new_len)
 
 
+def append_rows(cache, lengths, valid, key_pos, other, other_lengths, other_valid, other_key_pos):
+    """Appends the batch rows of ``other`` (a cache of the same model) after those of ``cache``.
+
+    ``lengths`` int64 [B], ``valid`` bool [B, S], ``key_pos`` int64 [B, S] describe ``cache``
+    (S == its length), the ``other_*`` arrays ``other`` ([B2], [B2, S2]). Both are padded at the
+    end to max(S, S2) slots with holes (not valid, position -1): a row's entries stay in slots
+    [0, length), and the holes after them are where its next entries go, as for a row that lags
+    the longest. Returns the merged (lengths [B + B2], valid, key_pos)."""
+    slots, other_slots = valid.shape[1], other_valid.shape[1]
+    n = max(slots, other_slots)
+    for layer, extra in zip(_layers(cache), _layers(other)):
+        # [B, H, S, D]: pad the slot dim at the end, then stack the rows
+        keys = torch.cat([F.pad(layer.keys, (0, 0, 0, n - slots)), F.pad(extra.keys, (0, 0, 0, n - other_slots))])
+        values = torch.cat([F.pad(layer.values, (0, 0, 0, n - slots)),
+                            F.pad(extra.values, (0, 0, 0, n - other_slots))])
+        if isinstance(layer, GrowingLayer):
+            layer._key_buf, layer._value_buf = keys, values
+            layer._set_length(n)
+        else:
+            layer.keys, layer.values = keys, values
+
+    def padded(a, width, fill):
+        return np.pad(a, ((0, 0), (0, n - width)), constant_values=fill)
+
+    return (np.concatenate([lengths, other_lengths]),
+            np.concatenate([padded(valid, slots, False), padded(other_valid, other_slots, False)]),
+            np.concatenate([padded(key_pos, slots, -1), padded(other_key_pos, other_slots, -1)]))
+
+
 def select_rows(cache, rows: torch.Tensor, start: int, new_len: int) -> None:
     """Keep the batch rows ``rows`` (int64 [B']) and the slots ``[start, new_len)`` (renumbered from 0)."""
     for layer in _layers(cache):
@@ -273,7 +312,8 @@ class _Row:
 
 def generate_batch(decoder, prompts: list[np.ndarray], padded: np.ndarray | None, *, tokenizer, index, references,
                    max_new_tokens, do_sample, temperature, top_k, top_p, seed, eos, stops, max_draft_tokens,
-                   pad_token_id, retrieve, normalize_references, stop_checker_cls, stats_cls, output_cls):
+                   pad_token_id, retrieve, normalize_references, stop_checker_cls, stats_cls, output_cls,
+                   max_batch_size=None):
     """The batched loop behind ``SpeculativeDecoder.generate`` (arguments already validated)."""
     wall_start = time.perf_counter()
     device, spec, vocab = decoder.device, decoder.mask_spec, decoder.vocab_size
@@ -345,15 +385,17 @@ def generate_batch(decoder, prompts: list[np.ndarray], padded: np.ndarray | None
         elif row.proposer is not None:
             row.proposer.accept(np.asarray(tokens[:keep], dtype=np.int32))
 
-    if max_new_tokens > 0:
-        # -- prefill: left-padded prompts, positions count real tokens only
+    def prefill(group: list[int]):
+        """Prefills the rows ``group`` (caller batch rows) as one left-padded batch and emits
+        each row's first token. Returns the group's (cache, lengths, valid, key_pos)."""
+        # -- left-padded prompts, positions count real tokens only
         t0 = time.perf_counter()
-        width = max(prompt_lens)
-        ids = np.zeros((batch, width), dtype=np.int64)
-        valid = np.zeros((batch, width), dtype=bool)
-        for b, p in enumerate(prompts):
-            ids[b, width - p.shape[0]:] = p
-            valid[b, width - p.shape[0]:] = True
+        width = max(prompt_lens[b] for b in group)
+        ids = np.zeros((len(group), width), dtype=np.int64)
+        valid = np.zeros((len(group), width), dtype=bool)
+        for i, b in enumerate(group):
+            ids[i, width - prompt_lens[b]:] = prompts[b]
+            valid[i, width - prompt_lens[b]:] = True
         key_pos = np.where(valid, np.cumsum(valid, axis=1) - 1, -1).astype(np.int64)
         q_pos = np.maximum(key_pos, 0)
         cache = new_cache()
@@ -381,26 +423,50 @@ def generate_batch(decoder, prompts: list[np.ndarray], padded: np.ndarray | None
                                             attention_mask=mask)
         set_prefill_window(cache, sliding, None)  # the loop passes its own masks
         if do_sample:
-            firsts = [r.sampler.sample(last[b], prompt_lens[b]) for b, r in enumerate(rows)]
+            firsts = [rows[b].sampler.sample(last[i], prompt_lens[b]) for i, b in enumerate(group)]
         else:
             firsts = last.argmax(dim=-1).tolist()
         t1 = time.perf_counter()
-        stats.prefill_seconds = t1 - t0
+        stats.prefill_seconds += t1 - t0
         stats._count_pass(0)
-        for row, first in zip(rows, firsts):
-            row.stats._count_pass(0)
-            emit(row, [int(first)])
-        lengths = np.full(batch, width, dtype=np.int64)  # valid slot count per row (left holes included)
+        for b, first in zip(group, firsts):
+            rows[b].stats._count_pass(0)
+            emit(rows[b], [int(first)])
+        lengths = np.full(len(group), width, dtype=np.int64)  # valid slot count per row (left holes included)
         stats.accept_seconds += time.perf_counter() - t1
-        active = _drop_finished(rows, list(range(batch)), cache, lengths, valid, key_pos)
-        active, lengths, valid, key_pos = active
-    else:
+        return cache, lengths, valid, key_pos
+
+    # Rows wait in caller order and join the batch while fewer than max_batch_size are active
+    # (continuous batching): each joining group is prefilled on its own and its cache rows are
+    # appended to the running batch's.
+    capacity = batch if max_batch_size is None else min(int(max_batch_size), batch)
+    pending = list(range(batch))
+    if max_new_tokens == 0:
         for row in rows:
             row.stats.stop_reason = "max_new_tokens"
-        active = []
-
+        pending = []
+    active: list[int] = []
+    cache = None
+    lengths = np.zeros(0, dtype=np.int64)
+    valid = np.zeros((0, 0), dtype=bool)
+    key_pos = np.zeros((0, 0), dtype=np.int64)
     empty = DraftTree.empty()
-    while active:
+    while active or pending:
+        if pending and len(active) < capacity:
+            group = pending[: capacity - len(active)]
+            del pending[: len(group)]
+            g_cache, g_lengths, g_valid, g_key_pos = prefill(group)
+            group, g_lengths, g_valid, g_key_pos = _drop_finished(rows, group, g_cache, g_lengths, g_valid,
+                                                                   g_key_pos)
+            if not group:
+                continue
+            if active:
+                lengths, valid, key_pos = append_rows(cache, lengths, valid, key_pos,
+                                                      g_cache, g_lengths, g_valid, g_key_pos)
+                active = active + group
+            else:
+                cache, active, lengths, valid, key_pos = g_cache, group, g_lengths, g_valid, g_key_pos
+            continue
         n_act = len(active)
         slots = int(lengths.max())  # == cache length
         # -- propose

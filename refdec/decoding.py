@@ -425,14 +425,19 @@ class SpeculativeDecoder:
                  do_sample: bool = False, temperature: float = 1.0, top_k: int | None = None,
                  top_p: float | None = None, seed: int | None = None, eos_token_id=None, stop_strings=None,
                  streamer=None, max_draft_tokens="auto", attention_mask=None, pad_token_id=None,
-                 retrieve: int = 0) -> GenerateOutput:
+                 retrieve: int = 0, max_batch_size: int | None = None) -> GenerateOutput:
         """Speculative generation of one prompt, or of a batch (see refdec.batch).
 
         Batched input: a left-padded LongTensor [B, L] with ``attention_mask`` (as
         ``model.generate`` takes it) or a list of prompts of different lengths;
         ``references`` shared by all rows or one list per row; ``seed`` an int (row
         ``b`` uses ``seed + b``) or a list of per-row seeds; ``streamer`` unsupported.
+        ``max_batch_size`` (int >= 1, None = all rows at once): at most that many rows
+        decode together; the others wait in order and join as rows finish
+        (continuous batching). Every row's output is the same either way.
         """
+        if max_batch_size is not None and (not _is_int(max_batch_size) or max_batch_size < 1):
+            raise ValueError(f"max_batch_size must be an int >= 1 or None, got {max_batch_size!r}")
         tokenizer = tokenizer if tokenizer is not None else self.tokenizer
         index = index if index is not None else self.index
         from refdec import batch as _batch
@@ -443,7 +448,8 @@ class SpeculativeDecoder:
                                         do_sample=do_sample, temperature=temperature, top_k=top_k, top_p=top_p,
                                         seed=seed, eos_token_id=eos_token_id, stop_strings=stop_strings,
                                         streamer=streamer, max_draft_tokens=max_draft_tokens,
-                                        pad_token_id=pad_token_id, retrieve=retrieve)
+                                        pad_token_id=pad_token_id, retrieve=retrieve,
+                                        max_batch_size=max_batch_size)
         wall_start = time.perf_counter()
         prompt = _normalize_prompt(input_ids)
         if not _is_int(max_new_tokens) or max_new_tokens < 0:
@@ -618,7 +624,7 @@ class SpeculativeDecoder:
 
     def _generate_batch(self, input_ids, attention_mask, *, tokenizer, index, references, max_new_tokens,
                         do_sample, temperature, top_k, top_p, seed, eos_token_id, stop_strings, streamer,
-                        max_draft_tokens, pad_token_id, retrieve) -> GenerateOutput:
+                        max_draft_tokens, pad_token_id, retrieve, max_batch_size=None) -> GenerateOutput:
         from refdec import batch as _batch
 
         if streamer is not None:
@@ -650,19 +656,20 @@ class SpeculativeDecoder:
             max_new_tokens=max_new_tokens, do_sample=do_sample, temperature=temperature, top_k=top_k, top_p=top_p,
             seed=seed, eos=eos, stops=stops, max_draft_tokens=max_draft_tokens, pad_token_id=int(pad_token_id),
             retrieve=retrieve, normalize_references=_normalize_references, stop_checker_cls=_StopChecker,
-            stats_cls=DecodingStats, output_cls=GenerateOutput)
+            stats_cls=DecodingStats, output_cls=GenerateOutput, max_batch_size=max_batch_size)
 
 
 def generate(model, input_ids, *, tokenizer=None, index=None, references=None, max_new_tokens: int = 256,
              do_sample: bool = False, temperature: float = 1.0, top_k: int | None = None,
              top_p: float | None = None, seed: int | None = None, eos_token_id=None, stop_strings=None,
              streamer=None, max_draft_tokens="auto", proposer_factory=None, attention_mask=None,
-             pad_token_id=None, retrieve: int = 0) -> GenerateOutput:
+             pad_token_id=None, retrieve: int = 0, max_batch_size: int | None = None) -> GenerateOutput:
     """One-shot speculative generation (a fresh ``SpeculativeDecoder``); see that class for details.
-    Batches: a left-padded [B, L] ``input_ids`` with ``attention_mask``, or a list of prompts (refdec.batch)."""
+    Batches: a left-padded [B, L] ``input_ids`` with ``attention_mask``, or a list of prompts (refdec.batch);
+    ``max_batch_size`` rows at most decode together, the others join as rows finish."""
     decoder = SpeculativeDecoder(model, tokenizer=tokenizer, index=index, proposer_factory=proposer_factory)
     return decoder.generate(input_ids, references=references, max_new_tokens=max_new_tokens,
                             do_sample=do_sample, temperature=temperature, top_k=top_k, top_p=top_p, seed=seed,
                             eos_token_id=eos_token_id, stop_strings=stop_strings, streamer=streamer,
                             max_draft_tokens=max_draft_tokens, attention_mask=attention_mask,
-                            pad_token_id=pad_token_id, retrieve=retrieve)
+                            pad_token_id=pad_token_id, retrieve=retrieve, max_batch_size=max_batch_size)

@@ -304,3 +304,70 @@ def test_an_autobudget_instance_serves_each_row_with_its_own_copy():
         assert row_tokens(out, b, len(p)) == hf_row(model, p)
     assert out.stats.accepted_tokens > 0
     assert policy.steps == 0  # the caller's object is the template, not a row's policy
+
+
+# ---------------------------------------------------------------- continuous batching
+
+@pytest.mark.parametrize("max_batch_size,lazy_head", [(1, True), (2, True), (2, False), (4, True)])
+def test_continuous_batching_keeps_every_row_exact(model3, monkeypatch, max_batch_size, lazy_head):
+    """max_batch_size rows at most decode together; waiting rows join as rows finish, their
+    cache rows appended to the running batch's (prompts longer and shorter than the running
+    cache), and every row still equals generate on that row alone, EOS stops included."""
+    name, model = model3
+    rng = np.random.default_rng(5)
+    # a long prompt joins early (longer than the running cache) and a longer one last (longer than
+    # any running cache: a prompt of <= 71 tokens plus NEW); the short ones join after it
+    prompts = mixed_batch()
+    prompts.insert(2, [1] + rng.integers(3, 96, size=70).tolist())
+    prompts.append([1] + rng.integers(3, 96, size=120).tolist())
+    eos = hf_row(model, prompts[1])[len(prompts[1]) + 5]  # row 1 stops early, freeing its place
+    want = [hf_row(model, p, eos_token_id=eos) for p in prompts]
+    decoder = decoding.SpeculativeDecoder(model)
+    decoder.lazy_head = lazy_head and decoder.lazy_head
+    forward_rows, appended = [], []
+    hook = model.get_input_embeddings().register_forward_hook(
+        lambda module, args, out: forward_rows.append(int(args[0].shape[0])))
+    append_rows = batch.append_rows
+
+    def recording_append(cache, lengths, valid, key_pos, *other):
+        appended.append((valid.shape[1], other[2].shape[1], len(lengths), len(other[1])))
+        return append_rows(cache, lengths, valid, key_pos, *other)
+
+    monkeypatch.setattr(batch, "append_rows", recording_append)
+    try:
+        out = decoder.generate(prompts, max_new_tokens=NEW, eos_token_id=eos, max_draft_tokens=8,
+                               max_batch_size=max_batch_size)
+    finally:
+        hook.remove()
+    for b, p in enumerate(prompts):
+        assert row_tokens(out, b, len(p)) == want[b], (name, b)
+    assert max(forward_rows) == max_batch_size
+    assert all(r.stop_reason in ("eos", "max_new_tokens") for r in out.stats.rows)
+    assert out.stats.new_tokens == sum(r.new_tokens for r in out.stats.rows)
+    if max_batch_size > 1:
+        # rows joined a running batch, from shorter and from longer caches than its own
+        assert appended and all(n_running + n_joining <= max_batch_size for _, _, n_running, n_joining in appended)
+        assert any(joining > running for running, joining, _, _ in appended)
+        assert any(joining < running for running, joining, _, _ in appended)
+    else:
+        assert not appended  # one row at a time: each starts a batch of its own
+
+
+def test_continuous_batching_with_sampling_keeps_each_rows_seed():
+    model = tiny_llama()
+    prompts = mixed_batch()
+    out = refdec.generate(model, prompts, max_new_tokens=NEW, do_sample=True, seed=70, eos_token_id=[],
+                          max_draft_tokens=8, max_batch_size=2, temperature=0.8)
+    for b, p in enumerate(prompts):
+        single = decoding.generate(model, p, max_new_tokens=NEW, do_sample=True, seed=70 + b, eos_token_id=[],
+                                   max_draft_tokens=0, temperature=0.8).sequences[0].tolist()
+        assert row_tokens(out, b, len(p)) == single, b
+
+
+@pytest.mark.parametrize("bad", [0, -1, 1.5, True, "2"])
+def test_max_batch_size_must_be_a_positive_int_or_none(bad):
+    model = tiny_llama()
+    with pytest.raises(ValueError, match="max_batch_size"):
+        refdec.generate(model, mixed_batch(), max_new_tokens=4, max_batch_size=bad)
+    with pytest.raises(ValueError, match="max_batch_size"):
+        refdec.generate(model, [5, 6, 7], max_new_tokens=4, max_batch_size=bad)
