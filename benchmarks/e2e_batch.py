@@ -19,7 +19,13 @@ either way; refdec's rows are also computed batched, so both are compared with
 the single-row output and the count of equal rows is reported for each.
 
     .venv/bin/python benchmarks/e2e_batch.py [--batch-sizes 1 4 8] [--new 64] [--max-draft 8 [auto ...]]
-        [--heads lazy full] [--repeats 1]
+        [--heads lazy full] [--repeats 1] [--continuous N]
+
+``--continuous N``: N prompts of the same mix, served B at a time for each B of
+``--batch-sizes``: HF batched greedy and refdec on consecutive static groups of B
+(each group waits for its slowest row), and refdec with ``max_batch_size=B`` in one call
+(continuous batching: a waiting prompt joins as soon as a row finishes); total tokens /
+total seconds of each, rows compared with single-row HF.
 
 ``--max-draft`` takes several values, run side by side per batch size: a node count, ``auto``
 (the rows' prefixes chosen together, priced as one padded batched forward) or
@@ -126,7 +132,11 @@ def main() -> None:
     ap.add_argument("--heads", nargs="+", choices=["lazy", "full"], default=["lazy", "full"],
                     help="refdec's LM head: lazy (visited rows only) and/or full (every tree row)")
     ap.add_argument("--repeats", type=int, default=1, help="time each run this many times, keep the minimum")
+    ap.add_argument("--continuous", type=int, default=0, metavar="N",
+                    help="N prompts served B at a time: static groups vs max_batch_size=B (continuous batching)")
     args = ap.parse_args()
+    if args.continuous < 0:
+        ap.error(f"--continuous takes a number of prompts >= 1, got {args.continuous}")
     for m in args.max_draft:
         if m not in ("auto", "auto-rowwise") and not (m.isdigit()):
             ap.error(f"--max-draft values are ints >= 0, 'auto' or 'auto-rowwise', got {m!r}")
@@ -137,7 +147,7 @@ def main() -> None:
 
     model, tok = load_default()
     pad = tok.pad_token_id if tok.pad_token_id is not None else 0
-    rows = mixed_prompts(max(args.batch_sizes), args.max_edit_tokens)
+    rows = mixed_prompts(max(args.continuous, *args.batch_sizes), args.max_edit_tokens)
     print(f"{len(rows)} prompts, lengths {[len(r['prompt']) for r in rows]}", flush=True)
 
     def hf_batch(batch_rows):
@@ -162,7 +172,7 @@ def main() -> None:
         single.append(out[0])
         single_time += dt
 
-    def refdec_batch(batch_rows, lazy_head: bool, max_draft):
+    def refdec_batch(batch_rows, lazy_head: bool, max_draft, max_batch_size=None):
         prompts = [r["prompt"] for r in batch_rows]
         refs = [r["references"] for r in batch_rows]
         t0 = time.perf_counter()
@@ -170,13 +180,13 @@ def main() -> None:
         decoder.lazy_head = lazy_head and decoder.lazy_head
         decoder.joint_batch_budget = max_draft != "auto-rowwise"
         max_draft = "auto" if max_draft == "auto-rowwise" else max_draft
-        if len(batch_rows) == 1:
+        if len(batch_rows) == 1 and max_batch_size is None:
             res = decoder.generate(prompts[0], references=refs[0], max_new_tokens=args.new,
                                    max_draft_tokens=max_draft)
             dt = time.perf_counter() - t0
             return [res.sequences[0].tolist()[len(prompts[0]):]], dt, res.stats, [res.stats]
         res = decoder.generate(prompts, references=refs, max_new_tokens=args.new, max_draft_tokens=max_draft,
-                               pad_token_id=pad)
+                               pad_token_id=pad, max_batch_size=max_batch_size)
         dt = time.perf_counter() - t0
         width = res.sequences.shape[1] - max(s.new_tokens for s in res.stats.rows)
         rd_out = [res.sequences[b].tolist()[width: width + res.stats.rows[b].new_tokens]
@@ -187,6 +197,9 @@ def main() -> None:
         """The run with the least time of ``--repeats`` (outputs are identical across repeats)."""
         return min((run() for _ in range(max(1, args.repeats))), key=lambda r: r[1])
 
+    if args.continuous:
+        continuous(args, rows, single, drafts, hf_batch, refdec_batch)
+        return
     results = []
     for bs in args.batch_sizes:
         batch_rows = rows[:bs]
@@ -228,6 +241,55 @@ def main() -> None:
     path = write_json("e2e_batch", dict(args=vars(args), machine=machine_info(), rows=[
         dict(kind=r["kind"], name=r["name"], prompt_len=len(r["prompt"])) for r in rows],
         single_hf_tps=sum(len(s) for s in single) / single_time, results=results, table=table))
+    print(f"wrote {path}")
+
+
+def continuous(args, rows, single, drafts, hf_batch, refdec_batch) -> None:
+    """``--continuous N``: the N prompts served B at a time, static groups vs continuous batching."""
+    rows, single = rows[: args.continuous], single[: args.continuous]
+    n = len(rows)
+    head = args.heads[0] == "lazy"
+    results = []
+    for bs in args.batch_sizes:
+        groups = [list(range(g, min(g + bs, n))) for g in range(0, n, bs)]
+        for max_draft in drafts:
+            runs = {}
+            # alternate the order per batch size (a noisy machine drifts)
+            order = ["hf-static", "refdec-static", "refdec-continuous"]
+            for method in order if bs % 2 == 0 else order[::-1]:
+                outs, seconds = [None] * n, 0.0
+                if method == "refdec-continuous":
+                    out, seconds, stats, _ = refdec_batch(rows, head, max_draft, max_batch_size=bs)
+                    outs = out
+                else:
+                    for g in groups:
+                        if method == "hf-static":
+                            out, dt = hf_batch([rows[b] for b in g])
+                        else:
+                            out, dt, _, _ = refdec_batch([rows[b] for b in g], head, max_draft)
+                        seconds += dt
+                        for b, o in zip(g, out):
+                            outs[b] = o
+                tokens = sum(len(o) for o in outs)
+                runs[method] = dict(seconds=seconds, tokens=tokens, tps=tokens / seconds,
+                                    equal_single=sum(outs[b] == single[b] for b in range(n)))
+            entry = dict(prompts=n, batch_size=bs, max_draft=max_draft, head=args.heads[0], **{
+                f"{m}_{k}": v for m, r in runs.items() for k, v in r.items()})
+            entry["continuous_vs_static"] = runs["refdec-continuous"]["tps"] / runs["refdec-static"]["tps"]
+            entry["continuous_vs_hf_static"] = runs["refdec-continuous"]["tps"] / runs["hf-static"]["tps"]
+            results.append(entry)
+            print(entry, flush=True)
+    table = markdown_table(
+        [[e["prompts"], e["batch_size"], e["max_draft"], f"{e['hf-static_tps']:.1f}", f"{e['refdec-static_tps']:.1f}",
+          f"{e['refdec-continuous_tps']:.1f}", f"{e['continuous_vs_static']:.2f}x", f"{e['continuous_vs_hf_static']:.2f}x",
+          f"{e['refdec-static_equal_single']}/{n}", f"{e['refdec-continuous_equal_single']}/{n}",
+          f"{e['hf-static_equal_single']}/{n}"] for e in results],
+        ["prompts", "B", "draft", "HF static tok/s", "refdec static tok/s", "refdec continuous tok/s",
+         "continuous / static", "continuous / HF static", "refdec static rows = single HF",
+         "refdec continuous rows = single HF", "HF batched rows = single HF"])
+    print(table)
+    path = write_json("e2e_batch-continuous", dict(args=vars(args), machine=machine_info(), rows=[
+        dict(kind=r["kind"], name=r["name"], prompt_len=len(r["prompt"])) for r in rows], results=results, table=table))
     print(f"wrote {path}")
 
 
