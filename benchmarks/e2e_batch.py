@@ -25,7 +25,8 @@ the single-row output and the count of equal rows is reported for each.
 ``--batch-sizes``: HF batched greedy and refdec on consecutive static groups of B
 (each group waits for its slowest row), and refdec with ``max_batch_size=B`` in one call
 (continuous batching: a waiting prompt joins as soon as a row finishes); total tokens /
-total seconds of each, rows compared with single-row HF.
+total seconds of each (the fastest of ``--repeats``), rows compared with single-row HF;
+refdec with the first of ``--heads``.
 
 ``--max-draft`` takes several values, run side by side per batch size: a node count, ``auto``
 (the rows' prefixes chosen together, priced as one padded batched forward) or
@@ -257,19 +258,23 @@ def continuous(args, rows, single, drafts, hf_batch, refdec_batch) -> None:
             # alternate the order per batch size (a noisy machine drifts)
             order = ["hf-static", "refdec-static", "refdec-continuous"]
             for method in order if bs % 2 == 0 else order[::-1]:
-                outs, seconds = [None] * n, 0.0
-                if method == "refdec-continuous":
-                    out, seconds, stats, _ = refdec_batch(rows, head, max_draft, max_batch_size=bs)
-                    outs = out
-                else:
-                    for g in groups:
-                        if method == "hf-static":
-                            out, dt = hf_batch([rows[b] for b in g])
-                        else:
-                            out, dt, _, _ = refdec_batch([rows[b] for b in g], head, max_draft)
-                        seconds += dt
-                        for b, o in zip(g, out):
-                            outs[b] = o
+                best = None
+                for _ in range(max(1, args.repeats)):  # keep the fastest of --repeats (same outputs)
+                    outs, seconds = [None] * n, 0.0
+                    if method == "refdec-continuous":
+                        outs, seconds, _, _ = refdec_batch(rows, head, max_draft, max_batch_size=bs)
+                    else:
+                        for g in groups:
+                            if method == "hf-static":
+                                out, dt = hf_batch([rows[b] for b in g])
+                            else:
+                                out, dt, _, _ = refdec_batch([rows[b] for b in g], head, max_draft)
+                            seconds += dt
+                            for b, o in zip(g, out):
+                                outs[b] = o
+                    if best is None or seconds < best[1]:
+                        best = (outs, seconds)
+                outs, seconds = best
                 tokens = sum(len(o) for o in outs)
                 runs[method] = dict(seconds=seconds, tokens=tokens, tps=tokens / seconds,
                                     equal_single=sum(outs[b] == single[b] for b in range(n)))

@@ -44,6 +44,8 @@ def prompts_of_lengths(lengths, vocab: int) -> dict:
     rng = np.random.default_rng(0)
     out = {}
     for n in lengths:
+        if len(text) < n:
+            print(f"prompt of {n} tokens: random token ids (the edit prompts hold {len(text)})", file=sys.stderr)
         out[n] = text[:n] if len(text) >= n else rng.integers(3, min(vocab, 30000), size=n).astype(np.int32)
     return out
 
@@ -68,6 +70,8 @@ def main(argv=None) -> int:
     ap.add_argument("--batch", type=int, default=1, help="B > 1: the batched prefill of B prompts")
     ap.add_argument("--json", default=None)
     args = ap.parse_args(argv)
+    if args.batch < 1:
+        ap.error(f"--batch must be >= 1, got {args.batch}")
 
     import torch
 
@@ -86,8 +90,6 @@ def main(argv=None) -> int:
         decoders[c] = SpeculativeDecoder(model, prefill_chunk=None if size == "none" else int(size))
         if variant == "allkeys":
             decoders[c]._sliding_layers = []  # ablation: sliding layers see every earlier key
-    if args.batch < 1:
-        ap.error(f"--batch must be >= 1, got {args.batch}")
     prompts = prompts_of_lengths(lengths, decoders[chunks[0]].vocab_size)
     if args.batch > 1:
         text = prompts_of_lengths([max(lengths) * args.batch], decoders[chunks[0]].vocab_size)

@@ -46,7 +46,11 @@ rows are appended to the running batch's (``append_rows``): both are padded at
 the end of the slot dim to the longer one, so a row's entries stay in
 ``[0, length[b])`` and the holes after them are where its next entries go, as
 for a row that lags the longest. Each row's positions, mask and sampling keys
-are its own, so its output does not depend on which rows it shares a step with.
+are its own, so its output does not depend on which rows it shares a step with
+(exactly so in float64; in lower precision, as for any batching, other matmul
+shapes may flip a near-tie). Stats: the batch's ``forward_passes`` and
+``prefill_seconds`` count every group's prefill; a row's ``prefill_seconds`` is
+its group's and its ``wall_seconds`` runs from the call's start to its last token.
 
 LM head: with ``decoder.lazy_head`` (a CPU and a plain-head model) the verification forward
 runs the model's backbone only (hidden ``[n_act, T, D]``); the acceptance walks of all rows
@@ -261,10 +265,13 @@ def append_rows(cache, lengths, valid, key_pos, other, other_lengths, other_vali
     slots, other_slots = valid.shape[1], other_valid.shape[1]
     n = max(slots, other_slots)
     for layer, extra in zip(_layers(cache), _layers(other)):
-        # [B, H, S, D]: pad the slot dim at the end, then stack the rows
-        keys = torch.cat([F.pad(layer.keys, (0, 0, 0, n - slots)), F.pad(extra.keys, (0, 0, 0, n - other_slots))])
-        values = torch.cat([F.pad(layer.values, (0, 0, 0, n - slots)),
-                            F.pad(extra.values, (0, 0, 0, n - other_slots))])
+        # [B, H, S, D]: pad the slot dim at the end, then stack the rows; a growing layer gets
+        # room for the next steps too (as GrowingLayer._grow), so the next update does not copy again
+        capacity = 2 * n if isinstance(layer, GrowingLayer) else n
+        keys = torch.cat([F.pad(layer.keys, (0, 0, 0, capacity - slots)),
+                          F.pad(extra.keys, (0, 0, 0, capacity - other_slots))])
+        values = torch.cat([F.pad(layer.values, (0, 0, 0, capacity - slots)),
+                            F.pad(extra.values, (0, 0, 0, capacity - other_slots))])
         if isinstance(layer, GrowingLayer):
             layer._key_buf, layer._value_buf = keys, values
             layer._set_length(n)
@@ -381,6 +388,7 @@ def generate_batch(decoder, prompts: list[np.ndarray], padded: np.ndarray | None
             reason = "max_new_tokens" if len(seq) >= row.prompt_len + max_new_tokens else "max_position_embeddings"
         if reason:
             row.stats.stop_reason = reason
+            row.stats.wall_seconds = time.perf_counter() - wall_start  # from the call's start to the row's end
             row.done = True
         elif row.proposer is not None:
             row.proposer.accept(np.asarray(tokens[:keep], dtype=np.int32))
@@ -430,6 +438,7 @@ def generate_batch(decoder, prompts: list[np.ndarray], padded: np.ndarray | None
         stats.prefill_seconds += t1 - t0
         stats._count_pass(0)
         for b, first in zip(group, firsts):
+            rows[b].stats.prefill_seconds = t1 - t0  # its group's prefill
             rows[b].stats._count_pass(0)
             emit(rows[b], [int(first)])
         lengths = np.full(len(group), width, dtype=np.int64)  # valid slot count per row (left holes included)
@@ -456,16 +465,16 @@ def generate_batch(decoder, prompts: list[np.ndarray], padded: np.ndarray | None
             group = pending[: capacity - len(active)]
             del pending[: len(group)]
             g_cache, g_lengths, g_valid, g_key_pos = prefill(group)
+            t0 = time.perf_counter()
             group, g_lengths, g_valid, g_key_pos = _drop_finished(rows, group, g_cache, g_lengths, g_valid,
                                                                    g_key_pos)
-            if not group:
-                continue
-            if active:
+            if group and active:
                 lengths, valid, key_pos = append_rows(cache, lengths, valid, key_pos,
                                                       g_cache, g_lengths, g_valid, g_key_pos)
                 active = active + group
-            else:
+            elif group:
                 cache, active, lengths, valid, key_pos = g_cache, group, g_lengths, g_valid, g_key_pos
+            stats.accept_seconds += time.perf_counter() - t0  # joining is bookkeeping
             continue
         n_act = len(active)
         slots = int(lengths.max())  # == cache length
@@ -604,7 +613,8 @@ def generate_batch(decoder, prompts: list[np.ndarray], padded: np.ndarray | None
     wall = time.perf_counter() - wall_start
     for row in rows:
         row.stats.new_tokens = len(row.seq) - row.prompt_len
-        row.stats.wall_seconds = wall
+        if not row.stats.wall_seconds:  # max_new_tokens = 0: no row ran
+            row.stats.wall_seconds = wall
     stats.new_tokens = sum(r.stats.new_tokens for r in rows)
     reasons = {r.stats.stop_reason for r in rows}
     stats.stop_reason = reasons.pop() if len(reasons) == 1 else "mixed"

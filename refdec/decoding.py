@@ -434,7 +434,9 @@ class SpeculativeDecoder:
         ``b`` uses ``seed + b``) or a list of per-row seeds; ``streamer`` unsupported.
         ``max_batch_size`` (int >= 1, None = all rows at once): at most that many rows
         decode together; the others wait in order and join as rows finish
-        (continuous batching). Every row's output is the same either way.
+        (continuous batching). A row's output does not depend on the grouping (exactly
+        so in float64; in lower precision other matmul shapes may flip a near-tie, as
+        for any batching).
         """
         if max_batch_size is not None and (not _is_int(max_batch_size) or max_batch_size < 1):
             raise ValueError(f"max_batch_size must be an int >= 1 or None, got {max_batch_size!r}")

@@ -322,7 +322,7 @@ def test_continuous_batching_keeps_every_row_exact(model3, monkeypatch, max_batc
     prompts.append([1] + rng.integers(3, 96, size=120).tolist())
     eos = hf_row(model, prompts[1])[len(prompts[1]) + 5]  # row 1 stops early, freeing its place
     want = [hf_row(model, p, eos_token_id=eos) for p in prompts]
-    decoder = decoding.SpeculativeDecoder(model)
+    decoder = decoding.SpeculativeDecoder(model, prefill_chunk=16)  # joining prompts prefill in chunks too
     decoder.lazy_head = lazy_head and decoder.lazy_head
     forward_rows, appended = [], []
     hook = model.get_input_embeddings().register_forward_hook(
@@ -353,11 +353,15 @@ def test_continuous_batching_keeps_every_row_exact(model3, monkeypatch, max_batc
         assert not appended  # one row at a time: each starts a batch of its own
 
 
-def test_continuous_batching_with_sampling_keeps_each_rows_seed():
+def test_continuous_batching_with_sampling_keeps_each_rows_seed(monkeypatch):
     model = tiny_llama()
     prompts = mixed_batch()
+    joins = []
+    append_rows = batch.append_rows
+    monkeypatch.setattr(batch, "append_rows", lambda *args: (joins.append(1), append_rows(*args))[1])
     out = refdec.generate(model, prompts, max_new_tokens=NEW, do_sample=True, seed=70, eos_token_id=[],
                           max_draft_tokens=8, max_batch_size=2, temperature=0.8)
+    assert joins  # rows joined a running batch
     for b, p in enumerate(prompts):
         single = decoding.generate(model, p, max_new_tokens=NEW, do_sample=True, seed=70 + b, eos_token_id=[],
                                    max_draft_tokens=0, temperature=0.8).sequences[0].tolist()
@@ -371,3 +375,29 @@ def test_max_batch_size_must_be_a_positive_int_or_none(bad):
         refdec.generate(model, mixed_batch(), max_new_tokens=4, max_batch_size=bad)
     with pytest.raises(ValueError, match="max_batch_size"):
         refdec.generate(model, [5, 6, 7], max_new_tokens=4, max_batch_size=bad)
+
+
+def test_continuous_batching_stats_count_every_groups_prefill():
+    """One row at a time: every row is its own group, so the batch's passes and prefill time
+    are the sums of the rows' (each row's passes include its prefill)."""
+    model = tiny_llama()
+    prompts = repetitive_prompts(3, seed=21)
+    out = refdec.generate(model, prompts, max_new_tokens=12, eos_token_id=[], max_draft_tokens=4,
+                          max_batch_size=1)
+    rows = out.stats.rows
+    assert out.stats.forward_passes == sum(r.forward_passes for r in rows)
+    assert out.stats.prefill_seconds == pytest.approx(sum(r.prefill_seconds for r in rows))
+    assert all(r.prefill_seconds > 0 for r in rows)
+    ends = [r.wall_seconds for r in rows]  # each row's clock stops at its own last token
+    assert ends == sorted(ends) and ends[-1] <= out.stats.wall_seconds
+
+
+@pytest.mark.parametrize("max_new_tokens", [0, 1, 2])
+def test_continuous_batching_with_few_new_tokens(max_new_tokens):
+    model = tiny_llama()
+    prompts = mixed_batch()
+    out = refdec.generate(model, prompts, max_new_tokens=max_new_tokens, eos_token_id=[], max_batch_size=2)
+    for b, p in enumerate(prompts):
+        want = hf_row(model, p, max_new_tokens=max_new_tokens) if max_new_tokens else list(p)
+        assert row_tokens(out, b, len(p)) == want, b
+        assert out.stats.rows[b].stop_reason == "max_new_tokens"
