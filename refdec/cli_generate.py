@@ -1,17 +1,25 @@
 """``refdec generate``: speculative generation from the command line, streamed.
 
-    refdec generate --prompt TEXT | --prompt-file FILE [--model DIR] [--index FILE]
+    refdec generate --prompt TEXT | --prompt-file FILE | --prompts-jsonl FILE [--max-batch-size B]
+                    [--model DIR] [--index FILE]
                     [--reference FILE]... [--retrieve K] [--max-new-tokens N]
                     [--sample [--temperature T] [--top-k K] [--top-p P] [--seed S]]
                     [--max-draft-tokens N|auto] [--stop STRING]...
 
-Streams the generated text to stdout (transformers' TextStreamer), then prints a
-stats line (tokens, passes, tokens/pass, tokens/s) to stderr.
+One prompt: streams the generated text to stdout (transformers' TextStreamer), then
+prints a stats line (tokens, passes, tokens/pass, tokens/s) to stderr.
+
+Many prompts (``--prompts-jsonl``, one JSON object a line: ``{"prompt": TEXT}``, with
+an optional ``"references": [TEXT, ...]`` of its own): decoded as one batch, at most
+``--max-batch-size`` rows together (continuous batching); writes one JSON object a
+line to stdout, in input order: ``{"line", "completion", "new_tokens",
+"stop_reason", "tokens_per_pass"}`` (row ``i`` of a sampled batch uses seed ``S + i``).
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 
 
@@ -38,6 +46,11 @@ def register(subparsers) -> None:
     src = p.add_mutually_exclusive_group(required=True)
     src.add_argument("--prompt", metavar="TEXT", help="the prompt text")
     src.add_argument("--prompt-file", metavar="FILE", help="read the prompt from a file")
+    src.add_argument("--prompts-jsonl", metavar="FILE",
+                     help='many prompts, one JSON object a line: {"prompt": TEXT, "references": [TEXT, ...]}; '
+                          "writes one JSON object a line (the completions, in order)")
+    p.add_argument("--max-batch-size", type=int, default=4, metavar="B",
+                   help="with --prompts-jsonl: rows decoded together; the others join as rows finish (default 4)")
     p.add_argument("--model", metavar="DIR", default=None,
                    help="model directory or name (default: Gemma 3 270M, converted on first use)")
     p.add_argument("--index", metavar="FILE", default=None, help="a corpus index file (refdec index build)")
@@ -65,9 +78,33 @@ def _read(path: str) -> str:
     return read_text_file(path)
 
 
+def read_prompts_jsonl(path: str) -> list[dict]:
+    """The requests of a ``--prompts-jsonl`` file: ``[{"prompt": str, "references": [str, ...]}]``.
+    ValueError names the line of a malformed request."""
+    requests = []
+    for line_no, line in enumerate(_read(path).splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            item = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"{path}:{line_no}: not a JSON object ({exc.msg})") from None
+        if not isinstance(item, dict) or not isinstance(item.get("prompt"), str):
+            raise ValueError(f'{path}:{line_no}: expected an object with a "prompt" string, got {line.strip()[:80]!r}')
+        refs = item.get("references", [])
+        if not isinstance(refs, list) or not all(isinstance(r, str) for r in refs):
+            raise ValueError(f'{path}:{line_no}: "references" must be a list of strings')
+        unknown = set(item) - {"prompt", "references"}
+        if unknown:
+            raise ValueError(f"{path}:{line_no}: unknown keys {sorted(unknown)} (known: prompt, references)")
+        requests.append({"prompt": item["prompt"], "references": refs})
+    if not requests:
+        raise ValueError(f"{path}: no prompts (one JSON object a line)")
+    return requests
+
+
 def run(args) -> int:
     import torch
-    from transformers import TextStreamer
 
     from refdec.decoding import SpeculativeDecoder
     from refdec.models import load_default, load_model
@@ -76,9 +113,14 @@ def run(args) -> int:
         raise ValueError(f"--retrieve must be >= 0, got {args.retrieve}")
     if args.retrieve and not args.index:
         raise ValueError(f"--retrieve {args.retrieve} needs --index FILE (the corpus to retrieve documents from)")
+    if args.max_batch_size < 1:
+        raise ValueError(f"--max-batch-size must be >= 1, got {args.max_batch_size}")
     if args.threads:
         torch.set_num_threads(args.threads)
-    prompt = args.prompt if args.prompt is not None else _read(args.prompt_file)
+    requests = read_prompts_jsonl(args.prompts_jsonl) if args.prompts_jsonl else None
+    prompt = None
+    if requests is None:
+        prompt = args.prompt if args.prompt is not None else _read(args.prompt_file)
     references = [_read(f) for f in args.reference]
     model, tokenizer = load_default() if args.model is None else load_model(args.model)
     index = None
@@ -86,9 +128,13 @@ def run(args) -> int:
         from refdec.index import CorpusIndex
 
         index = CorpusIndex.load(args.index, tokenizer)
+    decoder = SpeculativeDecoder(model, tokenizer=tokenizer, index=index)
+    if requests is not None:
+        return _run_batch(args, decoder, tokenizer, requests, references)
+    from transformers import TextStreamer
+
     input_ids = tokenizer(prompt, return_tensors="pt")["input_ids"]
     streamer = TextStreamer(tokenizer, skip_prompt=True)
-    decoder = SpeculativeDecoder(model, tokenizer=tokenizer, index=index)
     out = decoder.generate(
         input_ids, references=references or None, max_new_tokens=args.max_new_tokens, do_sample=args.sample,
         temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, seed=args.seed,
@@ -99,4 +145,25 @@ def run(args) -> int:
     seed = f", seed {s.seed}" if s.seed is not None else ""
     retrieved = f"; retrieved documents {s.retrieved_documents}" if s.retrieved_documents else ""
     print(f"\n[refdec] {s.summary()}{seed}; stop: {s.stop_reason}{retrieved}", file=sys.stderr)
+    return 0
+
+
+def _run_batch(args, decoder, tokenizer, requests: list[dict], references: list[str]) -> int:
+    """``--prompts-jsonl``: every request in one batched call; one JSON line per request."""
+    prompts = [tokenizer(r["prompt"])["input_ids"] for r in requests]
+    # per-row references: the row's own, plus the --reference files shared by all rows
+    refs = [(r["references"] + references) or None for r in requests]
+    out = decoder.generate(
+        prompts, references=refs, max_new_tokens=args.max_new_tokens, do_sample=args.sample,
+        temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, seed=args.seed,
+        stop_strings=args.stop, max_draft_tokens=args.max_draft_tokens, retrieve=args.retrieve,
+        max_batch_size=args.max_batch_size,
+    )
+    width = out.sequences.shape[1] - max(r.new_tokens for r in out.stats.rows)  # the padded prompt width
+    for line, row in enumerate(out.stats.rows):
+        new = out.sequences[line, width: width + row.new_tokens]
+        print(json.dumps({"line": line, "completion": tokenizer.decode(new), "new_tokens": row.new_tokens,
+                          "stop_reason": row.stop_reason, "tokens_per_pass": round(row.tokens_per_pass, 3)}))
+    s = out.stats
+    print(f"[refdec] {len(requests)} prompts, at most {args.max_batch_size} together: {s.summary()}", file=sys.stderr)
     return 0

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 import torch
 from transformers import TextIteratorStreamer
@@ -240,3 +242,59 @@ def test_cli_rejects_a_bad_max_draft_tokens():
     register(parser.add_subparsers(dest="command", required=True))
     with pytest.raises(SystemExit):
         parser.parse_args(["generate", "--prompt", "x", "--max-draft-tokens", "-1"])
+
+
+def test_cli_generate_prompts_jsonl_writes_each_completion_in_order(tmp_path, tiny_tokenizer, capsys):
+    """--prompts-jsonl: every prompt decoded in one batch, 2 rows at a time, one JSON line each,
+    in input order, each completion the prompt's plain greedy continuation."""
+    import argparse
+    import json
+
+    from refdec.cli_generate import register
+
+    model = tiny_llama()
+    model.save_pretrained(tmp_path / "m")
+    tiny_tokenizer.save_pretrained(tmp_path / "m")
+    prompts = ["abc abc ab", "b", "ca ca ca cab", "abc"]
+    lines = [json.dumps({"prompt": p}) for p in prompts]
+    lines[2] = json.dumps({"prompt": prompts[2], "references": ["ca ca cab cab"]})
+    (tmp_path / "in.jsonl").write_text("\n".join(lines) + "\n\n", encoding="utf-8")
+    parser = argparse.ArgumentParser(prog="refdec")
+    register(parser.add_subparsers(dest="command", required=True))
+    args = parser.parse_args(["generate", "--prompts-jsonl", str(tmp_path / "in.jsonl"), "--model",
+                              str(tmp_path / "m"), "--max-new-tokens", "10", "--max-batch-size", "2"])
+    assert args.handler(args) == 0
+    captured = capsys.readouterr()
+    rows = [json.loads(x) for x in captured.out.splitlines()]
+    loaded = model.to(torch.float32)
+    assert [r["line"] for r in rows] == [0, 1, 2, 3]
+    for row, text in zip(rows, prompts):
+        ids = tiny_tokenizer(text)["input_ids"]
+        out = refdec.generate(loaded, ids, max_new_tokens=10, max_draft_tokens=0)
+        assert row["completion"] == tiny_tokenizer.decode(out.sequences[0, len(ids):])
+        assert row["new_tokens"] == out.stats.new_tokens and row["stop_reason"] == out.stats.stop_reason
+    assert "4 prompts, at most 2 together" in captured.err
+
+
+@pytest.mark.parametrize("content,message", [
+    ('{"prompt": "a"}\nnot json\n', r"in.jsonl:2: not a JSON object"),
+    ('{"text": "a"}\n', r'in.jsonl:1: expected an object with a "prompt" string'),
+    ('{"prompt": "a", "references": "x"}\n', r'in.jsonl:1: "references" must be a list of strings'),
+    ('{"prompt": "a", "seed": 3}\n', r"in.jsonl:1: unknown keys \['seed'\]"),
+    ("\n\n", r"no prompts"),
+])
+def test_cli_generate_prompts_jsonl_errors_name_the_line_before_loading_a_model(tmp_path, capsys, content, message):
+    from refdec.cli import main
+
+    (tmp_path / "in.jsonl").write_text(content, encoding="utf-8")
+    code = main(["generate", "--prompts-jsonl", str(tmp_path / "in.jsonl"), "--model", str(tmp_path / "missing")])
+    assert code == 2
+    assert re.search(message, capsys.readouterr().err)
+
+
+def test_cli_generate_max_batch_size_must_be_positive(tmp_path, capsys):
+    from refdec.cli import main
+
+    (tmp_path / "in.jsonl").write_text('{"prompt": "a"}\n', encoding="utf-8")
+    assert main(["generate", "--prompts-jsonl", str(tmp_path / "in.jsonl"), "--max-batch-size", "0"]) == 2
+    assert "--max-batch-size must be >= 1, got 0" in capsys.readouterr().err
