@@ -491,10 +491,12 @@ def generate_batch(decoder, prompts: list[np.ndarray], padded: np.ndarray | None
         if joint_auto:
             # "auto": the rows' prefixes are chosen together, priced as one batched forward
             drafted = [i for i, b in enumerate(active) if rows[b].proposer is not None]
-            sizes = batch_prefix_sizes([rows[active[i]].budget for i in drafted], [trees[i] for i in drafted])
-            for i, n in zip(drafted, sizes):
+            budgets = [rows[active[i]].budget for i in drafted]
+            cells = [budget.cells(trees[i]) for budget, i in zip(budgets, drafted)]  # once per row and step
+            sizes = batch_prefix_sizes(budgets, [trees[i] for i in drafted], cells)
+            for i, n, budget, row_cells in zip(drafted, sizes, budgets, cells):
                 if len(trees[i]):  # an empty draft is no step of the policy (as in the single-row loop)
-                    trees[i] = rows[active[i]].budget.take_prefix(trees[i], n)
+                    trees[i] = budget.take_prefix(trees[i], n, cells=row_cells)
         t1 = time.perf_counter()
         # -- prepare: [n_act, T] queries, mask [n_act, 1, T, slots + T]
         t = 1 + max(len(tr) for tr in trees)

@@ -161,9 +161,10 @@ class AutoBudget:
         src = np.clip(tree.source_ids, 0, self.n_sources - 1)
         return (src.astype(np.int64) * len(_SCORE_CENTERS) + s) * len(_DEPTH_CENTERS) + d
 
-    def expected_accepted(self, tree: DraftTree) -> np.ndarray:
-        """float64 [n + 1]: E(0) = 0, E(k) = expected accepted nodes of the prefix of k nodes."""
-        p = self._rate[self.cells(tree)]
+    def expected_accepted(self, tree: DraftTree, cells: np.ndarray | None = None) -> np.ndarray:
+        """float64 [n + 1]: E(0) = 0, E(k) = expected accepted nodes of the prefix of k nodes.
+        ``cells``: int64 [n], the tree's :meth:`cells` when already computed."""
+        p = self._rate[self.cells(tree) if cells is None else cells]
         out = np.zeros(len(tree) + 1)
         np.cumsum(p, out=out[1:])
         return out
@@ -182,9 +183,7 @@ class AutoBudget:
         if len(tree) == 0:
             return self.take_prefix(tree, 0)
         cells = self.cells(tree)
-        expected = np.zeros(len(tree) + 1)
-        np.cumsum(self._rate[cells], out=expected[1:])
-        return self.take_prefix(tree, self.best_prefix(expected), cells=cells)
+        return self.take_prefix(tree, self.best_prefix(self.expected_accepted(tree, cells)), cells=cells)
 
     def take_prefix(self, tree: DraftTree, n: int, cells: np.ndarray | None = None) -> DraftTree:
         """Verifies the first ``n`` nodes of ``tree`` this step (``n`` > len(tree): all of
@@ -244,7 +243,7 @@ class AutoBudget:
         return f"AutoBudget(max_nodes={self.max_nodes}, cost={self.cost.relative()})"
 
 
-def batch_prefix_sizes(budgets: list, trees: list[DraftTree]) -> list[int]:
+def batch_prefix_sizes(budgets: list, trees: list[DraftTree], cells: list | None = None) -> list[int]:
     """Batch-aware "auto": how many nodes of each row's tree to verify in one batched forward.
 
     The rows share the forward, whose query rows are padded to the longest tree, so
@@ -257,11 +256,14 @@ def batch_prefix_sizes(budgets: list, trees: list[DraftTree]) -> list[int]:
         argmax over n of  sum_b (1 + E_b(min(n, len_b))) / (backbone(B (1 + n) - 1) + sum_b head_b)
 
     ``budgets``: one :class:`AutoBudget` per row (their learnt acceptance; the first
-    one's cost curve prices the forward); ``trees``: the rows' full drafts. With one
-    row this is :meth:`AutoBudget.best_prefix`.
+    one's cost curve prices the forward); ``trees``: the rows' full drafts; ``cells``: each
+    row's int64 [len(tree)] :meth:`AutoBudget.cells` when already computed (then passed on
+    to :meth:`AutoBudget.take_prefix`). With one row this is :meth:`AutoBudget.best_prefix`.
     """
     if len(budgets) != len(trees):
         raise ValueError(f"budgets and trees differ in length: {len(budgets)} != {len(trees)}")
+    if cells is not None and len(cells) != len(trees):
+        raise ValueError(f"cells and trees differ in length: {len(cells)} != {len(trees)}")
     if not trees:
         return []
     cost = budgets[0].cost
@@ -270,7 +272,7 @@ def batch_prefix_sizes(budgets: list, trees: list[DraftTree]) -> list[int]:
     # E_b(min(n, len_b)) for n = 0..longest: each row's curve held flat past its own tree
     expected = np.zeros((len(trees), longest + 1))
     for b, (budget, tree) in enumerate(zip(budgets, trees)):
-        e = budget.expected_accepted(tree) if len(tree) else np.zeros(1)
+        e = budget.expected_accepted(tree, None if cells is None else cells[b]) if len(tree) else np.zeros(1)
         expected[b] = e[np.minimum(sizes, len(tree))]
     backbone = cost.table(len(trees) * (1 + longest) - 1)[len(trees) * (1 + sizes) - 1]
     head = cost.head_seconds(expected).sum(axis=0)

@@ -237,8 +237,8 @@ def test_auto_budget_gives_each_row_its_own_policy(monkeypatch):
 
     row_budgets = {}  # id(budget) -> row, from the first call (all rows active, in order)
 
-    def spy(budgets, trees):
-        sizes = refdec.budget.batch_prefix_sizes(budgets, trees)
+    def spy(budgets, trees, cells=None):
+        sizes = refdec.budget.batch_prefix_sizes(budgets, trees, cells)
         if not row_budgets:
             row_budgets.update({id(budget): (b, budget) for b, budget in enumerate(budgets)})
         calls.append((len(budgets), [len(t) for t in trees], sizes))

@@ -175,6 +175,10 @@ def test_batch_prefix_prices_the_padded_batch_forward():
     assert batch_prefix_sizes(flat, trees) == [len(t) for t in trees]
     with pytest.raises(ValueError, match="differ in length"):
         batch_prefix_sizes(budgets, trees[:3])
+    # the rows' cells computed beforehand give the same choice (the batched loop passes them on)
+    assert batch_prefix_sizes(budgets, trees, [b.cells(t) for b, t in zip(budgets, trees)]) == sizes
+    with pytest.raises(ValueError, match="cells and trees differ"):
+        batch_prefix_sizes(budgets, trees, [budgets[0].cells(trees[0])])
 
 
 def test_batch_prefix_on_a_lazy_head_curve_adds_each_rows_head_chunks():
