@@ -49,7 +49,7 @@ def register(subparsers) -> None:
     src.add_argument("--prompts-jsonl", metavar="FILE",
                      help='many prompts, one JSON object a line: {"prompt": TEXT, "references": [TEXT, ...]}; '
                           "writes one JSON object a line (the completions, in order)")
-    p.add_argument("--max-batch-size", type=int, default=4, metavar="B",
+    p.add_argument("--max-batch-size", type=int, default=None, metavar="B",
                    help="with --prompts-jsonl: rows decoded together; the others join as rows finish (default 4)")
     p.add_argument("--model", metavar="DIR", default=None,
                    help="model directory or name (default: Gemma 3 270M, converted on first use)")
@@ -113,6 +113,10 @@ def run(args) -> int:
         raise ValueError(f"--retrieve must be >= 0, got {args.retrieve}")
     if args.retrieve and not args.index:
         raise ValueError(f"--retrieve {args.retrieve} needs --index FILE (the corpus to retrieve documents from)")
+    if args.max_batch_size is not None and not args.prompts_jsonl:
+        raise ValueError("--max-batch-size applies to --prompts-jsonl (one prompt decodes alone)")
+    if args.max_batch_size is None:
+        args.max_batch_size = 4
     if args.max_batch_size < 1:
         raise ValueError(f"--max-batch-size must be >= 1, got {args.max_batch_size}")
     if args.threads:

@@ -298,3 +298,5 @@ def test_cli_generate_max_batch_size_must_be_positive(tmp_path, capsys):
     (tmp_path / "in.jsonl").write_text('{"prompt": "a"}\n', encoding="utf-8")
     assert main(["generate", "--prompts-jsonl", str(tmp_path / "in.jsonl"), "--max-batch-size", "0"]) == 2
     assert "--max-batch-size must be >= 1, got 0" in capsys.readouterr().err
+    assert main(["generate", "--prompt", "a", "--max-batch-size", "2"]) == 2
+    assert "--max-batch-size applies to --prompts-jsonl" in capsys.readouterr().err
