@@ -100,7 +100,7 @@ import torch
 import torch.nn.functional as F
 
 from refdec.budget import AutoBudget, FixedBudget, batch_prefix_sizes, make_budget
-from refdec.cache import GrowingLayer, new_cache, set_prefill_window
+from refdec.cache import GrowingLayer, new_cache
 from refdec.masks import _finish, ancestor_matrix
 from refdec.sampling import TargetSampler, random_seed
 from refdec.tree import DraftTree
@@ -407,7 +407,6 @@ def generate_batch(decoder, prompts: list[np.ndarray], padded: np.ndarray | None
         key_pos = np.where(valid, np.cumsum(valid, axis=1) - 1, -1).astype(np.int64)
         q_pos = np.maximum(key_pos, 0)
         cache = new_cache()
-        sliding = decoder._sliding_layers  # Gemma 3: windowed while prefilling, as in the single-row loop
         for begin, end in prefill_spans(width, decoder.prefill_chunk):
             # the chunk's query rows [begin, end) against every key up to its end: causal over real
             # keys; padding rows see themselves only (no fully masked row)
@@ -416,20 +415,16 @@ def generate_batch(decoder, prompts: list[np.ndarray], padded: np.ndarray | None
             full = (key <= query)[None] & valid[:, None, :end]
             full |= (key == query)[None]
             # after the first chunk the sliding layers present only their last window - 1 columns
-            # plus the chunk (refdec.cache.set_prefill_window): their mask covers those columns only.
-            # Left padding keeps a row's columns and positions one offset apart, so every key
+            # plus the chunk (SpeculativeDecoder._prefill_forward): their mask covers those columns
+            # only. Left padding keeps a row's columns and positions one offset apart, so every key
             # column cut is out of every real query's window
-            sliding_from = 0
-            if begin and sliding:
-                set_prefill_window(cache, sliding, spec.window)
-                sliding_from = max(0, begin - spec.window + 1)
+            sliding_from = decoder._sliding_prefill_start(begin)
             mask = _mask_for(full, q_pos[:, begin:end], key_pos[:, :end], spec, device, sliding_from)
             # [B, V] after the last chunk: every row's last slot is a token
-            last = decoder._prefill_forward(cache, end == width, backbone is not None,
+            last = decoder._prefill_forward(cache, begin, end == width, backbone is not None,
                                             input_ids=torch.from_numpy(ids[:, begin:end]).to(device),
                                             position_ids=torch.from_numpy(q_pos[:, begin:end]).to(device),
                                             attention_mask=mask)
-        set_prefill_window(cache, sliding, None)  # the loop passes its own masks
         if do_sample:
             firsts = [rows[b].sampler.sample(last[i], prompt_lens[b]) for i, b in enumerate(group)]
         else:

@@ -401,16 +401,33 @@ class SpeculativeDecoder:
         kwargs[self._cache_kw] = cache
         return self.model(use_cache=True, **kwargs)
 
-    def _prefill_forward(self, cache, is_last: bool, use_split: bool, **inputs):
-        """One prefill chunk (``input_ids`` [B, T] and optional positions / mask) into ``cache``.
+    def _sliding_prefill_start(self, begin: int) -> int:
+        """The first key column the sliding-window layers present to the prefill chunk that
+        starts at column ``begin`` (see :meth:`_prefill_forward`); 0 = every column."""
+        if not (begin and self._sliding_layers):
+            return 0
+        return max(0, begin - self.mask_spec.window + 1)
+
+    def _prefill_forward(self, cache, begin: int, is_last: bool, use_split: bool, **inputs):
+        """One prefill chunk (``input_ids`` [B, T] and optional positions / mask) into ``cache``,
+        the chunk starting at column ``begin``. After the first chunk the sliding-window layers
+        (Gemma 3) present only their last ``window - 1`` entries plus the chunk
+        (refdec.cache.set_prefill_window; an explicit mask must cover the columns from
+        :meth:`_sliding_prefill_start`); after the last one they present every entry again.
         Returns float [B, V], the logits of each sequence's last slot, for the last chunk
         (``is_last``), else None. ``use_split``: through the backbone + verifier head (the
         head on that one row), else the model's own forward with ``logits_to_keep=1``."""
+        if begin and self._sliding_layers:  # the layers exist after the first chunk
+            set_prefill_window(cache, self._sliding_layers, self.mask_spec.window)
         if use_split:
             hidden = self._backbone_forward(cache, **inputs)  # [B, T, D]
-            return self._head.logits(hidden[:, -1]) if is_last else None
-        out = self._forward(cache, logits_to_keep=1, **inputs)
-        return out.logits[:, -1] if is_last else None
+            logits = self._head.logits(hidden[:, -1]) if is_last else None
+        else:
+            out = self._forward(cache, logits_to_keep=1, **inputs)
+            logits = out.logits[:, -1] if is_last else None
+        if is_last:
+            set_prefill_window(cache, self._sliding_layers, None)  # the decoding loop passes its own masks
+        return logits
 
     def _full_logits(self, cache, inputs):
         """float [1 + n, V]: every tree row's logits (verifier head when the model has a plain one)."""
@@ -542,12 +559,9 @@ class SpeculativeDecoder:
         t0 = time.perf_counter()
         cache = new_cache()
         for begin, end in prefill_spans(prompt_len, self.prefill_chunk):
-            if begin and self._sliding_layers:  # the layers exist after the first chunk
-                set_prefill_window(cache, self._sliding_layers, self.mask_spec.window)
-            logits = self._prefill_forward(cache, end == prompt_len, self._head is not None,
+            logits = self._prefill_forward(cache, begin, end == prompt_len, self._head is not None,
                                            input_ids=prompt_tensor[:, begin:end].to(self.device))
         last_logits = logits[0]
-        set_prefill_window(cache, self._sliding_layers, None)  # the loop passes its own masks
         first = sampler.sample(last_logits, prompt_len) if do_sample else int(last_logits.argmax())
         t1 = time.perf_counter()
         stats.prefill_seconds = t1 - t0

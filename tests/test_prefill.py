@@ -68,8 +68,6 @@ def test_the_batched_prefill_windows_gemma3_sliding_layers_and_keeps_rows_exact(
     """A left-padded batch prefilled in chunks of 5: after the first chunk the sliding
     layers present only window - 1 + 5 keys (their mask cut to those columns), the full
     layer every key, and each row still equals generate on that row alone."""
-    import refdec.batch as batch
-
     model = tiny_gemma3(sliding_window=8)
     sliding = [i for i, kind in enumerate(model.config.layer_types) if kind == "sliding_attention"]
     calls, presented = [], []
@@ -85,7 +83,7 @@ def test_the_batched_prefill_windows_gemma3_sliding_layers_and_keeps_rows_exact(
         presented.append((self.prefill_window, key_states.shape[-2], keys.shape[-2], self.keys.shape[-2]))
         return keys, values
 
-    monkeypatch.setattr(batch, "set_prefill_window", spy)
+    monkeypatch.setattr(decoding, "set_prefill_window", spy)
     monkeypatch.setattr(GrowingLayer, "update", recording_update)
     prompts = repetitive_prompts(3, seed=11) + [list(range(3, 40))]  # widths 15..37: left padding
     width = max(len(p) for p in prompts)
