@@ -85,16 +85,19 @@ def test_an_index_over_a_larger_vocabulary_never_feeds_an_unknown_token_to_the_m
     docs = [np.asarray(p[1:] + [150, 151, 152] + p[1:] + [VOCAB + 7] * 5, dtype=np.int32) for p in prompts]
     index = CorpusIndex.build(docs, vocab_size=4 * VOCAB, show_progress=False)
     assert index.vocab_size > model.config.vocab_size
-    decoder = decoding.SpeculativeDecoder(model, index=index)
+    from refdec.proposer import Proposer
+
+    # backoff=0: the context's shorter matches would otherwise outrank the index's drafts
+    decoder = decoding.SpeculativeDecoder(
+        model, index=index, proposer_factory=lambda index, references, max_depth: Proposer(
+            index=index, references=references, max_depth=max_depth, backoff=0))
     for prompt in prompts:
         with _FedIds(model) as fed:
             out = decoder.generate(prompt, max_new_tokens=16, eos_token_id=[], max_draft_tokens=32)
         assert out.sequences[0].tolist() == _hf_greedy(model, prompt, 16)
         assert max(int(ids.max()) for ids in fed.calls) < VOCAB
     # the drafts really did hold such ids before the filter
-    from refdec.proposer import Proposer
-
-    proposer = Proposer(index=index)
+    proposer = Proposer(index=index, backoff=0)
     proposer.start(np.asarray(prompts[0] + prompts[0][1:], dtype=np.int32))
     assert int(proposer.propose(32).token_ids.max()) >= VOCAB
 

@@ -228,9 +228,19 @@ def test_build_draft_combines_sources_explicitly():
 #
 def test_backoff_adds_the_continuations_of_a_shorter_match():
     prompt = arr([1, 2, 3, 9, 2, 4, 1, 2])
-    plain = Proposer(max_depth=2)
+    plain = Proposer(max_depth=2, backoff=0)
     plain.start(prompt)
     assert_tree(plain.propose(3), [3, 9], [-1, 0], scores=[0.5, 0.5])
     backoff = Proposer(max_depth=2, backoff=1)
     backoff.start(prompt)
     assert_tree(backoff.propose(3), [3, 9, 4], [-1, 0, -1], [CONTEXT] * 3, [0.5, 0.5, 1 / 6])
+    default = Proposer(max_depth=2)  # back-off by one shorter match is the default
+    default.start(prompt)
+    assert_tree(default.propose(3), [3, 9, 4], [-1, 0, -1], [CONTEXT] * 3, [0.5, 0.5, 1 / 6])
+
+
+@pytest.mark.parametrize("kwargs, name", [({"backoff": -1}, "backoff"), ({"backoff": 1.5}, "backoff"),
+                                          ({"backoff": True}, "backoff"), ({"min_backoff_len": 0}, "min_backoff_len")])
+def test_backoff_arguments_are_validated(kwargs, name):
+    with pytest.raises(ValueError, match=name):
+        Proposer(**kwargs)
