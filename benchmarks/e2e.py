@@ -16,6 +16,8 @@ Methods:
                    benchmarks/baselines.PromptLookup) in refdec's verifier: the verifier's share
     peer-arctic    ArcticInference's SuffixDecodingCache (if installed) as the proposer in
                    refdec's verifier, "auto" budget: the proposer's share
+    M+stdlib       refdec method M with the stdlib CorpusIndex whatever the workload's own
+                   index (e.g. refdec-auto+stdlib on edits: the corpus drafts new code)
 
 Workloads (benchmarks/workloads.py): edits (prompt = original file + change,
 references = [original]; refdec in editing mode, as ``refdec edit``),
@@ -142,6 +144,7 @@ class Runner:
         self.default_max_new_tokens = max_new_tokens
         self.edits_max_new_tokens = edits_max_new_tokens or max_new_tokens
         self.decoders: dict = {}
+        self.stdlib_index = None
 
     def decoder(self, method: str, workload: str, index, editing: bool):
         """One SpeculativeDecoder per (method, workload): "auto" learns within a workload."""
@@ -149,8 +152,9 @@ class Runner:
 
         key = (method, workload)
         if key not in self.decoders:
-            factory = (peer_factory(method) if method.startswith("peer-")
-                       else proposer_factory(editing, method == "refdec-chain"))
+            base = method.partition("+")[0]
+            factory = (peer_factory(base) if base.startswith("peer-")
+                       else proposer_factory(editing, base == "refdec-chain"))
             self.decoders[key] = SpeculativeDecoder(self.model, self.tokenizer, index=index,
                                                     proposer_factory=factory)
         return self.decoders[key]
@@ -159,7 +163,7 @@ class Runner:
         import torch
 
         ids = torch.tensor([case.prompt.tolist()], dtype=torch.long)
-        self.max_new_tokens = self.edits_max_new_tokens if workload == "edits" else self.default_max_new_tokens
+        self.max_new_tokens = self.edits_max_new_tokens if workload.startswith("edits") else self.default_max_new_tokens
         rec = {"method": method}
         if method.startswith("hf-"):
             kwargs = dict(do_sample=False, max_new_tokens=self.max_new_tokens, attention_mask=torch.ones_like(ids),
@@ -173,12 +177,19 @@ class Runner:
             tokens = out[0, ids.shape[1]:].tolist()
             rec.update(seconds=seconds, new_tokens=len(tokens), tokens=tokens)
             return rec
-        if method in ("refdec-auto", "refdec-chain", "peer-arctic"):
+        base, _, corpus = method.partition("+")
+        if corpus:
+            if corpus != "stdlib":
+                raise ValueError(f"unknown corpus suffix in method {method!r}; expected '+stdlib'")
+            if self.stdlib_index is None:  # loaded once (~5 s), outside any timing
+                self.stdlib_index = workloads.corpus_index("stdlib")
+            index = self.stdlib_index
+        if base in ("refdec-auto", "refdec-chain", "peer-arctic"):
             budget = "auto"
-        elif method == "peer-pld":
+        elif base == "peer-pld":
             budget = 10  # prompt_lookup_num_tokens=10, as hf-pld
         else:
-            budget = int(method.split("-")[1])
+            budget = int(base.split("-")[1])
         decoder = self.decoder(method, workload, index, editing)
         refs = [r.tolist() for r in case.references] or None
         t0 = time.perf_counter()
@@ -339,7 +350,7 @@ def main(argv=None) -> int:
     for wl_name in workload_names:
         wl = workloads.load_workload(wl_name, limits[wl_name], require_output=False)
         index = workloads.corpus_index(wl.corpus) if wl.corpus else None
-        editing = wl_name == "edits"
+        editing = wl_name.startswith("edits")
         wl_methods = [m for m in methods if m not in only or wl_name in only[m]]
         for case in wl.cases:
             order = wl_methods[rotation % len(wl_methods):] + wl_methods[: rotation % len(wl_methods)]

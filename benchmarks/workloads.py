@@ -38,7 +38,7 @@ OUTPUTS_DIR = CACHE_DIR / "outputs"
 # Chat-model outputs: categories of specbench / mtbench whose true output is the
 # default model's greedy continuation.
 GENERATED_WORKLOADS = ("summarization", "rag", "mtbench")
-ALL_WORKLOADS = ("edits", "humaneval", "summarization", "rag", "mtbench")
+ALL_WORKLOADS = ("edits", "edits+stdlib", "humaneval", "summarization", "rag", "mtbench")
 
 
 def data_dir() -> Path:
@@ -222,6 +222,8 @@ def load_generated(category: str, limit: int | None = None, require_output: bool
 def load_workload(name: str, limit: int | None = None, require_output: bool = True) -> Workload:
     if name == "edits":
         return load_edits(limit)
+    if name == "edits+stdlib":  # the same pairs, refdec also given the stdlib corpus index
+        return Workload(name, load_edits(limit).cases, corpus="stdlib")
     if name == "humaneval":
         return load_humaneval(limit)
     if name in GENERATED_WORKLOADS:
