@@ -54,6 +54,31 @@ def test_a_repeated_span_in_the_prompt_gives_a_chain_that_continues_it():
     assert_tree(proposer.propose(5), [7, 8, 9, 5, 6], [-1, 0, 1, 2, 3])
 
 
+def test_editing_mode_does_not_decay_a_loop_by_default():
+    # With the copy cursor on (editing mode) the loop's tokens are not scaled by 0.7 per looped
+    # token; loop_decay= overrides; without the cursor the default stays 0.7.
+    def context_scores(**kwargs):
+        proposer = Proposer(max_depth=12, references=[arr([40, 41, 42, 43])], **kwargs)
+        proposer.start(arr(REPEAT_PROMPT))
+        tree = proposer.propose(64)
+        on_context = tree.source_ids == CONTEXT
+        assert tree.token_ids[on_context].tolist()[:12] == [7, 8, 9, 5, 6] * 2 + [7, 8]
+        return tree.scores[on_context][:12]
+
+    editing = context_scores(cursor=True)  # the cursor's survival decay applies to both alike
+    np.testing.assert_allclose(context_scores(cursor=True, loop_decay=1.0), editing, rtol=1e-6)
+    np.testing.assert_allclose(context_scores(cursor=True, loop_decay=0.7) / editing,
+                               [1.0] * 5 + [0.7**k for k in range(1, 8)], rtol=1e-5)
+    np.testing.assert_allclose(context_scores(cursor=None), [0.5] * 5 + [0.5 * 0.7**k for k in range(1, 8)],
+                               rtol=1e-6)
+
+
+@pytest.mark.parametrize("bad", [-0.1, 1.5, "0.7", True, float("nan")])
+def test_loop_decay_is_validated(bad):
+    with pytest.raises(ValueError, match="loop_decay"):
+        Proposer(loop_decay=bad)
+
+
 def test_a_loop_is_drafted_for_many_periods():
     # A run of one token: "7" x 50, the draft is "7" to max_depth.
     proposer = Proposer(max_depth=20)
