@@ -212,11 +212,11 @@ def method_factory(name: str, workload, corpus=None, max_depth: int = 64):
             return None  # refdec-nocorpus only where the workload has a corpus
         import refdec
 
-        # "refdec:backoff=1:min_backoff_len=2": integer keyword arguments of Proposer
+        # "refdec:backoff=1:loop_decay=0.7": numeric keyword arguments of Proposer
         kwargs = {"max_depth": max_depth}
         for opt in opts:
             key, _, value = opt.partition("=")
-            kwargs[key] = int(value)
+            kwargs[key] = int(value) if value.lstrip("-").isdigit() else float(value)
         index = corpus if base == "refdec" else None
         return lambda case: refdec.Proposer(index=index, references=list(case.references) or None, **kwargs)
     if name == "arctic":

@@ -38,7 +38,11 @@ OUTPUTS_DIR = CACHE_DIR / "outputs"
 # Chat-model outputs: categories of specbench / mtbench whose true output is the
 # default model's greedy continuation.
 GENERATED_WORKLOADS = ("summarization", "rag", "mtbench")
-ALL_WORKLOADS = ("edits", "edits+stdlib", "humaneval", "summarization", "rag", "mtbench")
+ALL_WORKLOADS = ("edits", "edits+stdlib", "edits-model", "humaneval", "summarization", "rag", "mtbench")
+# edits-model: the edit prompts from this pair on, with the default model's own greedy output
+# (512 tokens, make_outputs.py --categories edits-model) as the true output: what the decoder
+# meets end to end. e2e.py benchmarks the first 10 pairs, so tuning on edits-model stays off them.
+EDITS_MODEL_FIRST = 10
 
 
 def data_dir() -> Path:
@@ -183,6 +187,26 @@ def load_edits(limit: int | None = None) -> Workload:
     return Workload("edits", cases)
 
 
+def edits_model_path(case: Case) -> Path:
+    """Cache file of the default model's output for an edit case (keyed by its prompt ids)."""
+    return OUTPUTS_DIR / f"edits-model-{_key('edits-model', ' '.join(map(str, case.prompt.tolist())))}.json"
+
+
+def load_edits_model(limit: int | None = None) -> Workload:
+    """The edit pairs from ``EDITS_MODEL_FIRST`` on whose model output is cached; the true
+    output is that output, the reference the original file (as ``edits``)."""
+    cases = []
+    for case in load_edits().cases[EDITS_MODEL_FIRST:]:
+        path = edits_model_path(case)
+        if not path.exists():
+            continue
+        output = np.asarray(json.loads(path.read_text())["output_ids"], dtype=np.int32)
+        cases.append(Case(prompt=case.prompt, references=case.references, output=output, name=case.name))
+        if limit and len(cases) >= limit:
+            break
+    return Workload("edits-model", cases)
+
+
 def load_humaneval(limit: int | None = None) -> Workload:
     rows = humaneval_rows()[:limit] if limit else humaneval_rows()
     texts = []
@@ -222,6 +246,8 @@ def load_generated(category: str, limit: int | None = None, require_output: bool
 def load_workload(name: str, limit: int | None = None, require_output: bool = True) -> Workload:
     if name == "edits":
         return load_edits(limit)
+    if name == "edits-model":
+        return load_edits_model(limit)
     if name == "edits+stdlib":  # the same pairs, refdec also given the stdlib corpus index
         return Workload(name, load_edits(limit).cases, corpus="stdlib")
     if name == "humaneval":

@@ -321,3 +321,17 @@ def test_longest_candidate_copy_takes_the_best_start_and_stops_at_the_budget():
     assert simulate._longest_candidate_copy(reference, [4, 0], truth, 1, budget=3) == 3
     assert simulate._longest_candidate_copy(reference, [4], truth, 1, budget=16) == 2
     assert simulate._longest_candidate_copy(reference, [], truth, 1, budget=16) == 0
+
+
+def test_refdec_method_options_pass_integers_and_floats_to_the_proposer():
+    pytest.importorskip("refdec")
+    import workloads
+
+    case = workloads.Case(prompt=np.array([1, 2, 3], dtype=np.int32), output=np.array([4], dtype=np.int32),
+                          references=[np.array([7, 8], dtype=np.int32)], name="c")
+    wl = workloads.Workload("w", [case])
+    proposer = simulate.method_factory("refdec:cursor=1:backoff=0:loop_decay=0.7", wl)(case)
+    assert proposer.backoff == 0 and isinstance(proposer.backoff, int)
+    assert proposer.loop_decay == pytest.approx(0.7)
+    assert proposer.cursor is not None
+    assert simulate.method_factory("refdec:cursor=1", wl)(case).loop_decay == 1.0  # editing mode's default
