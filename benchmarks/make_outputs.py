@@ -12,8 +12,8 @@ already cached are skipped, so the script can be interrupted and rerun.
 Category ``edits-model``: the edit prompts from pair ``workloads.EDITS_MODEL_FIRST`` on (original
 file as reference), up to ``--max-new-tokens`` (use 512, as e2e.py's edits) by refdec's
 ``SpeculativeDecoder`` in editing mode: the same tokens as ``model.generate`` greedy (refdec's
-tests and every e2e run assert it), ~8x faster on this CPU. The first 3 are also decoded by
-``model.generate`` and compared; a difference stops the script.
+tests and every e2e run assert it), ~8x faster on this CPU. The first 3 decoded in a run are
+also decoded by ``model.generate`` and compared; a difference stops the script.
 
     python benchmarks/make_outputs.py --categories edits-model --limit 30 --max-new-tokens 512
 """
@@ -21,8 +21,6 @@ tests and every e2e run assert it), ~8x faster on this CPU. The first 3 are also
 from __future__ import annotations
 
 import argparse
-import json
-import os
 import sys
 import time
 from pathlib import Path
@@ -83,9 +81,7 @@ def main(argv=None) -> int:
                 "model": "gemma-3-270m", "dtype": "float32", "max_new_tokens": args.max_new_tokens,
                 "do_sample": False,
             }
-            tmp = path.with_suffix(".tmp")
-            tmp.write_text(json.dumps(rec))
-            os.replace(tmp, path)
+            workloads.write_json_atomic(path, rec)
             done += 1
             print(f"{category}/{i}: {ids.shape[1]} prompt + {len(new)} new tokens in "
                   f"{time.time() - t0:.1f}s", flush=True)
@@ -99,7 +95,7 @@ def make_edit_outputs(model, tok, args, checked: int = 3) -> None:
     from refdec.decoding import SpeculativeDecoder
 
     decoder = SpeculativeDecoder(model, tok)
-    done = 0
+    done = compared = 0
     for case in workloads.load_edits().cases[workloads.EDITS_MODEL_FIRST:]:
         if done >= args.limit:
             break
@@ -116,7 +112,8 @@ def make_edit_outputs(model, tok, args, checked: int = 3) -> None:
                                max_new_tokens=args.max_new_tokens)
         new = out.sequences[0, ids.shape[1]:].tolist()
         seconds = time.time() - t0
-        if done < checked:
+        if compared < checked:
+            compared += 1
             with torch.no_grad():
                 want = model.generate(ids, max_new_tokens=args.max_new_tokens, do_sample=False,
                                       pad_token_id=tok.eos_token_id)[0, ids.shape[1]:].tolist()
@@ -125,9 +122,7 @@ def make_edit_outputs(model, tok, args, checked: int = 3) -> None:
         rec = {"category": "edits-model", "case": case.name, "prompt_ids": case.prompt.tolist(),
                "output_ids": new, "model": "gemma-3-270m", "dtype": "float32",
                "max_new_tokens": args.max_new_tokens, "do_sample": False, "decoder": "refdec (lossless)"}
-        tmp = path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(rec))
-        os.replace(tmp, path)
+        workloads.write_json_atomic(path, rec)
         done += 1
         print(f"edits-model {case.name}: {len(case.prompt)} prompt + {len(new)} new tokens in {seconds:.1f}s",
               flush=True)

@@ -128,6 +128,15 @@ def encode(text: str, *, bos: bool) -> np.ndarray:
     return np.asarray(ids, dtype=np.int32)
 
 
+def write_json_atomic(path: Path, obj) -> None:
+    """Writes ``obj`` as JSON to ``path`` under a temporary name, then renames it: a killed
+    run leaves no half-written cache file."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(obj))
+    os.replace(tmp, path)
+
+
 def _cached_token_lists(name: str, texts: list) -> list:
     """Encode ``texts`` (pairs (text, bos)) once; cache the ids as JSON."""
     key = _key(name, *(f"{int(b)}{t}" for t, b in texts))
@@ -136,10 +145,7 @@ def _cached_token_lists(name: str, texts: list) -> list:
         lists = json.loads(path.read_text())
     else:
         lists = [encode(t, bos=b).tolist() for t, b in texts]
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(lists))
-        os.replace(tmp, path)
+        write_json_atomic(path, lists)
     return [np.asarray(x, dtype=np.int32) for x in lists]
 
 

@@ -186,13 +186,12 @@ class Proposer:
                  cursor: CursorParams | bool | None = None) -> None:
         if index is not None and not isinstance(index, CorpusIndex):
             raise ValueError(f"index must be a refdec.CorpusIndex or None, got {type(index).__name__}")
-        if isinstance(max_depth, bool) or not isinstance(max_depth, (int, np.integer)) or max_depth < 1:
-            raise ValueError(f"max_depth must be a positive integer, got {max_depth!r}")
-        self.index = index
-        self.max_depth = int(max_depth)
-        for name, value, lowest in (("backoff", backoff, 0), ("min_backoff_len", min_backoff_len, 1)):
+        for name, value, lowest in (("max_depth", max_depth, 1), ("backoff", backoff, 0),
+                                    ("min_backoff_len", min_backoff_len, 1)):
             if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < lowest:
                 raise ValueError(f"{name} must be an integer >= {lowest}, got {value!r}")
+        self.index = index
+        self.max_depth = int(max_depth)
         self.backoff = int(backoff)
         self.min_backoff_len = int(min_backoff_len)
         if isinstance(cursor, (bool, int, np.integer)) and not isinstance(cursor, CursorParams):

@@ -265,7 +265,8 @@ def test_backoff_adds_the_continuations_of_a_shorter_match():
 
 
 @pytest.mark.parametrize("kwargs, name", [({"backoff": -1}, "backoff"), ({"backoff": 1.5}, "backoff"),
-                                          ({"backoff": True}, "backoff"), ({"min_backoff_len": 0}, "min_backoff_len")])
-def test_backoff_arguments_are_validated(kwargs, name):
+                                          ({"backoff": True}, "backoff"), ({"min_backoff_len": 0}, "min_backoff_len"),
+                                          ({"max_depth": 0}, "max_depth"), ({"max_depth": 2.0}, "max_depth")])
+def test_integer_arguments_are_validated(kwargs, name):
     with pytest.raises(ValueError, match=name):
         Proposer(**kwargs)
