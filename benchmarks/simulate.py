@@ -284,7 +284,16 @@ LOSS_KINDS = ("empty tree", "wrong first token", "wrong branch", "path ended (bu
 
 
 def diagnose(workload_name: str, budget: int, limit=None, corpus=None, anchor: int = 0) -> dict:
-    """Replays refdec on a workload and, at each of its steps, the oracle chain
+    """:func:`diagnose_cases` over a workload (its corpus index unless ``corpus`` is given)."""
+    wl = workloads.load_workload(workload_name, limit)
+    if corpus is None and wl.corpus:
+        corpus = workloads.corpus_index(wl.corpus)
+    return {"workload": workload_name, **diagnose_cases(wl.cases, budget, corpus=corpus, anchor=anchor)}
+
+
+def diagnose_cases(cases, budget: int, corpus=None, anchor: int = 0) -> dict:
+    """Replays refdec as the decoder runs it (editing mode, i.e. the copy cursor,
+    when a case has references) and, at each of its steps, the oracle chain
     from the same position: classifies the steps where refdec accepted fewer
     tokens than the oracle's copied run, and sums the tokens lost per kind.
 
@@ -300,9 +309,6 @@ def diagnose(workload_name: str, budget: int, limit=None, corpus=None, anchor: i
     """
     import refdec
 
-    wl = workloads.load_workload(workload_name, limit)
-    if corpus is None and wl.corpus:
-        corpus = workloads.corpus_index(wl.corpus)
     lost = dict.fromkeys(LOSS_KINDS, 0)
     count = dict.fromkeys(LOSS_KINDS, 0)
     match_hist = {kind: [] for kind in LOSS_KINDS}
@@ -311,10 +317,11 @@ def diagnose(workload_name: str, budget: int, limit=None, corpus=None, anchor: i
     rank_hist = dict.fromkeys(RANK_BUCKETS, 0)
     root_kids = []
     total_steps = total_tokens = refdec_acc = oracle_acc = 0
-    for case in wl.cases:
+    for case in cases:
         truth = np.asarray(case.output, dtype=np.int32)
         truth_list = truth.tolist()
-        prop = refdec.Proposer(index=corpus, references=list(case.references) or None, max_depth=64)
+        prop = refdec.Proposer(index=corpus, references=list(case.references) or None, max_depth=64,
+                               cursor=bool(case.references))
         oracle = baselines.OracleChain(truth, anchor=anchor)
         peer = baselines.CursorLookup()
         prop.start(case.prompt)
@@ -370,7 +377,7 @@ def diagnose(workload_name: str, budget: int, limit=None, corpus=None, anchor: i
             peer.accept(truth[pos:pos + adv])
             pos += adv
         total_tokens += len(truth_list)
-    return {"workload": workload_name, "budget": budget, "oracle": "oracle-suffix1" if anchor else "oracle-chain",
+    return {"budget": budget, "oracle": "oracle-suffix1" if anchor else "oracle-chain",
             "steps": total_steps, "tokens": total_tokens,
             "refdec_accepted": refdec_acc, "oracle_accepted_same_positions": oracle_acc,
             "lost_tokens": lost, "loss_steps": count,

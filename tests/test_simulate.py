@@ -283,19 +283,41 @@ def test_reference_offsets_lists_every_occurrence_relative_to_the_anchor():
     assert simulate._reference_offsets(reference, [], anchor=0) == []
 
 
-def test_ceiling_hybrids_reproduce_refdec_alone_and_the_oracle_chain():
+def _synthetic_edit_cases(n_cases: int = 3) -> list:
     import workloads
 
-    refdec = pytest.importorskip("refdec")
     rng = np.random.default_rng(3)
     cases = []
-    for _ in range(3):
+    for _ in range(n_cases):
         reference = rng.integers(10, 60, size=300).astype(np.int32)
         # an edit: a deletion, an insertion of new text, and a block moved from behind
         output = np.concatenate([reference[:80], reference[100:150], rng.integers(60, 90, size=12),
                                  reference[20:60], reference[150:]]).astype(np.int32)
         prompt = np.concatenate([[1], reference, [2, 3]]).astype(np.int32)
         cases.append(workloads.Case(prompt=prompt, references=[reference], output=output, name="synthetic"))
+    return cases
+
+
+def test_diagnose_replays_refdec_as_the_decoder_runs_it():
+    # With references the decoder turns the copy cursor on: the diagnosis must replay the same
+    # trajectory (it once replayed suffix drafting alone, blaming the cursor-less proposer's losses).
+    refdec = pytest.importorskip("refdec")
+    cases = _synthetic_edit_cases()
+    budget = 16
+    got = simulate.diagnose_cases(cases, budget)
+    replays = [simulate.replay(refdec.Proposer(references=list(c.references), max_depth=64, cursor=True),
+                               c.prompt, c.output, budget) for c in cases]
+    without_cursor = [simulate.replay(refdec.Proposer(references=list(c.references), max_depth=64),
+                                      c.prompt, c.output, budget) for c in cases]
+    assert got["steps"] == sum(len(r.advanced) for r in replays)
+    assert got["steps"] != sum(len(r.advanced) for r in without_cursor)  # the cursor changes the trajectory
+    assert got["tokens"] == sum(len(c.output) for c in cases)
+    assert sum(got["loss_steps"].values()) <= got["steps"]
+
+
+def test_ceiling_hybrids_reproduce_refdec_alone_and_the_oracle_chain():
+    refdec = pytest.importorskip("refdec")
+    cases = _synthetic_edit_cases()
     budget = 16
     got = simulate.ceiling_cases(cases, budget)
 
