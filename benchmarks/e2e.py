@@ -4,9 +4,11 @@ prompt-lookup decoding, side by side in one run, methods alternated per prompt.
     python benchmarks/e2e.py [--workloads edits,summarization,rag,humaneval,mtbench] [--limit N]
         [--max-new-tokens 128] [--methods hf-greedy,hf-pld,refdec-auto,...] [--threads 2]
         [--quick] [--json OUT]
+    python benchmarks/e2e.py --sample [--temperature 0.7] [--top-p P] [--top-k K] [--seed 0] ...
 
 Methods:
     hf-greedy      model.generate(do_sample=False)
+    hf-sample      (--sample) model.generate(do_sample=True, temperature=..., top_k=..., top_p=...)
     hf-pld         model.generate(do_sample=False, prompt_lookup_num_tokens=10)
     refdec-auto    refdec, max_draft_tokens="auto" (the cost-curve budget, refdec.budget.AutoBudget)
     refdec-chain   the same proposer cut to its best path (one chain, no tree), "auto" budget
@@ -25,8 +27,13 @@ summarization and rag (Spec-Bench), humaneval (with the stdlib CorpusIndex),
 mtbench (first turns). Every method's output must be token-identical to
 hf-greedy's: a mismatch is printed loudly and the exit status is 1.
 
+Sampling (``--sample``): every method samples with the same temperature / top-k / top-p;
+refdec's methods with the same seed, so each must give exactly the tokens of refdec-0 (refdec's
+plain sampler: the identity reference then); HF's sampler draws other tokens from the same
+distribution, so its speed is compared in tokens/s (the timing reference: hf-sample).
+
 Each prompt runs every method once (the order rotates from prompt to prompt);
-the ratio to hf-greedy is taken per prompt, then summarised (median, min, max).
+the ratio to the timing reference (hf-greedy, or hf-sample) in tokens/s is taken per prompt, then summarised (median, min, max).
 On a shared machine only these ratios mean something, not absolute times.
 """
 
@@ -138,8 +145,10 @@ def proposer_factory(editing: bool, chain: bool):
 # ---------------------------------------------------------------- running
 
 class Runner:
-    def __init__(self, model, tokenizer, max_new_tokens: int, edits_max_new_tokens: int | None = None) -> None:
+    def __init__(self, model, tokenizer, max_new_tokens: int, edits_max_new_tokens: int | None = None,
+                 sampling: dict | None = None) -> None:
         self.model = model
+        self.sampling = sampling  # None = greedy, else temperature / top_k / top_p / seed
         self.tokenizer = tokenizer
         self.default_max_new_tokens = max_new_tokens
         self.edits_max_new_tokens = edits_max_new_tokens or max_new_tokens
@@ -170,6 +179,12 @@ class Runner:
                           pad_token_id=self.tokenizer.pad_token_id)
             if method == "hf-pld":
                 kwargs["prompt_lookup_num_tokens"] = 10
+            if method == "hf-sample":
+                sp = self.sampling
+                # explicit: the model's generation_config may carry its own top_k / top_p
+                kwargs.update(do_sample=True, temperature=sp["temperature"], top_k=sp["top_k"] or 0,
+                              top_p=sp["top_p"] if sp["top_p"] is not None else 1.0)
+                torch.manual_seed(sp["seed"])
             t0 = time.perf_counter()
             with torch.inference_mode():
                 out = self.model.generate(ids, **kwargs)
@@ -193,8 +208,9 @@ class Runner:
         decoder = self.decoder(method, workload, index, editing)
         refs = [r.tolist() for r in case.references] or None
         t0 = time.perf_counter()
+        sample_kwargs = {} if self.sampling is None else dict(do_sample=True, **self.sampling)
         out = decoder.generate(ids, references=refs, max_new_tokens=self.max_new_tokens,
-                               max_draft_tokens=budget)
+                               max_draft_tokens=budget, **sample_kwargs)
         seconds = time.perf_counter() - t0
         tokens = out.sequences[0, ids.shape[1]:].tolist()
         s = out.stats
@@ -208,7 +224,8 @@ class Runner:
         return rec
 
 
-def summarize(records: list, methods: list, workload_names: list) -> dict:
+def summarize(records: list, methods: list, workload_names: list, baseline: str = "hf-greedy") -> dict:
+    """Per (workload, method): tokens/s ratio to ``baseline`` per prompt (median, min, max), etc."""
     summary = {}
     for wl in workload_names:
         rows = [r for r in records if r["workload"] == wl]
@@ -220,22 +237,24 @@ def summarize(records: list, methods: list, workload_names: list) -> dict:
             if p:
                 prefill[case] = statistics.median(p)
         for method in methods:
-            ratios, decode_ratios, tps, tpp, identical = [], [], [], [], True
+            ratios, decode_ratios, tps, tpp, identical = [], [], [], [], None  # None: nothing comparable
             for case in cases:
-                base = next((r for r in rows if r["case"] == case and r["method"] == "hf-greedy"), None)
+                base = next((r for r in rows if r["case"] == case and r["method"] == baseline), None)
                 mine = next((r for r in rows if r["case"] == case and r["method"] == method), None)
                 if mine is None:
                     continue
                 tps.append(mine["new_tokens"] / mine["seconds"])
                 if "tokens_per_pass" in mine:
                     tpp.append(mine["tokens_per_pass"])
-                identical &= bool(mine.get("identical", True))
+                if mine.get("identical") is not None:
+                    identical = identical is not False and bool(mine["identical"])
                 if base is not None:
-                    ratios.append(base["seconds"] / mine["seconds"])
+                    # tokens/s (greedy: the same tokens, so the time ratio)
+                    ratios.append((mine["new_tokens"] / mine["seconds"]) / (base["new_tokens"] / base["seconds"]))
                     if case in prefill:
                         own = mine["split"]["prefill"] if mine.get("split") else prefill[case]
-                        den = mine["seconds"] - own
-                        num = base["seconds"] - prefill[case]
+                        den = (mine["seconds"] - own) / mine["new_tokens"]
+                        num = (base["seconds"] - prefill[case]) / base["new_tokens"]
                         if den > 0 and num > 0:
                             decode_ratios.append(num / den)
             if not tps:
@@ -246,7 +265,7 @@ def summarize(records: list, methods: list, workload_names: list) -> dict:
                 "ratio_min": min(ratios) if ratios else None, "ratio_max": max(ratios) if ratios else None,
                 "decode_ratio_median": statistics.median(decode_ratios) if decode_ratios else None,
                 "prefill_share_median": (statistics.median(prefill[c] / r["seconds"] for r in rows
-                                                           for c in [r["case"]] if r["method"] == "hf-greedy"
+                                                           for c in [r["case"]] if r["method"] == baseline
                                                            and c in prefill) if prefill else None),
                 "tokens_per_second_median": statistics.median(tps),
                 "tokens_per_pass_median": statistics.median(tpp) if tpp else None,
@@ -255,8 +274,8 @@ def summarize(records: list, methods: list, workload_names: list) -> dict:
     return summary
 
 
-def markdown(summary: dict, methods: list, workload_names: list) -> str:
-    lines = ["| workload | method | cases | speed-up vs HF greedy (median [min, max]) | decode-only speed-up (est.) "
+def markdown(summary: dict, methods: list, workload_names: list, baseline: str = "hf-greedy") -> str:
+    lines = [f"| workload | method | cases | speed-up vs {baseline} (median [min, max]) | decode-only speed-up (est.) "
              "| tokens/s | tokens/pass | identical |",
              "|---|---|---|---|---|---|---|---|"]
     for wl in workload_names:
@@ -269,8 +288,14 @@ def markdown(summary: dict, methods: list, workload_names: list) -> str:
             tpp = f"{s['tokens_per_pass_median']:.2f}" if s["tokens_per_pass_median"] is not None else "-"
             dec = f"{s['decode_ratio_median']:.2f}x" if s.get("decode_ratio_median") else "-"
             lines.append(f"| {wl} | {method} | {s['cases']} | {ratio} | {dec} | {s['tokens_per_second_median']:.2f} | "
-                         f"{tpp} | {'yes' if s['identical'] else '**NO**'} |")
+                         f"{tpp} | {_identical_cell(s['identical'])} |")
     return "\n".join(lines)
+
+
+def _identical_cell(identical) -> str:
+    if identical is None:
+        return "n/a (another sampler)"
+    return "yes" if identical else "**NO**"
 
 
 def _git_commit() -> str | None:
@@ -297,13 +322,20 @@ def main(argv=None) -> int:
     ap.add_argument("--quick", action="store_true", help="a ~5-minute run: 2 prompts per workload, 64 tokens")
     ap.add_argument("--json", default=None, help="results JSON path (default benchmarks/out/e2e-<time>.json)")
     ap.add_argument("--resummarize", default=None, metavar="JSON", help="recompute the summary of a results file")
+    ap.add_argument("--sample", action="store_true",
+                    help="sample instead of greedy: hf-sample times, refdec-0 (same seed) is the identity reference")
+    ap.add_argument("--temperature", type=float, default=0.7)
+    ap.add_argument("--top-k", type=int, default=None)
+    ap.add_argument("--top-p", type=float, default=None)
+    ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args(argv)
 
     if args.resummarize:
         path = Path(args.resummarize)
         data = json.loads(path.read_text())
-        data["summary"] = summarize(data["records"], data["methods"], data["workloads"])
-        data["markdown"] = markdown(data["summary"], data["methods"], data["workloads"])
+        baseline = data.get("baseline", "hf-greedy")
+        data["summary"] = summarize(data["records"], data["methods"], data["workloads"], baseline)
+        data["markdown"] = markdown(data["summary"], data["methods"], data["workloads"], baseline)
         path.write_text(json.dumps(data, indent=1, default=str) + "\n")
         print(data["markdown"])
         return 1 if data.get("mismatches") else 0
@@ -316,8 +348,23 @@ def main(argv=None) -> int:
 
     workload_names = [w for w in args.workloads.split(",") if w]
     methods = [m for m in args.methods.split(",") if m]
-    if "hf-greedy" not in methods:
-        methods.insert(0, "hf-greedy")  # the reference for identity and ratios
+    sampling = None
+    baseline, identity_ref = "hf-greedy", "hf-greedy"  # the references for ratios and for identity
+    if args.sample:
+        if args.methods == ap.get_default("methods"):
+            methods = ["hf-sample", "refdec-0", "refdec-auto", "refdec-chain"]
+        greedy_only = [m for m in methods if m in ("hf-greedy", "hf-pld")]
+        if greedy_only:
+            ap.error(f"--sample: {greedy_only} decode greedily; use hf-sample")
+        if not args.temperature > 0:
+            ap.error(f"--temperature must be > 0, got {args.temperature}")
+        sampling = dict(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, seed=args.seed)
+        baseline, identity_ref = "hf-sample", "refdec-0"
+    elif "hf-sample" in methods:
+        ap.error("hf-sample needs --sample")
+    for ref in dict.fromkeys((identity_ref, baseline)):
+        if ref not in methods:
+            methods.insert(0, ref)
     if args.quick:
         args.max_new_tokens = min(args.max_new_tokens, 64)
     limits = {w: (args.limit if args.limit else (2 if args.quick else (6 if w == "edits" else 4)))
@@ -337,7 +384,7 @@ def main(argv=None) -> int:
           + ", ".join(f"{n}:{s * 1e3:.0f}ms" for n, s in zip(curve.nodes, curve.seconds))
           + (f"; head chunk of {curve.head_chunk_rows} rows {curve.head_chunk_seconds * 1e3:.0f}ms"
              if curve.lazy_head else ""), flush=True)
-    runner = Runner(model, tok, args.max_new_tokens, args.edits_max_new_tokens)
+    runner = Runner(model, tok, args.max_new_tokens, args.edits_max_new_tokens, sampling)
     # warm-up (kernels, allocator)
     warm = workloads.load_workload("mtbench", 1).cases or workloads.load_workload("humaneval", 1).cases
     with torch.inference_mode():
@@ -360,33 +407,36 @@ def main(argv=None) -> int:
                 rec = runner.run(method, wl_name, case, index, editing)
                 rec.update(workload=wl_name, case=case.name, prompt_tokens=int(len(case.prompt)))
                 results[method] = rec
-            want = results["hf-greedy"]["tokens"]
+            want = results[identity_ref]["tokens"]
             for method, rec in results.items():
-                rec["identical"] = rec["tokens"] == want
-                if not rec["identical"]:
+                # HF's sampler draws other tokens from the same distribution: not comparable
+                rec["identical"] = None if method == "hf-sample" else rec["tokens"] == want
+                if rec["identical"] is False:
                     first = next((i for i, (a, b) in enumerate(zip(rec["tokens"], want)) if a != b),
                                  min(len(rec["tokens"]), len(want)))
                     mismatches.append((wl_name, case.name, method, first))
-                    print(f"!!!!! MISMATCH {wl_name} {case.name} {method}: differs from hf-greedy at "
+                    print(f"!!!!! MISMATCH {wl_name} {case.name} {method}: differs from {identity_ref} at "
                           f"new token {first}", flush=True)
-            base = results["hf-greedy"]["seconds"]
-            line = " ".join(f"{m}={base / results[m]['seconds']:.2f}x" for m in wl_methods if m != "hf-greedy")
+            base = results[baseline]
+            base_tps = base["new_tokens"] / base["seconds"]
+            line = " ".join(f"{m}={results[m]['new_tokens'] / results[m]['seconds'] / base_tps:.2f}x"
+                            for m in wl_methods if m != baseline)
             tpp = results.get("refdec-auto", {}).get("tokens_per_pass")
             print(f"[{time.time() - started:6.0f}s] {wl_name} {case.name} ({len(case.prompt)} prompt tokens, "
-                  f"{len(want)} new; hf-greedy {len(want) / base:.2f} tok/s): {line}"
+                  f"{len(want)} new; {baseline} {base_tps:.2f} tok/s): {line}"
                   + (f"; auto {tpp:.2f} tok/pass" if tpp else ""), flush=True)
             for rec in results.values():
-                rec["tokens"] = rec["tokens"] if rec["method"] == "hf-greedy" else None
+                rec["tokens"] = rec["tokens"] if rec["method"] == identity_ref else None
                 records.append(rec)
 
-    summary = summarize(records, methods, workload_names)
-    table = markdown(summary, methods, workload_names)
+    summary = summarize(records, methods, workload_names, baseline)
+    table = markdown(summary, methods, workload_names, baseline)
     print()
     print(table)
     auto_chosen = {f"{m}/{w}": d._auto_budget.chosen for (m, w), d in runner.decoders.items()
                    if d._auto_budget is not None}
     payload = {
-        "args": vars(args), "methods": methods, "workloads": workload_names, "limits": limits,
+        "args": vars(args), "methods": methods, "baseline": baseline, "identity_reference": identity_ref, "workloads": workload_names, "limits": limits,
         "cost_curve": curve.to_json(), "records": records, "summary": summary, "markdown": table,
         "mismatches": mismatches, "auto_chosen_nodes": auto_chosen, "git_commit": _git_commit(),
         "machine": {"platform": platform.platform(), "torch_threads": args.threads},

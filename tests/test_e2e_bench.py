@@ -1,0 +1,81 @@
+"""benchmarks/e2e.py's bookkeeping: the ratios, the identity column and the sampling mode's
+plumbing, on hand-made records and a tiny model (no data, no real model)."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+
+import e2e  # noqa: E402
+import workloads  # noqa: E402
+from tiny_models import repetitive_prompts, tiny_llama  # noqa: E402
+
+
+def _rec(method, case, seconds, new_tokens, identical, prefill=None):
+    rec = {"method": method, "workload": "w", "case": case, "seconds": seconds, "new_tokens": new_tokens,
+           "identical": identical}
+    if prefill is not None:
+        rec["split"] = {"prefill": prefill}
+    return rec
+
+
+def test_greedy_ratios_are_time_ratios_and_a_mismatch_shows():
+    records = [_rec("hf-greedy", "a", 10.0, 100, True), _rec("refdec-auto", "a", 2.0, 100, True, prefill=1.0),
+               _rec("hf-greedy", "b", 12.0, 100, True), _rec("refdec-auto", "b", 4.0, 100, False, prefill=2.0)]
+    summary = e2e.summarize(records, ["hf-greedy", "refdec-auto"], ["w"])
+    auto = summary["w/refdec-auto"]
+    assert auto["ratio_median"] == pytest.approx((5.0 + 3.0) / 2)
+    assert (auto["ratio_min"], auto["ratio_max"]) == pytest.approx((3.0, 5.0))
+    # decode-only: (10 - 1) / (2 - 1) and (12 - 2) / (4 - 2)
+    assert auto["decode_ratio_median"] == pytest.approx((9.0 + 5.0) / 2)
+    assert auto["identical"] is False
+    table = e2e.markdown(summary, ["hf-greedy", "refdec-auto"], ["w"])
+    assert "**NO**" in table and "speed-up vs hf-greedy" in table
+
+
+def test_sampling_ratios_are_in_tokens_per_second_and_hf_sample_is_not_compared():
+    # HF's sampler stops at another length (its own tokens): compare tokens/s, never identity
+    records = [_rec("hf-sample", "a", 10.0, 50, None), _rec("refdec-0", "a", 8.0, 100, True),
+               _rec("refdec-auto", "a", 4.0, 100, True)]
+    methods = ["hf-sample", "refdec-0", "refdec-auto"]
+    summary = e2e.summarize(records, methods, ["w"], baseline="hf-sample")
+    assert summary["w/refdec-0"]["ratio_median"] == pytest.approx((100 / 8) / (50 / 10))
+    assert summary["w/refdec-auto"]["ratio_median"] == pytest.approx((100 / 4) / (50 / 10))
+    assert summary["w/hf-sample"]["identical"] is None
+    assert summary["w/refdec-auto"]["identical"] is True
+    table = e2e.markdown(summary, methods, ["w"], baseline="hf-sample")
+    assert "n/a" in table and "**NO**" not in table and "speed-up vs hf-sample" in table
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    torch.manual_seed(0)
+    return tiny_llama(seed=2, scale=8.0).to(torch.float64)  # peaked: samples repeat the prompt
+
+
+def _case():
+    prompt = np.asarray(repetitive_prompts(1, seed=3)[0], dtype=np.int32)
+    return workloads.Case(prompt=prompt, output=np.zeros(0, dtype=np.int32), references=[], name="tiny")
+
+
+def test_sampling_runner_gives_refdec_0_tokens_with_drafts_and_hf_samples_at_the_temperature(tiny):
+    sampling = dict(temperature=0.7, top_k=None, top_p=0.9, seed=5)
+    runner = e2e.Runner(tiny, SimpleNamespace(pad_token_id=0), max_new_tokens=24, sampling=sampling)
+    case = _case()
+    plain = runner.run("refdec-0", "w", case, None, editing=False)
+    drafted = runner.run("refdec-8", "w", case, None, editing=False)
+    assert plain["passes"] == 24 and drafted["passes"] < 24  # the drafts were verified, several per pass
+    assert drafted["tokens"] == plain["tokens"]
+    greedy = e2e.Runner(tiny, SimpleNamespace(pad_token_id=0), max_new_tokens=24).run(
+        "refdec-0", "w", case, None, editing=False)
+    assert greedy["tokens"] != plain["tokens"]  # it did sample
+    hf = runner.run("hf-sample", "w", case, None, editing=False)
+    assert len(hf["tokens"]) == 24
+    assert runner.run("hf-sample", "w", case, None, editing=False)["tokens"] == hf["tokens"]  # seeded
