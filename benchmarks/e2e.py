@@ -33,7 +33,8 @@ plain sampler: the identity reference then); HF's sampler draws other tokens fro
 distribution, so its speed is compared in tokens/s (the timing reference: hf-sample).
 
 Each prompt runs every method once (the order rotates from prompt to prompt);
-the ratio to the timing reference (hf-greedy, or hf-sample) in tokens/s is taken per prompt, then summarised (median, min, max).
+the ratio to the timing reference (hf-greedy, or hf-sample) in tokens/s is taken per
+prompt, then summarised (median, min, max).
 On a shared machine only these ratios mean something, not absolute times.
 """
 
@@ -248,7 +249,7 @@ def summarize(records: list, methods: list, workload_names: list, baseline: str 
                     tpp.append(mine["tokens_per_pass"])
                 if mine.get("identical") is not None:
                     identical = identical is not False and bool(mine["identical"])
-                if base is not None:
+                if base is not None and base["new_tokens"] and mine["new_tokens"]:
                     # tokens/s (greedy: the same tokens, so the time ratio)
                     ratios.append((mine["new_tokens"] / mine["seconds"]) / (base["new_tokens"] / base["seconds"]))
                     if case in prefill:
