@@ -156,13 +156,13 @@ class Runner:
         self.decoders: dict = {}
         self.stdlib_index = None
 
-    def decoder(self, method: str, workload: str, index, editing: bool):
-        """One SpeculativeDecoder per (method, workload): "auto" learns within a workload."""
+    def decoder(self, method: str, base: str, workload: str, index, editing: bool):
+        """One SpeculativeDecoder per (method, workload): "auto" learns within a workload.
+        ``base``: the method without its ``+corpus`` suffix (it picks the proposer)."""
         from refdec.decoding import SpeculativeDecoder
 
         key = (method, workload)
         if key not in self.decoders:
-            base = method.partition("+")[0]
             factory = (peer_factory(base) if base.startswith("peer-")
                        else proposer_factory(editing, base == "refdec-chain"))
             self.decoders[key] = SpeculativeDecoder(self.model, self.tokenizer, index=index,
@@ -206,7 +206,7 @@ class Runner:
             budget = 10  # prompt_lookup_num_tokens=10, as hf-pld
         else:
             budget = int(base.split("-")[1])
-        decoder = self.decoder(method, workload, index, editing)
+        decoder = self.decoder(method, base, workload, index, editing)
         refs = [r.tolist() for r in case.references] or None
         t0 = time.perf_counter()
         sample_kwargs = {} if self.sampling is None else dict(do_sample=True, **self.sampling)
@@ -437,7 +437,8 @@ def main(argv=None) -> int:
     auto_chosen = {f"{m}/{w}": d._auto_budget.chosen for (m, w), d in runner.decoders.items()
                    if d._auto_budget is not None}
     payload = {
-        "args": vars(args), "methods": methods, "baseline": baseline, "identity_reference": identity_ref, "workloads": workload_names, "limits": limits,
+        "args": vars(args), "methods": methods, "baseline": baseline, "identity_reference": identity_ref,
+        "workloads": workload_names, "limits": limits,
         "cost_curve": curve.to_json(), "records": records, "summary": summary, "markdown": table,
         "mismatches": mismatches, "auto_chosen_nodes": auto_chosen, "git_commit": _git_commit(),
         "machine": {"platform": platform.platform(), "torch_threads": args.threads},
