@@ -300,6 +300,7 @@ PYBIND11_MODULE(_C, m) {
               py::handle v = item.second;
               if (key == "match_gain") c.match_gain = v.cast<float>();
               else if (key == "match_cap") c.match_cap = v.cast<int32_t>();
+              else if (key == "distance_gain") c.distance_gain = v.cast<float>();
               else if (key == "distance_scale") c.distance_scale = v.cast<float>();
               else if (key == "back_penalty") c.back_penalty = v.cast<float>();
               else if (key == "null_score") c.null_score = v.cast<float>();

@@ -148,7 +148,8 @@ float CopyCursor::log_odds(int64_t pos, int32_t match) const {
   const int64_t target = anchor_ >= 0 ? anchor_ : 0;
   const float d = pos >= target ? static_cast<float>(pos - target)
                                 : params_.back_penalty * static_cast<float>(target - pos);
-  float s = params_.match_gain * static_cast<float>(std::min(match, params_.match_cap)) - d / params_.distance_scale;
+  float s = params_.match_gain * static_cast<float>(std::min(match, params_.match_cap)) -
+            params_.distance_gain * std::log1p(d / params_.distance_scale);
   if (anchor_ >= 0 && pos == anchor_) s += params_.anchor_bonus;
   if (anchor_ >= 0 && since_ > 0 && pos == anchor_ + since_) s += params_.diag_bonus;
   return s;

@@ -38,11 +38,14 @@ class OccurrenceIndex {
 // Tuning of the cursor (see CopyCursor).
 struct CursorParams {
   // Log-odds that the output continues at a reference position q:
-  //   match_gain * min(l, match_cap) - d / distance_scale
+  //   match_gain * min(l, match_cap) - distance_gain * log(1 + d / distance_scale)
   // l = trailing output tokens equal to the reference text before q, d = q -
   // anchor when q is at or after the anchor, back_penalty * (anchor - q) before it.
+  // The distance prior is heavy-tailed (a jump's odds fall as a power of its
+  // length): a moved block or a far re-join backed by a long match still wins.
   float match_gain = 2.0f;
   int32_t match_cap = 16;
+  float distance_gain = 2.0f;
   float distance_scale = 32.0f;
   float back_penalty = 4.0f;
   // Log-odds of "none of the candidates" (the output is new text).

@@ -59,7 +59,7 @@ class CursorParams:
     shorter ones, the occurrence whose continuation starts nearest the anchor,
     plus the anchor itself (the re-join after an insertion), each scored
 
-        log-odds(q) = match_gain * min(l, match_cap) - d / distance_scale
+        log-odds(q) = match_gain * min(l, match_cap) - distance_gain * log(1 + d / distance_scale)
 
     (l = trailing output tokens equal to the reference before q; d = q - anchor,
     or back_penalty * (anchor - q) before the anchor), plus ``anchor_bonus`` for
@@ -89,6 +89,7 @@ class CursorParams:
 
     match_gain: float = 2.0
     match_cap: int = 16
+    distance_gain: float = 2.0
     distance_scale: float = 32.0
     back_penalty: float = 4.0
     null_score: float = 3.0

@@ -157,6 +157,24 @@ def test_moved_block_the_output_follows_the_moved_text_then_continues_at_the_anc
     assert main_line(proposer.propose(64))[:20] == A[2][10:30]
 
 
+def test_a_block_moved_from_far_down_the_file_is_followed_once_a_few_tokens_match():
+    # Reference: A0, 600 tokens of other text, then BLOCK. The output writes
+    # A0[:30] and then BLOCK's first 4 tokens (the block moved up). The jump is
+    # 600+ tokens from the anchor, but the distance prior is heavy-tailed
+    # (log-odds fall with log(1 + d / distance_scale), not with d): a 4-token
+    # match outweighs it, and the cursor aligns inside BLOCK (a prior linear in
+    # d, 2 * 4 - 600 / 32 < 0, kept the anchor).
+    filler, block = span(2000, 600), span(3000, 40)
+    reference = A[0] + filler + block
+    proposer = Proposer(references=[arr(reference)], max_depth=64, cursor=True)
+    proposer.start(arr(PROMPT))
+    proposer.accept(arr(A[0][:30] + block[:4]))
+    far = len(A[0]) + len(filler) + 4
+    assert proposer.cursor_state()["align"] == far
+    assert proposer.cursor_candidates()[0][0] == far
+    assert main_line(proposer.propose(64))[:20] == block[4:24]
+
+
 def test_replay_of_an_edited_file_needs_fewer_steps_with_the_cursor():
     second = len(A[0]) + len(BLK) + len(A[1])
     output = (ORIGINAL[:30] + [1000, 1001] + ORIGINAL[30:second + 10] + [999] + ORIGINAL[second + 11:]
