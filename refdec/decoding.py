@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import inspect
 import numbers
+import os
 import time
 from dataclasses import dataclass, field
 
@@ -282,11 +283,12 @@ class _StopChecker:
         tail = seq[-self.window:]
         text = self.tokenizer.decode(tail, skip_special_tokens=False)
         before = self.tokenizer.decode(tail[:-1], skip_special_tokens=False) if len(tail) > 1 else ""
-        # occurrences that end inside the final token's text
-        if not text.startswith(before):
-            before = ""  # decoding is not concatenative here: fall back to searching the whole tail
+        # Occurrences that end inside the final token's text: past the text the tail had without it.
+        # Decoding need not be concatenative (a byte-fallback token completing a UTF-8 character
+        # turns the previous "\ufffd" into that character), so "without it" is the common prefix.
+        unchanged = len(os.path.commonprefix([before, text]))
         for s in self.stop_strings:
-            start = max(0, len(before) - len(s) + 1)
+            start = max(0, unchanged - len(s) + 1)
             if s in text[start:]:
                 return True
         return False

@@ -11,7 +11,7 @@ from transformers.generation.streamers import BaseStreamer
 
 import refdec
 import refdec.decoding as decoding
-from tiny_models import repetitive_prompts, tiny_gemma3, tiny_llama
+from tiny_models import byte_tokenizer, repetitive_prompts, tiny_gemma3, tiny_llama
 
 NEW = 40
 
@@ -122,6 +122,26 @@ def test_stop_string_split_across_tokens_and_overhanging_the_last_token(tiny_tok
     # a stop string sitting wholly in the prompt does not stop the generation
     keep, reason = checker.cut(ids, 1)
     assert reason == "" and keep == 1
+
+
+def test_a_stop_string_in_the_prompt_does_not_stop_when_a_token_completes_a_utf8_character(llama):
+    """Byte-level tokenizers: the token completing "é" turns the tail's "\ufffd" into "é", so the
+    tail's text with and without it differ before the final token. Only occurrences past their
+    common prefix overlap the final token; "ab" at the prompt's end does not (it used to stop
+    here, where model.generate goes on)."""
+    tok = byte_tokenizer({62: 0xC3, 44: 0xA9, 40: ord("a"), 50: ord("b")})  # 62 44 = the bytes of "é"
+    prompt = [1, 10, 20, 30, 40, 50]  # text ending with "ab"
+    checker = decoding._StopChecker(set(), ["ab"], tok)
+    assert tok.decode([62, 44]) == "é" and tok.decode(prompt[1:]).endswith("ab")
+    assert checker.cut(prompt + [62, 44, 40], 3) == (3, "")
+    assert checker.cut(prompt + [62, 44, 40, 50], 4) == (4, "stop_string")  # a new "ab" does stop
+    assert decoding._StopChecker(set(), ["é"], tok).cut(prompt + [62, 44, 40], 3) == (2, "stop_string")
+    # end to end, against transformers' StopStringCriteria (the tiny Llama writes 62 44 first)
+    want = hf(llama, prompt, max_new_tokens=8, eos_token_id=None, stop_strings=["ab"], tokenizer=tok)
+    out = refdec.generate(llama, prompt, tokenizer=tok, stop_strings=["ab"], max_new_tokens=8, eos_token_id=[],
+                          max_draft_tokens=0)
+    assert want[len(prompt):len(prompt) + 2] == [62, 44]
+    assert out.sequences[0].tolist() == want
 
 
 def test_text_iterator_streamer_yields_the_returned_text(llama, tiny_tokenizer):

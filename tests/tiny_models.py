@@ -194,3 +194,31 @@ def char_tokenizer():
     tok = Tokenizer(models.BPE(vocab=vocab, merges=[], unk_token=None))
     tok.decoder = decoders.Fuse()
     return PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<bos>", eos_token="<eos>", pad_token="<pad>")
+
+
+def byte_tokenizer(byte_of: dict[int, int] | None = None):
+    """A byte-level fast tokenizer (GPT-2 style byte alphabet, no merges): ids 0 <pad>, 1 <bos>,
+    2 <eos>; ids 3..VOCAB-1 are single bytes, ``byte_of[id]`` where given, else printable ASCII
+    in order; the other bytes follow at ids >= VOCAB. Decoding is not concatenative: a lone
+    byte of a multi-byte UTF-8 character decodes to "\ufffd" until its last byte arrives."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    printable = list(range(ord("!"), ord("~") + 1)) + list(range(0xA1, 0xAD)) + list(range(0xAE, 0x100))
+    alphabet, extra = {}, 0
+    for b in range(256):  # bytes_to_unicode: printable bytes map to themselves, the others past 255
+        alphabet[b] = chr(b) if b in printable else chr(256 + extra)
+        extra += b not in printable
+    byte_of = dict(byte_of or {})
+    pool = [b for b in range(0x21, 0x7F) if b not in byte_of.values()]
+    for i in range(3, VOCAB):
+        if i not in byte_of:
+            byte_of[i] = pool.pop(0)
+    vocab = {"<pad>": 0, "<bos>": 1, "<eos>": 2}
+    vocab.update({alphabet[b]: i for i, b in byte_of.items()})
+    for b in range(256):
+        vocab.setdefault(alphabet[b], len(vocab))
+    tok = Tokenizer(models.BPE(vocab=vocab, merges=[], unk_token=None))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    return PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<bos>", eos_token="<eos>", pad_token="<pad>")
