@@ -164,6 +164,33 @@ def _normalize_eos(eos_token_id, model) -> set[int]:
     return {int(e) for e in eos_token_id}
 
 
+# Fields of a model's generation_config that make model.generate(do_sample=False) change the
+# logits, with their no-op values; refdec does not apply them (it would have to per tree path),
+# so a model carrying one is an error rather than a silent difference from model.generate.
+_LOGITS_CONFIG_NOOPS = {
+    "repetition_penalty": (None, 1.0), "encoder_repetition_penalty": (None, 1.0),
+    "no_repeat_ngram_size": (None, 0), "encoder_no_repeat_ngram_size": (None, 0), "bad_words_ids": (None, []),
+    "min_length": (None, 0), "min_new_tokens": (None, 0), "suppress_tokens": (None, []),
+    "begin_suppress_tokens": (None, []), "forced_bos_token_id": (None,), "forced_eos_token_id": (None,),
+    "exponential_decay_length_penalty": (None,), "sequence_bias": (None, {}), "guidance_scale": (None, 1.0),
+    "watermarking_config": (None,),
+}
+
+
+def _check_generation_config(model) -> None:
+    """Raise if ``model.generation_config`` sets a logits processor refdec does not apply."""
+    gen_config = getattr(model, "generation_config", None)
+    if gen_config is None:
+        return
+    set_fields = [(name, getattr(gen_config, name, None)) for name, noops in _LOGITS_CONFIG_NOOPS.items()
+                  if not any(getattr(gen_config, name, None) == v for v in noops)]
+    if set_fields:
+        listed = ", ".join(f"{name}={value!r}" for name, value in set_fields)
+        resets = "; ".join(f"model.generation_config.{name} = None" for name, _ in set_fields)
+        raise ValueError(f"model.generation_config sets {listed}: model.generate applies it to the logits and "
+                         f"refdec does not, so the outputs would differ. Reset it to decode without it: {resets}")
+
+
 def _validate_sampling(do_sample, temperature, top_k, top_p, seed) -> None:
     if not isinstance(do_sample, bool):
         raise ValueError(f"do_sample must be True or False, got {do_sample!r}")
@@ -463,6 +490,7 @@ class SpeculativeDecoder:
         index = index if index is not None else self.index
         from refdec import batch as _batch
 
+        _check_generation_config(self.model)
         if _batch.is_batched_input(input_ids, attention_mask):
             return self._generate_batch(input_ids, attention_mask, tokenizer=tokenizer, index=index,
                                         references=references, max_new_tokens=max_new_tokens,
@@ -473,6 +501,11 @@ class SpeculativeDecoder:
                                         max_batch_size=max_batch_size)
         wall_start = time.perf_counter()
         prompt = _normalize_prompt(input_ids)
+        if attention_mask is not None:
+            mask = np.asarray(attention_mask.cpu() if isinstance(attention_mask, torch.Tensor) else attention_mask)
+            if mask.size != prompt.size or not (mask == 1).all():
+                raise ValueError(f"attention_mask for a single prompt must be all ones of its length {prompt.size}, "
+                                 f"got shape {tuple(mask.shape)} (pass a padded [B, L] batch, or a list of prompts)")
         if not _is_int(max_new_tokens) or max_new_tokens < 0:
             raise ValueError(f"max_new_tokens must be an int >= 0, got {max_new_tokens!r}")
         _validate_sampling(do_sample, temperature, top_k, top_p, seed)

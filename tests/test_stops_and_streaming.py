@@ -203,6 +203,8 @@ BAD_ARGUMENTS = [
     (dict(references="text"), r"references must be a list"),
     (dict(streamer=object()), r"streamer must have put\(\) and end\(\)"),
     (dict(index="corpus.idx"), r"index must be a refdec.CorpusIndex or None, got str"),
+    (dict(attention_mask=torch.tensor([[0, 1, 1]])), r"attention_mask for a single prompt must be all ones"),
+    (dict(attention_mask=[1, 1]), r"attention_mask for a single prompt must be all ones of its length 3"),
 ]
 
 
@@ -210,6 +212,36 @@ BAD_ARGUMENTS = [
 def test_bad_arguments_raise_value_errors_naming_them(llama, kwargs, message):
     with pytest.raises(ValueError, match=message):
         refdec.generate(llama, [1, 5, 6], **kwargs)
+
+
+@pytest.mark.parametrize("field", ["repetition_penalty", "no_repeat_ngram_size", "suppress_tokens", "bad_words_ids"])
+def test_a_logits_setting_in_the_generation_config_is_an_error_naming_it(field):
+    """model.generate(do_sample=False) applies these to the logits; refdec does not, so it refuses
+    rather than return other tokens. Reset to None, refdec equals model.generate again."""
+    model = tiny_llama()
+    prompt = [1, 5, 6, 7, 5, 6]
+    plain = hf(model, prompt, max_new_tokens=12, eos_token_id=None)
+    first = plain[len(prompt)]
+    value = {"repetition_penalty": 3.0, "no_repeat_ngram_size": 1, "suppress_tokens": [first],
+             "bad_words_ids": [[first]]}[field]
+    setattr(model.generation_config, field, value)
+    assert hf(model, prompt, max_new_tokens=12, eos_token_id=None) != plain  # the setting changes the tokens
+    with pytest.raises(ValueError, match=rf"model.generation_config sets {field}=.*model.generation_config.{field} = None"):
+        refdec.generate(model, prompt, max_new_tokens=12, eos_token_id=[])
+    with pytest.raises(ValueError, match=field):  # batches too
+        refdec.generate(model, [prompt, prompt[:4]], max_new_tokens=12, eos_token_id=[])
+    setattr(model.generation_config, field, None)
+    assert refdec.generate(model, prompt, max_new_tokens=12, eos_token_id=[]).sequences[0].tolist() == plain
+
+
+def test_no_op_values_in_the_generation_config_are_accepted():
+    prompt = [1, 5, 6, 7]
+    model = tiny_llama()
+    for field, value in [("repetition_penalty", 1.0), ("no_repeat_ngram_size", 0), ("min_length", 0),
+                         ("min_new_tokens", 0), ("suppress_tokens", []), ("guidance_scale", 1.0)]:
+        setattr(model.generation_config, field, value)
+    assert refdec.generate(model, prompt, max_new_tokens=5, eos_token_id=[]).sequences[0].tolist() == \
+        hf(model, prompt, max_new_tokens=5, eos_token_id=None)
 
 
 @pytest.mark.parametrize("input_ids, message", [
@@ -320,3 +352,13 @@ def test_cli_generate_max_batch_size_must_be_positive(tmp_path, capsys):
     assert "--max-batch-size must be >= 1, got 0" in capsys.readouterr().err
     assert main(["generate", "--prompt", "a", "--max-batch-size", "2"]) == 2
     assert "--max-batch-size applies to --prompts-jsonl" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("command", ["generate", "edit"])
+def test_cli_threads_must_be_positive(tmp_path, capsys, command):
+    from refdec.cli import main
+
+    (tmp_path / "f.py").write_text("x = 1\n", encoding="utf-8")
+    args = ["--prompt", "a"] if command == "generate" else [str(tmp_path / "f.py"), "--instruction", "x"]
+    assert main([command, *args, "--threads", "0"]) == 2
+    assert "--threads must be >= 1, got 0" in capsys.readouterr().err
