@@ -122,6 +122,8 @@ def run(args) -> int:
     from refdec.edit_prompt import build_edit_prompt
     from refdec.models import load_default, load_model
 
+    if args.threads is not None and args.threads < 1:
+        raise ValueError(f"--threads must be >= 1, got {args.threads}")
     if args.threads:
         torch.set_num_threads(args.threads)
     original = _read(args.file)

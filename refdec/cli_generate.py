@@ -119,6 +119,8 @@ def run(args) -> int:
         args.max_batch_size = 4
     if args.max_batch_size < 1:
         raise ValueError(f"--max-batch-size must be >= 1, got {args.max_batch_size}")
+    if args.threads is not None and args.threads < 1:
+        raise ValueError(f"--threads must be >= 1, got {args.threads}")
     if args.threads:
         torch.set_num_threads(args.threads)
     requests = read_prompts_jsonl(args.prompts_jsonl) if args.prompts_jsonl else None
