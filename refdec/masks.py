@@ -88,6 +88,12 @@ def mask_spec_for(model) -> MaskSpec:
             f"model attention implementation {attn_impl!r} is not supported: tree verification needs an "
             "explicit 4D mask; load the model with attn_implementation='sdpa' or 'eager'"
         )
+    model_type = getattr(config, "model_type", "")
+    if model_type == "bloom" or (model_type == "falcon" and getattr(config, "alibi", False)):
+        raise ValueError(
+            f"model type {model_type!r} with ALiBi position biases is not supported: it builds the biases "
+            "from a 2D padding mask, and tree verification passes a 4D tree mask"
+        )
     layer_types = list(getattr(config, "layer_types", None) or [])
     window = getattr(config, "sliding_window", None)
     unsupported = sorted(set(layer_types) - {"full_attention", "sliding_attention"})

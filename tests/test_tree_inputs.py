@@ -274,3 +274,21 @@ def test_keep_nodes_renumbers_parents():
     sub = keep_nodes(tree, np.array([2, 3]))
     assert sub.token_ids.tolist() == [12, 13] and sub.parents.tolist() == [-1, 0]
     assert len(keep_nodes(tree, np.array([], dtype=np.int64))) == 0
+
+
+@pytest.mark.parametrize("family", ["bloom", "falcon-alibi"])
+def test_alibi_models_are_rejected_up_front_with_a_clear_error(family):
+    """Bloom and Falcon(alibi=True) build their position biases from a 2D padding mask
+    (transformers' build_alibi_tensor): with a 4D tree mask they failed deep inside the
+    forward with "too many values to unpack"; refdec refuses them when the decoder is made."""
+    import transformers as T
+
+    import refdec
+
+    if family == "bloom":
+        model = T.BloomForCausalLM(T.BloomConfig(vocab_size=96, hidden_size=32, n_layer=1, n_head=4))
+    else:
+        model = T.FalconForCausalLM(T.FalconConfig(vocab_size=96, hidden_size=32, num_hidden_layers=1,
+                                                   num_attention_heads=4, alibi=True))
+    with pytest.raises(ValueError, match=r"model type '(bloom|falcon)' with ALiBi position biases is not supported"):
+        refdec.SpeculativeDecoder(model)
