@@ -16,7 +16,8 @@ extra_link_args = []
 if os.environ.get("REFDEC_NATIVE") == "1":
     extra_compile_args.append("-march=native")
 if os.environ.get("REFDEC_SANITIZE") == "1":
-    san = ["-fsanitize=address,undefined", "-fno-omit-frame-pointer", "-g", "-O1", "-UNDEBUG"]
+    # -fno-wrapv: CPython's CFLAGS carry -fwrapv, which defines signed overflow and hides it from UBSan
+    san = ["-fsanitize=address,undefined", "-fno-omit-frame-pointer", "-g", "-O1", "-UNDEBUG", "-fno-wrapv"]
     extra_compile_args = [a for a in extra_compile_args if a != "-O3"] + san
     extra_link_args += san
 

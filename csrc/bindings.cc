@@ -155,6 +155,8 @@ PYBIND11_MODULE(_C, m) {
   py::class_<SuffixAutomaton, AutomatonView>(m, "SuffixAutomaton")
       .def(py::init<>())
       .def("start_document", &SuffixAutomaton::start_document)
+      .def("_set_limits_for_testing", &SuffixAutomaton::set_limits_for_testing, py::arg("max_states"),
+           py::arg("max_edges"))
       .def("extend", &SuffixAutomaton::extend, py::arg("token"))
       .def("extend_many",
            [](SuffixAutomaton& sam, const TokenArray& a) {
@@ -220,7 +222,11 @@ PYBIND11_MODULE(_C, m) {
 
   // ---- matcher ----
   py::class_<Matcher>(m, "Matcher")
-      .def(py::init<const AutomatonView*>(), py::arg("view"), py::keep_alive<1, 2>())
+      .def(py::init([](const AutomatonView* view) {
+             if (view == nullptr) throw std::invalid_argument("view must be an automaton, not None");
+             return std::make_unique<Matcher>(view);
+           }),
+           py::arg("view"), py::keep_alive<1, 2>())
       .def("reset", &Matcher::reset)
       .def("advance",
            [](Matcher& mt, const TokenArray& a) {
@@ -271,8 +277,13 @@ PYBIND11_MODULE(_C, m) {
            py::arg("max_depth"))
       .def("set_context", &ProposerCore::set_context, py::arg("sam"), py::arg("weight"), py::arg("half_len"),
            py::arg("source_id"), py::arg("loop_decay") = 1.0f, py::keep_alive<1, 2>())
-      .def("add_matcher_source", &ProposerCore::add_matcher_source, py::arg("view"), py::arg("weight"),
-           py::arg("half_len"), py::arg("source_id"), py::keep_alive<1, 2>())
+      .def(
+          "add_matcher_source",
+          [](ProposerCore& p, const AutomatonView* view, float weight, float half_len, int32_t source_id) {
+            if (view == nullptr) throw std::invalid_argument("view must be an automaton, not None");
+            p.add_matcher_source(view, weight, half_len, source_id);
+          },
+          py::arg("view"), py::arg("weight"), py::arg("half_len"), py::arg("source_id"), py::keep_alive<1, 2>())
       .def("feed",
            [](ProposerCore& p, const TokenArray& a) {
              Tokens t = tokens_of(a, "tokens");

@@ -76,7 +76,8 @@ std::vector<int32_t> continuation_of_state(const AutomatonView& view, int32_t st
     // Step 1. A unique occurrence: copy the rest straight from the token array.
     const int64_t pos = view.unique_end_pos(state);
     if (pos >= 0) {
-      const int64_t end = std::min(view.document_end(pos), pos + 1 + (length - static_cast<int64_t>(out.size())));
+      const int64_t left = length - static_cast<int64_t>(out.size());  // > 0; pos + 1 + left may overflow
+      const int64_t end = left >= view.document_end(pos) - pos ? view.document_end(pos) : pos + 1 + left;
       for (int64_t p = pos + 1; p < end; ++p) out.push_back(view.token_at(p));
       break;
     }

@@ -13,8 +13,10 @@ namespace refdec {
 
 // Keeps (state, match_len): the longest suffix of the tokens fed so far that
 // occurs in the automaton, and its state. advance() is O(1) amortised per
-// token (suffix links on a mismatch). The automaton may grow meanwhile (state
-// ids stay valid) but must outlive the matcher.
+// token (suffix links on a mismatch). The automaton must outlive the matcher
+// and must not grow while it is used: a clone during growth splits the
+// matched state, and the next mismatch would lose the match (reset() and
+// re-feed after the automaton grew).
 class Matcher {
  public:
   explicit Matcher(const AutomatonView* view) : view_(view) {}

@@ -180,6 +180,10 @@ void SuffixAutomaton::extend(int32_t token) {
   if (token < 0) throw std::invalid_argument("token must be >= 0, got " + std::to_string(token));
   if (static_cast<int64_t>(tokens_.size()) >= kMaxTokens)
     throw std::invalid_argument("suffix automaton is full: at most " + std::to_string(kMaxTokens) + " tokens");
+  if (static_cast<int64_t>(states_.size()) + 2 > max_states_ || static_cast<int64_t>(edges_.size()) > max_edges_)
+    throw std::invalid_argument("suffix automaton is full: " + std::to_string(states_.size()) + " states, " +
+                                std::to_string(edges_.size()) + " hashed edges (ids are int32) after " +
+                                std::to_string(tokens_.size()) + " tokens; split the corpus into shards");
   if (doc_begin_.empty()) start_document();
   const int32_t pos = static_cast<int32_t>(tokens_.size());
   tokens_.push_back(token);

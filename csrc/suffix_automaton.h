@@ -3,6 +3,7 @@
 #define REFDEC_SUFFIX_AUTOMATON_H_
 
 #include <cstddef>
+#include <algorithm>
 #include <cstdint>
 #include <vector>
 
@@ -36,8 +37,21 @@ class SuffixAutomaton : public AutomatonView {
   static constexpr int64_t kMinCountWalk = 64;
   // Largest number of tokens (positions are int32).
   static constexpr int64_t kMaxTokens = (int64_t{1} << 31) - 2;
+  // Largest number of states and of hashed edges (ids are int32). Text has
+  // 1.2-2 states per token, so the state limit is met first (from ~1.1e9
+  // tokens); extend() refuses a token unless 2 more states fit, and unless
+  // kEdgeMargin more edges fit (one token adds an edge per state of its
+  // suffix-link walk, a walk that long needs a run of ~16 M tokens).
+  static constexpr int64_t kMaxStates = (int64_t{1} << 31) - 2;
+  static constexpr int64_t kEdgeMargin = int64_t{1} << 24;
+  static constexpr int64_t kMaxEdges = (int64_t{1} << 31) - 1 - kEdgeMargin;
 
   SuffixAutomaton();
+  // Tests only: lower the state / hashed-edge limits to exercise the "full" error.
+  void set_limits_for_testing(int64_t max_states, int64_t max_edges) {
+    max_states_ = std::min(max_states, kMaxStates);
+    max_edges_ = std::min(max_edges, kMaxEdges);
+  }
 
   // Starts a new document: the next extend() continues nothing before it.
   void start_document();
@@ -157,6 +171,8 @@ class SuffixAutomaton : public AutomatonView {
   std::vector<int64_t> doc_begin_;       // first token_pos of each document
   int32_t last_ = kRoot;                 // state of the current document's whole prefix
   bool released_ = false;                // release() or release_transitions() was called
+  int64_t max_states_ = kMaxStates;      // see kMaxStates (lower only in tests)
+  int64_t max_edges_ = kMaxEdges;        // see kMaxEdges (lower only in tests)
 };
 
 }  // namespace refdec

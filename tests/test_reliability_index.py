@@ -469,3 +469,43 @@ def test_save_removes_temporaries_of_killed_saves_but_not_of_live_or_recent_ones
         os.utime(p, (old, old))
     CorpusIndex.build([[1, 2]], show_progress=False).save(out)
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted([out.name, recent.name, live.name, other.name])
+
+
+def test_a_none_automaton_is_a_value_error_not_a_crash():
+    from refdec import _C
+
+    with pytest.raises(ValueError, match="view must be an automaton, not None"):
+        _C.Matcher(None)
+    with pytest.raises(ValueError, match="view must be an automaton, not None"):
+        _C.ProposerCore(8).add_matcher_source(None, 1.0, 2.0, 1)
+
+
+def test_an_automaton_at_its_state_limit_refuses_tokens_with_a_clear_error_and_stays_usable():
+    """State ids are int32 and text has 1.2-2 states per token, so the state limit comes
+    before the token limit (~1.1-1.5e9 tokens): reaching it is the "full" error, not a
+    wrapped id (a test hook lowers the limit)."""
+    from refdec import _C
+
+    sam = _C.SuffixAutomaton()
+    sam._set_limits_for_testing(40, 10**6)
+    tokens = np.asarray([5, 6, 7, 5, 6, 8] * 20, dtype=np.int32)
+    with pytest.raises(ValueError, match=r"suffix automaton is full: \d+ states.*split the corpus into shards"):
+        sam.add_document(tokens)
+    kept = sam.num_tokens
+    assert 0 < kept < len(tokens) and sam.num_states <= 40
+    with pytest.raises(ValueError, match="suffix automaton is full"):
+        sam.extend(5)
+    assert sam.num_tokens == kept  # nothing half-added: the automaton answers for the tokens it holds
+    from naive_index import NaiveIndex
+
+    naive = NaiveIndex([tokens[:kept].tolist()])
+    for n in range(1, 6):
+        for start in range(0, kept - n, 3):
+            query = tokens[start:start + n]
+            assert sam.count(query) == naive.count(query.tolist())
+
+
+def test_continuation_with_a_huge_length_returns_the_whole_continuation():
+    index = CorpusIndex.build([[1, 2, 3, 4, 5, 6, 7, 8]], show_progress=False)
+    for length in (10, 2**62, 2**63 - 1):
+        assert index.continuation([1, 2], length).tolist() == [3, 4, 5, 6, 7, 8]
