@@ -244,12 +244,14 @@ def _normalize_references(references, tokenizer) -> list[np.ndarray]:
 
 
 def _drop_out_of_vocab(tree: DraftTree, vocab_size: int) -> DraftTree:
-    """The subtree without nodes whose token is >= ``vocab_size`` (and their descendants).
+    """The subtree without nodes whose token is >= ``vocab_size`` or < 0 (and their descendants).
 
     A reference or an index built for a larger vocabulary can draft ids the model has
-    no embedding for; such a node could never be accepted and must not reach the model."""
+    no embedding for, and an index file whose body is corrupt (``CorpusIndex.verify()``
+    is False; loading checks the structure, not every token) negative ones; such a node
+    could never be accepted and must not reach the model."""
     parents = tree.parents
-    keep = tree.token_ids < vocab_size
+    keep = (tree.token_ids < vocab_size) & (tree.token_ids >= 0)
     for node_idx in range(len(tree)):  # parents precede children
         if keep[node_idx] and parents[node_idx] >= 0 and not keep[parents[node_idx]]:
             keep[node_idx] = False
@@ -266,10 +268,10 @@ def draft_for_step(proposer, budget, useful_depth: int, max_depth: int, vocab_si
     if n_nodes <= 0:
         return DraftTree.empty()
     tree = proposer.propose(n_nodes)
+    if len(tree) and (int(tree.token_ids.max()) >= vocab_size or int(tree.token_ids.min()) < 0):
+        tree = _drop_out_of_vocab(tree, vocab_size)
     if len(tree) and useful_depth < max_depth:
         tree = prune_to_depth(tree, useful_depth)
-    if len(tree) and int(tree.token_ids.max()) >= vocab_size:
-        tree = _drop_out_of_vocab(tree, vocab_size)
     select_hook = getattr(budget, "select", None) if select else None  # optional policy hook (refdec.budget)
     if select_hook is not None and len(tree):
         tree = select_hook(tree)

@@ -39,12 +39,35 @@ from refdec.tree import DraftTree
 __all__ = ["CursorParams", "Proposer", "SourceParams"]
 
 
+_INT32_MAX = 2**31 - 1
+
+
+def _check_fields(params, ranges: dict) -> None:
+    """Type and range of every field of a params dataclass: ints (not bools) in [lo, 2**31 - 1],
+    floats finite in [lo, hi] (``ranges[name] = (lo, hi)``, default [0, inf))."""
+    for f in dataclasses.fields(params):
+        value = getattr(params, f.name)
+        lo, hi = ranges.get(f.name, (0, float("inf")))
+        if f.type in (int, "int"):
+            ok = isinstance(value, (int, np.integer)) and not isinstance(value, bool) and lo <= value <= _INT32_MAX
+            kind = f"an int in [{lo}, {_INT32_MAX}]"
+        else:
+            ok = (isinstance(value, (int, float, np.integer, np.floating)) and not isinstance(value, bool)
+                  and np.isfinite(value) and lo <= value <= hi)
+            kind = f"a finite number in [{lo}, {hi}]"
+        if not ok:
+            raise ValueError(f"{type(params).__name__}.{f.name} must be {kind}, got {value!r}")
+
+
 @dataclass(frozen=True)
 class SourceParams:
     """Per-source confidence: ``weight * L / (L + half_len)`` for a match of length L."""
 
     weight: float = 1.0
     half_len: float = 2.0
+
+    def __post_init__(self) -> None:
+        _check_fields(self, {"weight": (0.0, 1.0)})
 
 
 @dataclass(frozen=True)
@@ -111,6 +134,14 @@ class CursorParams:
     max_substitutions: int = 8
     max_scan: int = 16384
 
+    def __post_init__(self) -> None:
+        _check_fields(self, {"match_gain": (-np.inf, np.inf), "null_score": (-np.inf, np.inf),
+                             "anchor_bonus": (-np.inf, np.inf), "diag_bonus": (-np.inf, np.inf),
+                             "distance_scale": (1e-3, np.inf), "copy_decay": (0.0, 1.0),
+                             "depth_decay": (0.0, 1.0), "decay_levels": (1, None), "hazard_scale": (1e-3, np.inf),
+                             "copy_hazard_scale": (1e-3, np.inf), "match_cap": (1, None),
+                             "max_candidates": (1, None), "unigram_weight": (0.0, 1.0)})
+
 
 DEFAULT_PARAMS = {
     "context": SourceParams(1.0, 2.0),
@@ -134,8 +165,9 @@ _FAST_TREE = tuple(f.name for f in dataclasses.fields(DraftTree)) == _TREE_FIELD
 
 def _make_tree(token_ids, parents, scores, source_ids, source_names) -> DraftTree:
     """DraftTree from arrays the C++ builder already guarantees valid
-    (int32/float32, 1-D, one length, -1 <= parents[i] < i, tokens >= 0),
-    skipping DraftTree's re-validation (it costs more than the whole build).
+    (int32/float32, 1-D, one length, -1 <= parents[i] < i), skipping DraftTree's
+    re-validation (it costs more than the whole build). Tokens are >= 0 unless a
+    CorpusIndex body is corrupt (``verify()`` False): the decoder drops such nodes.
     Falls back to the validating constructor if DraftTree's fields change."""
     if not _FAST_TREE:
         return DraftTree(token_ids, parents, scores, source_ids, source_names)

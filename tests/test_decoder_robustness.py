@@ -102,6 +102,36 @@ def test_an_index_over_a_larger_vocabulary_never_feeds_an_unknown_token_to_the_m
     assert int(proposer.propose(32).token_ids.max()) >= VOCAB
 
 
+def test_negative_draft_ids_from_a_corrupt_index_never_reach_the_model(model, tmp_path):
+    """An index whose body is corrupt loads (loading checks the structure, ``verify()`` the
+    checksum) and can draft negative token ids; they are dropped like ids past the vocabulary
+    (they used to reach the embedding: IndexError on a CPU, a device assert on CUDA)."""
+    import struct
+
+    from refdec.proposer import Proposer
+
+    prompt = repetitive_prompts(1, seed=23)[0]
+    doc = prompt[1:] + list(range(20, 60))
+    path = tmp_path / "corrupt.refdec"
+    CorpusIndex.build([doc], vocab_size=VOCAB, show_progress=False).save(path)
+    data = bytearray(path.read_bytes())
+    sections = 8 + 4 + 4 + 64 + 4 + 4 + 8 * 6  # header: magic, version, size, fingerprint, vocab, 6 x u64
+    tokens_offset, _ = struct.unpack_from("<QQ", data, sections)  # section 0: the tokens
+    for token_pos in range(len(prompt) - 1, len(doc)):  # everything after the prompt's copy
+        struct.pack_into("<i", data, tokens_offset + 4 * token_pos, -3)
+    path.write_bytes(bytes(data))
+    index = CorpusIndex.load(path)
+    assert not index.verify()
+    proposer = Proposer(index=index, backoff=0)
+    proposer.start(np.asarray(prompt, dtype=np.int32))
+    assert int(proposer.propose(16).token_ids.min()) < 0  # the drafts do hold them
+    with _FedIds(model) as fed:
+        out = decoding.SpeculativeDecoder(model, index=index).generate(prompt, max_new_tokens=16, eos_token_id=[],
+                                                                      max_draft_tokens=16)
+    assert out.sequences[0].tolist() == _hf_greedy(model, prompt, 16)
+    assert min(int(ids.min()) for ids in fed.calls) >= 0
+
+
 def test_references_with_unknown_token_ids_only_draft(model):
     prompt = repetitive_prompts(1, seed=22)[0]
     reference = [5000, 6000] + prompt[1:] + [VOCAB, VOCAB + 1, 2**30]

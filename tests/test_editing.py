@@ -205,6 +205,34 @@ def test_cursor_params_are_passed_through_and_bad_ones_rejected():
         Proposer(references=[arr(ORIGINAL)], cursor="yes")
 
 
+@pytest.mark.parametrize("kwargs, message", [
+    (dict(match_cap=2**31), r"CursorParams.match_cap must be an int in \[1, 2147483647\], got 2147483648"),
+    (dict(match_cap="16"), r"CursorParams.match_cap must be an int .* got '16'"),
+    (dict(max_candidates=0), r"CursorParams.max_candidates must be an int in \[1, "),
+    (dict(distance_scale=0.0), r"CursorParams.distance_scale must be a finite number in \[0.001, inf\], got 0.0"),
+    (dict(null_score=float("nan")), r"CursorParams.null_score must be a finite number .* got nan"),
+    (dict(copy_decay=1.5), r"CursorParams.copy_decay must be a finite number in \[0.0, 1.0\], got 1.5"),
+    (dict(confirm_run=True), r"CursorParams.confirm_run must be an int"),
+])
+def test_bad_cursor_params_are_value_errors_naming_the_field(kwargs, message):
+    # (they reached the C++ cast as "Unable to cast ... to C++ type", naming nothing, or wrapped)
+    with pytest.raises(ValueError, match=message):
+        CursorParams(**kwargs)
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    (dict(weight=5.0), r"SourceParams.weight must be a finite number in \[0.0, 1.0\], got 5.0"),
+    (dict(weight=float("inf")), r"SourceParams.weight .* got inf"),
+    (dict(half_len=-1.0), r"SourceParams.half_len must be a finite number in \[0, inf\], got -1.0"),
+])
+def test_bad_source_params_are_value_errors_naming_the_field(kwargs, message):
+    # a weight above 1 gave draft scores above 1, documented as probabilities
+    from refdec.proposer import SourceParams
+
+    with pytest.raises(ValueError, match=message):
+        SourceParams(**kwargs)
+
+
 def test_the_cursor_without_references_is_a_no_op():
     proposer = Proposer(cursor=True)
     proposer.start(arr([5, 6, 7, 5, 6]))
