@@ -31,6 +31,7 @@ import torch
 from refdec.budget import FixedBudget, make_budget
 from refdec.cache import compact, new_cache, set_prefill_window
 from refdec.masks import build_tree_inputs, mask_spec_for
+from refdec.processors import PathLogitsProcessor, path_tokens
 from refdec.sampling import TargetSampler, random_seed
 from refdec.tree import DraftTree, keep_nodes, prune_to_depth
 from refdec.verify import LazyRowLogits, accept_walk, accept_walk_lazy, split_forward_fn
@@ -165,8 +166,9 @@ def _normalize_eos(eos_token_id, model) -> set[int]:
 
 
 # Fields of a model's generation_config that make model.generate(do_sample=False) change the
-# logits, with their no-op values; refdec does not apply them (it would have to per tree path),
-# so a model carrying one is an error rather than a silent difference from model.generate.
+# logits, with their no-op values. refdec applies the two that depend on the sequence so far
+# per tree path (refdec.processors; single prompts); a model carrying any other is an error
+# rather than a silent difference from model.generate.
 _LOGITS_CONFIG_NOOPS = {
     "repetition_penalty": (None, 1.0), "encoder_repetition_penalty": (None, 1.0),
     "no_repeat_ngram_size": (None, 0), "encoder_no_repeat_ngram_size": (None, 0), "bad_words_ids": (None, []),
@@ -175,20 +177,28 @@ _LOGITS_CONFIG_NOOPS = {
     "exponential_decay_length_penalty": (None,), "sequence_bias": (None, {}), "guidance_scale": (None, 1.0),
     "watermarking_config": (None,),
 }
+_PATH_PROCESSED = ("repetition_penalty", "no_repeat_ngram_size")
 
 
-def _check_generation_config(model) -> None:
-    """Raise if ``model.generation_config`` sets a logits processor refdec does not apply."""
+def _check_generation_config(model, batched: bool = False) -> PathLogitsProcessor:
+    """The processor for ``model.generation_config``'s ``repetition_penalty`` and
+    ``no_repeat_ngram_size``; raise if it sets a logits processor refdec does not apply
+    (those two included, for batches)."""
     gen_config = getattr(model, "generation_config", None)
     if gen_config is None:
-        return
+        return PathLogitsProcessor()
     set_fields = [(name, getattr(gen_config, name, None)) for name, noops in _LOGITS_CONFIG_NOOPS.items()
                   if not any(getattr(gen_config, name, None) == v for v in noops)]
-    if set_fields:
-        listed = ", ".join(f"{name}={value!r}" for name, value in set_fields)
-        resets = "; ".join(f"model.generation_config.{name} = None" for name, _ in set_fields)
+    refused = [(name, value) for name, value in set_fields if batched or name not in _PATH_PROCESSED]
+    if refused:
+        listed = ", ".join(f"{name}={value!r}" for name, value in refused)
+        resets = "; ".join(f"model.generation_config.{name} = None" for name, _ in refused)
+        where = " for a batch (single prompts apply repetition_penalty and no_repeat_ngram_size)" if batched else ""
         raise ValueError(f"model.generation_config sets {listed}: model.generate applies it to the logits and "
-                         f"refdec does not, so the outputs would differ. Reset it to decode without it: {resets}")
+                         f"refdec does not{where}, so the outputs would differ. Reset it to decode without it: "
+                         f"{resets}")
+    return PathLogitsProcessor(repetition_penalty=getattr(gen_config, "repetition_penalty", None),
+                               no_repeat_ngram_size=getattr(gen_config, "no_repeat_ngram_size", None))
 
 
 def _validate_sampling(do_sample, temperature, top_k, top_p, seed) -> None:
@@ -492,8 +502,8 @@ class SpeculativeDecoder:
         index = index if index is not None else self.index
         from refdec import batch as _batch
 
-        _check_generation_config(self.model)
         if _batch.is_batched_input(input_ids, attention_mask):
+            _check_generation_config(self.model, batched=True)
             return self._generate_batch(input_ids, attention_mask, tokenizer=tokenizer, index=index,
                                         references=references, max_new_tokens=max_new_tokens,
                                         do_sample=do_sample, temperature=temperature, top_k=top_k, top_p=top_p,
@@ -502,6 +512,7 @@ class SpeculativeDecoder:
                                         pad_token_id=pad_token_id, retrieve=retrieve,
                                         max_batch_size=max_batch_size)
         wall_start = time.perf_counter()
+        processor = _check_generation_config(self.model)
         prompt = _normalize_prompt(input_ids)
         if attention_mask is not None:
             mask = np.asarray(attention_mask.cpu() if isinstance(attention_mask, torch.Tensor) else attention_mask)
@@ -599,6 +610,8 @@ class SpeculativeDecoder:
             logits = self._prefill_forward(cache, begin, end == prompt_len, self._head is not None,
                                            input_ids=prompt_tensor[:, begin:end].to(self.device))
         last_logits = logits[0]
+        if processor.active:
+            last_logits = processor(last_logits, seq)
         first = sampler.sample(last_logits, prompt_len) if do_sample else int(last_logits.argmax())
         t1 = time.perf_counter()
         stats.prefill_seconds = t1 - t0
@@ -630,7 +643,14 @@ class SpeculativeDecoder:
                 row_logits = LazyRowLogits(tree, hidden, self._head)
                 t3 = time.perf_counter()
                 # -- accept: the head runs on the rows the walk visits, a chunk at a time
-                if do_sample:
+                if processor.active:  # each row's logits with the sequence on its path
+                    def path_logits(row, tree=tree, row_logits=row_logits):
+                        return processor(row_logits.row_logits(row), seq + path_tokens(tree, row))
+
+                    accepted, bonus = accept_walk_lazy(tree, lambda row, depth: (
+                        sampler.sample(path_logits(row), root_pos + 1 + depth) if do_sample
+                        else int(path_logits(row).argmax())))
+                elif do_sample:
                     accepted, bonus = accept_walk_lazy(
                         tree, lambda row, depth: sampler.sample(row_logits.row_logits(row), root_pos + 1 + depth))
                 else:
@@ -641,7 +661,16 @@ class SpeculativeDecoder:
             else:
                 logits = self._full_logits(cache, inputs)  # [1 + n, V]
                 stats.head_rows += 1 + len(tree)
-                if do_sample:
+                if processor.active:
+                    t3 = time.perf_counter()
+                    # -- accept: each row on the accepted path with the sequence on its path
+                    def path_logits(row, tree=tree, logits=logits):
+                        return processor(logits[row], seq + path_tokens(tree, row))
+
+                    accepted, bonus = accept_walk_lazy(tree, lambda row, depth: (
+                        sampler.sample(path_logits(row), root_pos + 1 + depth) if do_sample
+                        else int(path_logits(row).argmax())))
+                elif do_sample:
                     t3 = time.perf_counter()
                     # -- accept: sample only the rows on the accepted path
                     accepted, bonus = accept_walk_lazy(
