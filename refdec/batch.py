@@ -104,6 +104,7 @@ from refdec.cache import GrowingLayer, new_cache
 from refdec.masks import _finish, ancestor_matrix
 from refdec.sampling import TargetSampler, random_seed
 from refdec.tree import DraftTree
+from refdec.processors import path_tokens
 from refdec.verify import LockstepLazyWalks, accept_walk, accept_walk_lazy
 
 
@@ -320,9 +321,12 @@ class _Row:
 def generate_batch(decoder, prompts: list[np.ndarray], padded: np.ndarray | None, *, tokenizer, index, references,
                    max_new_tokens, do_sample, temperature, top_k, top_p, seed, eos, stops, max_draft_tokens,
                    pad_token_id, retrieve, normalize_references, stop_checker_cls, stats_cls, output_cls,
-                   max_batch_size=None):
-    """The batched loop behind ``SpeculativeDecoder.generate`` (arguments already validated)."""
+                   max_batch_size=None, processor=None):
+    """The batched loop behind ``SpeculativeDecoder.generate`` (arguments already validated).
+    ``processor`` (refdec.processors.PathLogitsProcessor, optional): applied to each row's
+    logits with that row's own sequence (as if decoded alone; not the padded batch's)."""
     wall_start = time.perf_counter()
+    processing = processor is not None and processor.active
     device, spec, vocab = decoder.device, decoder.mask_spec, decoder.vocab_size
     batch = len(prompts)
     prompt_lens = [int(p.shape[0]) for p in prompts]
@@ -425,6 +429,8 @@ def generate_batch(decoder, prompts: list[np.ndarray], padded: np.ndarray | None
                                             input_ids=torch.from_numpy(ids[:, begin:end]).to(device),
                                             position_ids=torch.from_numpy(q_pos[:, begin:end]).to(device),
                                             attention_mask=mask)
+        if processor is not None and processor.active:
+            last = torch.stack([processor(last[i], rows[b].seq) for i, b in enumerate(group)])
         if do_sample:
             firsts = [rows[b].sampler.sample(last[i], prompt_lens[b]) for i, b in enumerate(group)]
         else:
@@ -524,7 +530,14 @@ def generate_batch(decoder, prompts: list[np.ndarray], padded: np.ndarray | None
             t3 = time.perf_counter()
             # -- accept: all rows' walks in lock-step, one head GEMM per round for the rows they visit
             walks = LockstepLazyWalks(trees, hidden, head)
-            if do_sample:
+            if processing:  # each row's logits with the sequence on its path
+                def target(i, r, depth, walks=walks):
+                    scores = processor(walks.lazy[i].row_logits(r), rows[active[i]].seq + path_tokens(trees[i], r))
+                    return (rows[active[i]].sampler.sample(scores, int(root_pos[i]) + 1 + depth) if do_sample
+                            else int(scores.argmax()))
+
+                walk_results = walks.run(target)
+            elif do_sample:
                 walk_results = walks.run(lambda i, r, depth: rows[active[i]].sampler.sample(
                     walks.lazy[i].row_logits(r), int(root_pos[i]) + 1 + depth))
             else:
@@ -535,13 +548,19 @@ def generate_batch(decoder, prompts: list[np.ndarray], padded: np.ndarray | None
         else:
             logits = decoder._forward(cache, **inputs).logits  # [n_act, T, V]
             head_rows = [t] * n_act  # the model's head ran on every query row, padding included
-            if not do_sample:
+            if not do_sample and not processing:
                 targets = logits.argmax(dim=-1).cpu().numpy()  # the one host sync
             t3 = time.perf_counter()
             # -- accept
             walk_results = []
             for i, (b, tree) in enumerate(zip(active, trees)):
-                if do_sample:
+                if processing:
+                    def target(r, depth, i=i, row=rows[b], rp=int(root_pos[i]), tree=tree):
+                        scores = processor(logits[i, r], row.seq + path_tokens(tree, r))
+                        return row.sampler.sample(scores, rp + 1 + depth) if do_sample else int(scores.argmax())
+
+                    walk_results.append(accept_walk_lazy(tree, target))
+                elif do_sample:
                     row, rp = rows[b], int(root_pos[i])
                     walk_results.append(accept_walk_lazy(
                         tree, lambda r, depth, i=i, row=row, rp=rp: row.sampler.sample(logits[i, r], rp + 1 + depth)))

@@ -167,7 +167,7 @@ def _normalize_eos(eos_token_id, model) -> set[int]:
 
 # Fields of a model's generation_config that make model.generate(do_sample=False) change the
 # logits, with their no-op values. refdec applies the two that depend on the sequence so far
-# per tree path (refdec.processors; single prompts); a model carrying any other is an error
+# per tree path (refdec.processors); a model carrying any other is an error
 # rather than a silent difference from model.generate.
 _LOGITS_CONFIG_NOOPS = {
     "repetition_penalty": (None, 1.0), "encoder_repetition_penalty": (None, 1.0),
@@ -180,23 +180,19 @@ _LOGITS_CONFIG_NOOPS = {
 _PATH_PROCESSED = ("repetition_penalty", "no_repeat_ngram_size")
 
 
-def _check_generation_config(model, batched: bool = False) -> PathLogitsProcessor:
+def _check_generation_config(model) -> PathLogitsProcessor:
     """The processor for ``model.generation_config``'s ``repetition_penalty`` and
-    ``no_repeat_ngram_size``; raise if it sets a logits processor refdec does not apply
-    (those two included, for batches)."""
+    ``no_repeat_ngram_size``; raise if it sets a logits processor refdec does not apply."""
     gen_config = getattr(model, "generation_config", None)
     if gen_config is None:
         return PathLogitsProcessor()
-    set_fields = [(name, getattr(gen_config, name, None)) for name, noops in _LOGITS_CONFIG_NOOPS.items()
-                  if not any(getattr(gen_config, name, None) == v for v in noops)]
-    refused = [(name, value) for name, value in set_fields if batched or name not in _PATH_PROCESSED]
+    refused = [(name, getattr(gen_config, name, None)) for name, noops in _LOGITS_CONFIG_NOOPS.items()
+               if name not in _PATH_PROCESSED and not any(getattr(gen_config, name, None) == v for v in noops)]
     if refused:
         listed = ", ".join(f"{name}={value!r}" for name, value in refused)
         resets = "; ".join(f"model.generation_config.{name} = None" for name, _ in refused)
-        where = " for a batch (single prompts apply repetition_penalty and no_repeat_ngram_size)" if batched else ""
         raise ValueError(f"model.generation_config sets {listed}: model.generate applies it to the logits and "
-                         f"refdec does not{where}, so the outputs would differ. Reset it to decode without it: "
-                         f"{resets}")
+                         f"refdec does not, so the outputs would differ. Reset it to decode without it: {resets}")
     return PathLogitsProcessor(repetition_penalty=getattr(gen_config, "repetition_penalty", None),
                                no_repeat_ngram_size=getattr(gen_config, "no_repeat_ngram_size", None))
 
@@ -502,17 +498,16 @@ class SpeculativeDecoder:
         index = index if index is not None else self.index
         from refdec import batch as _batch
 
+        processor = _check_generation_config(self.model)
         if _batch.is_batched_input(input_ids, attention_mask):
-            _check_generation_config(self.model, batched=True)
             return self._generate_batch(input_ids, attention_mask, tokenizer=tokenizer, index=index,
                                         references=references, max_new_tokens=max_new_tokens,
                                         do_sample=do_sample, temperature=temperature, top_k=top_k, top_p=top_p,
                                         seed=seed, eos_token_id=eos_token_id, stop_strings=stop_strings,
                                         streamer=streamer, max_draft_tokens=max_draft_tokens,
                                         pad_token_id=pad_token_id, retrieve=retrieve,
-                                        max_batch_size=max_batch_size)
+                                        max_batch_size=max_batch_size, processor=processor)
         wall_start = time.perf_counter()
-        processor = _check_generation_config(self.model)
         prompt = _normalize_prompt(input_ids)
         if attention_mask is not None:
             mask = np.asarray(attention_mask.cpu() if isinstance(attention_mask, torch.Tensor) else attention_mask)
@@ -706,7 +701,8 @@ class SpeculativeDecoder:
 
     def _generate_batch(self, input_ids, attention_mask, *, tokenizer, index, references, max_new_tokens,
                         do_sample, temperature, top_k, top_p, seed, eos_token_id, stop_strings, streamer,
-                        max_draft_tokens, pad_token_id, retrieve, max_batch_size=None) -> GenerateOutput:
+                        max_draft_tokens, pad_token_id, retrieve, max_batch_size=None,
+                        processor=None) -> GenerateOutput:
         from refdec import batch as _batch
 
         if streamer is not None:
@@ -738,7 +734,7 @@ class SpeculativeDecoder:
             max_new_tokens=max_new_tokens, do_sample=do_sample, temperature=temperature, top_k=top_k, top_p=top_p,
             seed=seed, eos=eos, stops=stops, max_draft_tokens=max_draft_tokens, pad_token_id=int(pad_token_id),
             retrieve=retrieve, normalize_references=_normalize_references, stop_checker_cls=_StopChecker,
-            stats_cls=DecodingStats, output_cls=GenerateOutput, max_batch_size=max_batch_size)
+            stats_cls=DecodingStats, output_cls=GenerateOutput, max_batch_size=max_batch_size, processor=processor)
 
 
 def generate(model, input_ids, *, tokenizer=None, index=None, references=None, max_new_tokens: int = 256,

@@ -214,22 +214,20 @@ def test_bad_arguments_raise_value_errors_naming_them(llama, kwargs, message):
         refdec.generate(llama, [1, 5, 6], **kwargs)
 
 
-@pytest.mark.parametrize("field", ["suppress_tokens", "bad_words_ids", "repetition_penalty"])
+@pytest.mark.parametrize("field", ["suppress_tokens", "bad_words_ids"])
 def test_a_logits_setting_in_the_generation_config_is_an_error_naming_it(field):
-    """model.generate(do_sample=False) applies these to the logits; refdec does not (for a batch:
-    repetition_penalty), so it refuses rather than return other tokens. Reset to None, refdec
-    equals model.generate again."""
+    """model.generate(do_sample=False) applies these to the logits; refdec does not, so it refuses
+    rather than return other tokens. Reset to None, refdec equals model.generate again."""
     model = tiny_llama()
     prompt = [1, 5, 6, 7, 5, 6]
     plain = hf(model, prompt, max_new_tokens=12, eos_token_id=None)
     first = plain[len(prompt)]
-    value = {"repetition_penalty": 3.0, "suppress_tokens": [first], "bad_words_ids": [[first]]}[field]
+    value = {"suppress_tokens": [first], "bad_words_ids": [[first]]}[field]
     setattr(model.generation_config, field, value)
     assert hf(model, prompt, max_new_tokens=12, eos_token_id=None) != plain  # the setting changes the tokens
-    if field != "repetition_penalty":
-        with pytest.raises(ValueError, match=rf"model.generation_config sets {field}=.*generation_config.{field} = None"):
-            refdec.generate(model, prompt, max_new_tokens=12, eos_token_id=[])
-    with pytest.raises(ValueError, match=rf"{field}=.*for a batch"):
+    with pytest.raises(ValueError, match=rf"model.generation_config sets {field}=.*generation_config.{field} = None"):
+        refdec.generate(model, prompt, max_new_tokens=12, eos_token_id=[])
+    with pytest.raises(ValueError, match=field):  # batches too
         refdec.generate(model, [prompt, prompt[:4]], max_new_tokens=12, eos_token_id=[])
     setattr(model.generation_config, field, None)
     assert refdec.generate(model, prompt, max_new_tokens=12, eos_token_id=[]).sequences[0].tolist() == plain
@@ -242,14 +240,15 @@ def test_a_logits_setting_in_the_generation_config_is_an_error_naming_it(field):
 def test_repetition_penalty_and_no_repeat_ngram_apply_per_tree_path_like_model_generate(setting, family):
     """Each verified row's logits are processed with the sequence on its path (context + draft
     tokens to it): greedy equals model.generate with the same generation_config, drafts or not,
-    lazy head or full logits; sampling equals refdec's plain sampler with the same seed."""
+    lazy head or full logits; sampling equals refdec's plain sampler with the same seed; batch
+    rows equal the same prompts decoded alone."""
     model = (tiny_llama if family == "llama" else tiny_gemma3)()
     for key, value in setting.items():
         setattr(model.generation_config, key, value)
     decoder = refdec.SpeculativeDecoder(model)
     full = refdec.SpeculativeDecoder(model)
     full.lazy_head = False
-    changed = 0
+    changed, wants, plains = 0, [], []
     for prompt in repetitive_prompts(3, seed=41):
         want = hf(model, prompt, max_new_tokens=NEW, eos_token_id=None)
         for key in setting:
@@ -268,7 +267,20 @@ def test_repetition_penalty_and_no_repeat_ngram_apply_per_tree_path_like_model_g
         spec = decoder.generate(prompt, references=[prompt[1:]], max_new_tokens=NEW, eos_token_id=[],
                                 do_sample=True, temperature=0.8, seed=5, max_draft_tokens=32)
         assert spec.sequences.tolist() == plain.sequences.tolist()
+        wants.append(want)
+        plains.append(plain.sequences[0].tolist())
     assert changed >= 2  # the setting does change model.generate's tokens on these prompts
+    # batches: each row as decoded alone (its own sequence, not the padded batch's), greedy and
+    # sampling, all rows at once or joining as others finish, lazy head or full logits
+    prompts = repetitive_prompts(3, seed=41)
+    for dec in (decoder, full):
+        for max_batch_size in (None, 2):
+            out = dec.generate(prompts, max_new_tokens=NEW, eos_token_id=[], max_draft_tokens=16,
+                               max_batch_size=max_batch_size, references=[prompts[0][1:]])
+            assert [row[row != 0].tolist() for row in out.sequences] == [[t for t in w if t != 0] for w in wants]
+            out = dec.generate(prompts, max_new_tokens=NEW, eos_token_id=[], max_draft_tokens=16, do_sample=True,
+                               temperature=0.8, seed=[5, 5, 5], max_batch_size=max_batch_size)
+            assert [row[row != 0].tolist() for row in out.sequences] == [[t for t in p if t != 0] for p in plains]
 
 
 def test_no_op_values_in_the_generation_config_are_accepted():
