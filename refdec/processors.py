@@ -43,9 +43,11 @@ class PathLogitsProcessor:
         return self.repetition_penalty is not None or self.no_repeat_ngram_size is not None
 
     def __call__(self, logits_row: torch.Tensor, sequence: list[int]) -> torch.Tensor:
-        """A processed copy of ``logits_row`` (float [V]) for the position after ``sequence``
-        (the token ids before it, prompt included)."""
-        scores = logits_row.clone()
+        """A processed float32 copy of ``logits_row`` (float [V], any float dtype) for the position
+        after ``sequence`` (the token ids before it, prompt included). float32 as transformers'
+        generate, which casts each step's logits to float32 before its processors: a penalty
+        divided in bfloat16 rounds and can tie or flip the top token."""
+        scores = logits_row.to(dtype=torch.float32, copy=True)
         if self.repetition_penalty is not None and sequence:
             ids = torch.tensor(sorted(set(sequence)), dtype=torch.long, device=scores.device)
             picked = scores[ids]

@@ -1,0 +1,58 @@
+"""refdec.processors against transformers' own processors, on random logits and sequences."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from transformers.generation.logits_process import NoRepeatNGramLogitsProcessor, RepetitionPenaltyLogitsProcessor
+
+from refdec.processors import PathLogitsProcessor, banned_ngram_tokens, path_tokens
+from refdec.tree import DraftTree
+
+
+def hf_processed(logits_row, sequence, penalty, ngram):
+    """transformers' order and dtype: the step's logits cast to float32, then the processors."""
+    scores = logits_row.to(torch.float32).unsqueeze(0)
+    ids = torch.tensor([sequence], dtype=torch.long)
+    if penalty is not None:
+        scores = RepetitionPenaltyLogitsProcessor(penalty)(ids, scores)
+    if ngram is not None:
+        scores = NoRepeatNGramLogitsProcessor(ngram)(ids, scores)
+    return scores[0]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float64])
+@pytest.mark.parametrize("penalty, ngram", [(1.3, None), (0.7, None), (None, 1), (None, 2), (None, 3), (1.2, 2)])
+def test_path_processor_equals_transformers_processors(dtype, penalty, ngram):
+    rng = np.random.default_rng(7)
+    processor = PathLogitsProcessor(repetition_penalty=penalty, no_repeat_ngram_size=ngram)
+    for trial in range(60):
+        vocab = 40
+        sequence = rng.integers(0, 8 if trial % 2 else vocab, size=int(rng.integers(0, 30))).tolist()
+        logits = torch.from_numpy(rng.normal(0, 4, size=vocab)).to(dtype)
+        if trial % 7 == 0:
+            logits[3] = -float("inf")
+        got = processor(logits, sequence)
+        want = hf_processed(logits, sequence, penalty, ngram)
+        assert got.dtype == torch.float32
+        assert torch.equal(got, want), (sequence, penalty, ngram)
+        assert int(got.argmax()) == int(want.argmax())
+
+
+def test_banned_ngrams_and_path_tokens():
+    assert banned_ngram_tokens([5, 6, 7, 5, 6], 3) == {7}
+    assert banned_ngram_tokens([5, 6], 1) == {5, 6}
+    assert banned_ngram_tokens([5], 3) == set()  # shorter than n - 1: nothing to complete
+    tree = DraftTree(np.array([10, 11, 12, 13], dtype=np.int32), np.array([-1, 0, 0, 2], dtype=np.int32),
+                     np.ones(4, dtype=np.float32), np.zeros(4, dtype=np.int32), ("context",))
+    assert path_tokens(tree, 0) == []  # the root row
+    assert path_tokens(tree, 4) == [10, 12, 13]  # row 4 = node 3, under node 2 under node 0
+
+
+def test_bad_processor_settings_are_value_errors():
+    with pytest.raises(ValueError, match="repetition_penalty must be a finite number > 0 or None, got 0"):
+        PathLogitsProcessor(repetition_penalty=0)
+    with pytest.raises(ValueError, match="no_repeat_ngram_size must be an int >= 0 or None, got 2.5"):
+        PathLogitsProcessor(no_repeat_ngram_size=2.5)
+    assert not PathLogitsProcessor(repetition_penalty=1.0, no_repeat_ngram_size=0).active
