@@ -186,8 +186,13 @@ def _check_generation_config(model) -> PathLogitsProcessor:
     gen_config = getattr(model, "generation_config", None)
     if gen_config is None:
         return PathLogitsProcessor()
+    def is_noop(value, noops) -> bool:
+        if isinstance(value, (list, tuple, dict)) and len(value) == 0:
+            return True  # an empty list / tuple / dict of banned ids, biases, ...
+        return any(value == v for v in noops)
+
     refused = [(name, getattr(gen_config, name, None)) for name, noops in _LOGITS_CONFIG_NOOPS.items()
-               if name not in _PATH_PROCESSED and not any(getattr(gen_config, name, None) == v for v in noops)]
+               if name not in _PATH_PROCESSED and not is_noop(getattr(gen_config, name, None), noops)]
     if refused:
         listed = ", ".join(f"{name}={value!r}" for name, value in refused)
         resets = "; ".join(f"model.generation_config.{name} = None" for name, _ in refused)
@@ -315,13 +320,32 @@ class _StopChecker:
         self.window = 4 * max((len(s) for s in stop_strings), default=0) + 2
 
     def _completes_stop_string(self, seq: list[int]) -> bool:
-        tail = seq[-self.window:]
-        text = self.tokenizer.decode(tail, skip_special_tokens=False)
-        before = self.tokenizer.decode(tail[:-1], skip_special_tokens=False) if len(tail) > 1 else ""
+        decode = self.tokenizer.decode
+        start = max(0, len(seq) - self.window)
+        text = decode(seq[start:], skip_special_tokens=False)
+        # A window that starts inside a character decodes to "\ufffd" there (SentencePiece's byte
+        # fallback turns a whole invalid run of byte tokens into them): start up to 3 tokens earlier.
+        for _ in range(3):
+            if start == 0 or not text.startswith("\ufffd"):
+                break
+            start -= 1
+            text = decode(seq[start:], skip_special_tokens=False)
+        tail = seq[start:]
         # Occurrences that end inside the final token's text: past the text the tail had without it.
-        # Decoding need not be concatenative (a byte-fallback token completing a UTF-8 character
-        # turns the previous "\ufffd" into that character), so "without it" is the common prefix.
-        unchanged = len(os.path.commonprefix([before, text]))
+        # Decoding need not be concatenative: a token completing a UTF-8 character turns the
+        # "\ufffd" before it into that character (byte-level tokenizers), or a whole run of byte
+        # tokens (byte fallback). So "without it" is the longest text of the tail's first k tokens,
+        # k < len(tail), that is a prefix of the text (the bytes of the character the final token
+        # completes belong to its text); failing that, the common prefix with the text.
+        unchanged = None
+        for k in range(len(tail) - 1, max(0, len(tail) - 5), -1):
+            before = decode(tail[:k], skip_special_tokens=False)
+            if text.startswith(before):
+                unchanged = len(before)
+                break
+        if unchanged is None:
+            before = decode(tail[:-1], skip_special_tokens=False) if len(tail) > 1 else ""
+            unchanged = len(os.path.commonprefix([before, text]))
         for s in self.stop_strings:
             start = max(0, unchanged - len(s) + 1)
             if s in text[start:]:

@@ -144,6 +144,38 @@ def test_a_stop_string_in_the_prompt_does_not_stop_when_a_token_completes_a_utf8
     assert out.sequences[0].tolist() == want
 
 
+def test_stop_strings_with_a_sentencepiece_byte_fallback_tokenizer():
+    """SentencePiece byte fallback (Llama-2, Mistral, Gemma) decodes a run of byte tokens that is
+    not valid UTF-8 as one "\ufffd" per byte: a window starting inside a character hid a stop
+    string completed at its end, and a final byte completing a character made the whole run,
+    prompt included, look new."""
+    from tokenizers import Tokenizer, decoders, models
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {"<unk>": 0, "<s>": 1, "</s>": 2}
+    vocab.update({f"<0x{b:02X}>": 3 + b for b in range(256)})
+    for piece in ["\u2581", "a", "b", "ab", "x"]:
+        vocab[piece] = len(vocab)
+    model = models.BPE(vocab=vocab, merges=[], unk_token="<unk>", byte_fallback=True)
+    tok = Tokenizer(model)
+    tok.decoder = decoders.Sequence([decoders.Replace("\u2581", " "), decoders.ByteFallback(), decoders.Fuse(),
+                                     decoders.Strip(" ", 1, 0)])
+    tok = PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>", eos_token="</s>", unk_token="<unk>")
+
+    def byte_tokens(text):
+        return [vocab[f"<0x{b:02X}>"] for b in text.encode()]
+
+    emoji = "\U0001F600"
+    # "中" + emoji: 7 byte tokens; the 6-token window for a 1-character stop starts inside "中"
+    out = byte_tokens("中" + emoji)
+    assert decoding._StopChecker(set(), [emoji], tok).cut([vocab["a"]] + out, len(out)) == (7, "stop_string")
+    # "éé" only in the prompt; the output "€x" must not stop on it
+    prompt, out = [vocab["ab"]] + byte_tokens("éé"), byte_tokens("€") + [vocab["x"]]
+    assert tok.decode(prompt + out) == "abéé€x"
+    assert decoding._StopChecker(set(), ["éé"], tok).cut(prompt + out, len(out)) == (4, "")
+    assert decoding._StopChecker(set(), ["é€"], tok).cut(prompt + out, len(out)) == (3, "stop_string")
+
+
 def test_text_iterator_streamer_yields_the_returned_text(llama, tiny_tokenizer):
     prompt = repetitive_prompts(1, seed=34)[0]
     streamer = TextIteratorStreamer(tiny_tokenizer, skip_prompt=True)
