@@ -324,7 +324,8 @@ def generate_batch(decoder, prompts: list[np.ndarray], padded: np.ndarray | None
                    max_batch_size=None, processor=None):
     """The batched loop behind ``SpeculativeDecoder.generate`` (arguments already validated).
     ``processor`` (refdec.processors.PathLogitsProcessor, optional): applied to each row's
-    logits with that row's own sequence (as if decoded alone; not the padded batch's)."""
+    logits with that row's own sequence, as if decoded alone (``model.generate`` leaves a padded
+    batch's pads out of the repetition penalty but counts them in no-repeat n-grams)."""
     wall_start = time.perf_counter()
     processing = processor is not None and processor.active
     device, spec, vocab = decoder.device, decoder.mask_spec, decoder.vocab_size

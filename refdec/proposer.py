@@ -40,20 +40,23 @@ __all__ = ["CursorParams", "Proposer", "SourceParams"]
 
 
 _INT32_MAX = 2**31 - 1
+_FLOAT32_MAX = float(np.finfo(np.float32).max)
 
 
 def _check_fields(params, ranges: dict) -> None:
-    """Type and range of every field of a params dataclass: ints (not bools) in [lo, 2**31 - 1],
-    floats finite in [lo, hi] (``ranges[name] = (lo, hi)``, default [0, inf))."""
+    """Type and range of every field of a params dataclass: ints (not bools) in [lo, hi]
+    (hi None: 2**31 - 1), floats finite, within float32, in [lo, hi] (``ranges[name] = (lo, hi)``,
+    default [0, inf))."""
     for f in dataclasses.fields(params):
         value = getattr(params, f.name)
         lo, hi = ranges.get(f.name, (0, float("inf")))
         if f.type in (int, "int"):
-            ok = isinstance(value, (int, np.integer)) and not isinstance(value, bool) and lo <= value <= _INT32_MAX
-            kind = f"an int in [{lo}, {_INT32_MAX}]"
-        else:
+            hi = _INT32_MAX if hi is None or hi == float("inf") else hi
+            ok = isinstance(value, (int, np.integer)) and not isinstance(value, bool) and lo <= value <= hi
+            kind = f"an int in [{lo}, {hi}]"
+        else:  # the C++ side holds float32
             ok = (isinstance(value, (int, float, np.integer, np.floating)) and not isinstance(value, bool)
-                  and np.isfinite(value) and lo <= value <= hi)
+                  and np.isfinite(value) and abs(value) <= _FLOAT32_MAX and lo <= value <= hi)
             kind = f"a finite number in [{lo}, {hi}]"
         if not ok:
             raise ValueError(f"{type(params).__name__}.{f.name} must be {kind}, got {value!r}")
@@ -139,8 +142,10 @@ class CursorParams:
                              "anchor_bonus": (-np.inf, np.inf), "diag_bonus": (-np.inf, np.inf),
                              "distance_scale": (1e-3, np.inf), "copy_decay": (0.0, 1.0),
                              "depth_decay": (0.0, 1.0), "decay_levels": (1, None), "hazard_scale": (1e-3, np.inf),
-                             "copy_hazard_scale": (1e-3, np.inf), "match_cap": (1, None),
-                             "max_candidates": (1, None), "unigram_weight": (0.0, 1.0)})
+                             "copy_hazard_scale": (1e-3, np.inf), "unigram_weight": (0.0, 1.0),
+                             # buffers of these sizes are allocated per request
+                             "match_cap": (1, 4096), "max_candidates": (1, 4096), "max_backoff": (0, 4096),
+                             "unigram_k": (0, 65536), "max_substitutions": (0, 65536)})
 
 
 DEFAULT_PARAMS = {

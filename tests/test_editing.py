@@ -206,7 +206,10 @@ def test_cursor_params_are_passed_through_and_bad_ones_rejected():
 
 
 @pytest.mark.parametrize("kwargs, message", [
-    (dict(match_cap=2**31), r"CursorParams.match_cap must be an int in \[1, 2147483647\], got 2147483648"),
+    (dict(match_cap=2**31), r"CursorParams.match_cap must be an int in \[1, 4096\], got 2147483648"),
+    (dict(match_cap=2**31 - 1), r"CursorParams.match_cap must be an int in \[1, 4096\]"),  # an 8 GB buffer
+    (dict(match_gain=1e39), r"CursorParams.match_gain must be a finite number"),  # inf as a C++ float
+    (dict(decay_levels=2**31), r"CursorParams.decay_levels must be an int in \[1, 2147483647\]"),
     (dict(match_cap="16"), r"CursorParams.match_cap must be an int .* got '16'"),
     (dict(max_candidates=0), r"CursorParams.max_candidates must be an int in \[1, "),
     (dict(distance_scale=0.0), r"CursorParams.distance_scale must be a finite number in \[0.001, inf\], got 0.0"),
