@@ -124,6 +124,12 @@ def run(args) -> int:
 
     if args.threads is not None and args.threads < 1:
         raise ValueError(f"--threads must be >= 1, got {args.threads}")
+    if args.max_new_tokens is not None and args.max_new_tokens < 1:
+        raise ValueError(f"--max-new-tokens must be >= 1, got {args.max_new_tokens}")
+    if args.out is not None:
+        from refdec.cli import check_output_path
+
+        check_output_path(args.out)
     if args.threads:
         torch.set_num_threads(args.threads)
     original = _read(args.file)
@@ -148,7 +154,8 @@ def run(args) -> int:
     result = prompt.extract(tokenizer.decode(new_ids, skip_special_tokens=True))
 
     if args.out is not None:
-        Path(args.out).write_text(result, encoding="utf-8")
+        with open(args.out, "w", encoding="utf-8", newline="") as out_file:  # line endings as generated
+            out_file.write(result)
     elif stream_to_stdout and not result.endswith("\n"):
         sys.stdout.write("\n")
     if args.diff:

@@ -61,7 +61,7 @@ def register(subparsers) -> None:
                         "(needs the index's signatures, FILE.minhash; default 0)")
     p.add_argument("--max-new-tokens", type=int, default=256, metavar="N")
     p.add_argument("--sample", action="store_true", help="sample instead of greedy decoding")
-    p.add_argument("--temperature", type=float, default=1.0, metavar="T")
+    p.add_argument("--temperature", type=float, default=None, metavar="T", help="with --sample (default 1.0)")
     p.add_argument("--top-k", type=int, default=None, metavar="K")
     p.add_argument("--top-p", type=float, default=None, metavar="P")
     p.add_argument("--seed", type=int, default=None, metavar="S", help="sampling seed (default: random)")
@@ -82,7 +82,9 @@ def read_prompts_jsonl(path: str) -> list[dict]:
     """The requests of a ``--prompts-jsonl`` file: ``[{"prompt": str, "references": [str, ...]}]``.
     ValueError names the line of a malformed request."""
     requests = []
-    for line_no, line in enumerate(_read(path).splitlines(), start=1):
+    from refdec.cli import jsonl_lines
+
+    for line_no, line in enumerate(jsonl_lines(_read(path)), start=1):
         if not line.strip():
             continue
         try:
@@ -121,6 +123,13 @@ def run(args) -> int:
         raise ValueError(f"--max-batch-size must be >= 1, got {args.max_batch_size}")
     if args.threads is not None and args.threads < 1:
         raise ValueError(f"--threads must be >= 1, got {args.threads}")
+    if not args.sample:
+        given = [flag for flag, value in (("--temperature", args.temperature), ("--top-k", args.top_k),
+                                          ("--top-p", args.top_p), ("--seed", args.seed)) if value is not None]
+        if given:
+            raise ValueError(f"{', '.join(given)} need --sample (without it decoding is greedy)")
+    if args.temperature is None:
+        args.temperature = 1.0
     if args.threads:
         torch.set_num_threads(args.threads)
     requests = read_prompts_jsonl(args.prompts_jsonl) if args.prompts_jsonl else None
@@ -140,7 +149,7 @@ def run(args) -> int:
     from transformers import TextStreamer
 
     input_ids = tokenizer(prompt, return_tensors="pt")["input_ids"]
-    streamer = TextStreamer(tokenizer, skip_prompt=True)
+    streamer = TextStreamer(tokenizer, skip_prompt=True, skip_special_tokens=True)
     out = decoder.generate(
         input_ids, references=references or None, max_new_tokens=args.max_new_tokens, do_sample=args.sample,
         temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, seed=args.seed,
@@ -168,7 +177,7 @@ def _run_batch(args, decoder, tokenizer, requests: list[dict], references: list[
     width = out.sequences.shape[1] - max(r.new_tokens for r in out.stats.rows)  # the padded prompt width
     for line, row in enumerate(out.stats.rows):
         new = out.sequences[line, width: width + row.new_tokens]
-        print(json.dumps({"line": line, "completion": tokenizer.decode(new), "new_tokens": row.new_tokens,
+        print(json.dumps({"line": line, "completion": tokenizer.decode(new, skip_special_tokens=True), "new_tokens": row.new_tokens,
                           "stop_reason": row.stop_reason, "tokens_per_pass": round(row.tokens_per_pass, 3)}))
     s = out.stats
     print(f"[refdec] {len(requests)} prompts, at most {args.max_batch_size} together: {s.summary()}", file=sys.stderr)

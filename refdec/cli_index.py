@@ -131,6 +131,8 @@ def find_files(paths: list[str], pattern: str) -> list[Path]:
 
 def read_documents(files: list[Path], jsonl_field: str, stats: SourceStats) -> Iterator[str]:
     """Yield the documents of each file: its text, or the field of each line of a .jsonl file."""
+    from refdec.cli import jsonl_lines
+
     for path in files:
         stats.files += 1
         try:
@@ -139,7 +141,7 @@ def read_documents(files: list[Path], jsonl_field: str, stats: SourceStats) -> I
             stats.non_utf8.append(str(path))
             continue
         if path.suffix == ".jsonl":
-            for line in text.splitlines():
+            for line in jsonl_lines(text):
                 if not line.strip():
                     continue
                 try:
@@ -169,6 +171,9 @@ def run_build(args: argparse.Namespace) -> int:
     from refdec.index import CorpusIndex, tokenizer_fingerprint
     from refdec.models import load_tokenizer
 
+    from refdec.cli import check_output_path
+
+    check_output_path(args.out)
     files = find_files(args.paths, args.glob)
     if not files:
         raise ValueError(f"no files match {args.glob!r} under {', '.join(args.paths)}")

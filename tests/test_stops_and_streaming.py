@@ -404,7 +404,7 @@ def test_cli_generate_prompts_jsonl_writes_each_completion_in_order(tmp_path, ti
     for row, text in zip(rows, prompts):
         ids = tiny_tokenizer(text)["input_ids"]
         out = refdec.generate(loaded, ids, max_new_tokens=10, max_draft_tokens=0)
-        assert row["completion"] == tiny_tokenizer.decode(out.sequences[0, len(ids):])
+        assert row["completion"] == tiny_tokenizer.decode(out.sequences[0, len(ids):], skip_special_tokens=True)
         assert row["new_tokens"] == out.stats.new_tokens and row["stop_reason"] == out.stats.stop_reason
     assert "4 prompts, at most 2 together" in captured.err
 
@@ -443,3 +443,50 @@ def test_cli_threads_must_be_positive(tmp_path, capsys, command):
     args = ["--prompt", "a"] if command == "generate" else [str(tmp_path / "f.py"), "--instruction", "x"]
     assert main([command, *args, "--threads", "0"]) == 2
     assert "--threads must be >= 1, got 0" in capsys.readouterr().err
+
+
+def test_cli_text_files_keep_crlf_and_name_a_non_utf8_file(tmp_path):
+    from refdec.cli import read_text_file
+
+    (tmp_path / "crlf.py").write_bytes(b"a = 1\r\nb = 2\r\n")
+    assert read_text_file(str(tmp_path / "crlf.py")) == "a = 1\r\nb = 2\r\n"  # was converted to LF
+    (tmp_path / "latin1.txt").write_bytes("caf\xe9".encode("latin-1"))
+    with pytest.raises(ValueError, match=r"latin1.txt is not UTF-8 text"):
+        read_text_file(str(tmp_path / "latin1.txt"))
+
+
+def test_jsonl_records_holding_unicode_line_separators_are_one_line_each(tmp_path):
+    """json.dumps(ensure_ascii=False) writes U+2028 / U+2029 raw inside strings; str.splitlines split
+    such a record in two (a valid --prompts-jsonl file was rejected, an index record dropped)."""
+    import json
+
+    from refdec.cli_generate import read_prompts_jsonl
+    from refdec.cli_index import SourceStats, read_documents
+
+    texts = ["first\u2028line", "second\u2029x\x85y\x0cz", "third"]
+    for key in ("prompt", "text"):
+        body = "\r\n".join(json.dumps({key: t}, ensure_ascii=False) for t in texts) + "\n"
+        (tmp_path / f"{key}.jsonl").write_text(body, encoding="utf-8", newline="")
+    assert [r["prompt"] for r in read_prompts_jsonl(str(tmp_path / "prompt.jsonl"))] == texts
+    stats = SourceStats()
+    assert list(read_documents([tmp_path / "text.jsonl"], "text", stats)) == texts
+    assert stats.bad_records == 0
+
+
+def test_cli_user_mistakes_are_errors_before_any_work_not_tracebacks(tmp_path, capsys):
+    from refdec.cli import main
+
+    (tmp_path / "f.py").write_text("x = 1\n", encoding="utf-8")
+    # --out in a missing directory / a directory: refused before the model or tokenizer loads
+    assert main(["edit", str(tmp_path / "f.py"), "--instruction", "x", "--model", str(tmp_path / "no-model"),
+                 "--out", str(tmp_path / "missing" / "new.py")]) == 2
+    err = capsys.readouterr().err
+    assert "new.py: directory" in err and "does not exist" in err
+    assert main(["index", "build", str(tmp_path), "--tokenizer", str(tmp_path / "no-tok"), "--out", str(tmp_path)]) == 2
+    assert "is a directory; give a file path" in capsys.readouterr().err
+    # an OSError (here: a directory given as the index file) is a message, not a traceback
+    assert main(["index", "info", str(tmp_path)]) == 2
+    assert capsys.readouterr().err.startswith("refdec: error:")
+    # sampling flags without --sample were silently ignored
+    assert main(["generate", "--prompt", "a", "--temperature", "0.5", "--seed", "1"]) == 2
+    assert "--temperature, --seed need --sample" in capsys.readouterr().err
