@@ -133,10 +133,12 @@ def normalize_batch(input_ids, attention_mask, vocab_size: int) -> tuple[list[np
             raise ValueError("attention_mask is for a padded [B, L] input_ids; a list of prompts needs none")
         rows = []
         for b, p in enumerate(input_ids):
+            if isinstance(p, (torch.Tensor, np.ndarray)) and p.ndim == 2 and p.shape[0] == 1:
+                p = p[0]  # a tokenizer's return_tensors="pt" output for one prompt: [1, L]
             if isinstance(p, torch.Tensor):
                 if p.ndim != 1 or p.dtype.is_floating_point or p.dtype == torch.bool:
-                    raise ValueError(f"input_ids[{b}] must be a 1-D integer tensor, got shape {tuple(p.shape)} "
-                                     f"dtype {p.dtype}")
+                    raise ValueError(f"input_ids[{b}] must be a 1-D (or [1, L]) integer tensor, got shape "
+                                     f"{tuple(p.shape)} dtype {p.dtype}")
                 arr = p.detach().cpu().numpy().astype(np.int64)
             elif isinstance(p, np.ndarray):
                 if p.ndim != 1 or not np.issubdtype(p.dtype, np.integer):

@@ -202,6 +202,20 @@ def _check_generation_config(model) -> PathLogitsProcessor:
                                no_repeat_ngram_size=getattr(gen_config, "no_repeat_ngram_size", None))
 
 
+def _check_index_tokenizer(index, tokenizer) -> None:
+    """An index built with another tokenizer drafts ids that mean other text: refuse it (as
+    ``CorpusIndex.load(path, tokenizer=...)`` does) when both are known."""
+    fingerprint = getattr(index, "fingerprint", None)
+    if not fingerprint or tokenizer is None or not hasattr(tokenizer, "get_vocab"):
+        return
+    from refdec.index import tokenizer_fingerprint
+
+    ours = tokenizer_fingerprint(tokenizer)  # memoised per tokenizer object
+    if ours != fingerprint:
+        raise ValueError(f"index was built with another tokenizer (fingerprint {fingerprint[:12]}..., the "
+                         f"tokenizer given has {ours[:12]}...): its drafts would be other text")
+
+
 def _validate_sampling(do_sample, temperature, top_k, top_p, seed) -> None:
     if not isinstance(do_sample, bool):
         raise ValueError(f"do_sample must be True or False, got {do_sample!r}")
@@ -520,6 +534,7 @@ class SpeculativeDecoder:
             raise ValueError(f"max_batch_size must be an int >= 1 or None, got {max_batch_size!r}")
         tokenizer = tokenizer if tokenizer is not None else self.tokenizer
         index = index if index is not None else self.index
+        _check_index_tokenizer(index, tokenizer)
         from refdec import batch as _batch
 
         processor = _check_generation_config(self.model)

@@ -92,6 +92,10 @@ def test_left_padded_tensor_with_attention_mask_equals_the_list_form(model3):
     assert a.sequences.shape == (len(prompts), width + NEW)
     # model.generate's layout: the padded prompt as given, then the new tokens
     assert torch.equal(b.sequences[:, :width], ids)
+    # a list of [1, L] tensors (tokenizer(text, return_tensors="pt").input_ids, as the README builds ids)
+    c = refdec.generate(model, [torch.tensor([p]) for p in prompts], max_new_tokens=NEW, eos_token_id=[],
+                        max_draft_tokens=8)
+    assert c.sequences.tolist() == a.sequences.tolist()
 
 
 @pytest.mark.parametrize("setting", [dict(temperature=1.0), dict(temperature=0.7, top_k=8, top_p=0.9)])

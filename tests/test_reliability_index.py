@@ -509,3 +509,21 @@ def test_continuation_with_a_huge_length_returns_the_whole_continuation():
     index = CorpusIndex.build([[1, 2, 3, 4, 5, 6, 7, 8]], show_progress=False)
     for length in (10, 2**62, 2**63 - 1):
         assert index.continuation([1, 2], length).tolist() == [3, 4, 5, 6, 7, 8]
+
+
+def test_generate_refuses_an_index_built_with_another_tokenizer():
+    """CorpusIndex.load(path, tokenizer) checks the fingerprint; generate(index=..., tokenizer=...)
+    did not, and drafted ids that meant other text (output still exact, drafts wasted)."""
+    import sys
+
+    sys.path.insert(0, str(REPO / "tests"))
+    from tiny_models import tiny_llama
+
+    mine, other = WordTokenizer(["a", "b", "c"]), WordTokenizer(["a", "b", "d"])
+    index = CorpusIndex.build(["a b c a b"], mine, show_progress=False)
+    model = tiny_llama()
+    with pytest.raises(ValueError, match=r"index was built with another tokenizer"):
+        refdec.generate(model, [1, 0, 1], tokenizer=other, index=index, max_new_tokens=3)
+    with pytest.raises(ValueError, match=r"index was built with another tokenizer"):
+        refdec.SpeculativeDecoder(model, tokenizer=other, index=index).generate([1, 0, 1], max_new_tokens=3)
+    assert refdec.generate(model, [1, 0, 1], tokenizer=mine, index=index, max_new_tokens=3).stats.new_tokens == 3
