@@ -433,7 +433,7 @@ def generate_batch(decoder, prompts: list[np.ndarray], padded: np.ndarray | None
                                             position_ids=torch.from_numpy(q_pos[:, begin:end]).to(device),
                                             attention_mask=mask)
         if processor is not None and processor.active:
-            last = torch.stack([processor(last[i], rows[b].seq) for i, b in enumerate(group)])
+            last = torch.stack([processor(last[i], rows[b].seq, rows[b].prompt_len) for i, b in enumerate(group)])
         if do_sample:
             firsts = [rows[b].sampler.sample(last[i], prompt_lens[b]) for i, b in enumerate(group)]
         else:
@@ -535,8 +535,9 @@ def generate_batch(decoder, prompts: list[np.ndarray], padded: np.ndarray | None
             walks = LockstepLazyWalks(trees, hidden, head)
             if processing:  # each row's logits with the sequence on its path
                 def target(i, r, depth, walks=walks):
-                    scores = processor(walks.lazy[i].row_logits(r), rows[active[i]].seq + path_tokens(trees[i], r))
-                    return (rows[active[i]].sampler.sample(scores, int(root_pos[i]) + 1 + depth) if do_sample
+                    row = rows[active[i]]
+                    scores = processor(walks.lazy[i].row_logits(r), row.seq + path_tokens(trees[i], r), row.prompt_len)
+                    return (row.sampler.sample(scores, int(root_pos[i]) + 1 + depth) if do_sample
                             else int(scores.argmax()))
 
                 walk_results = walks.run(target)
@@ -559,7 +560,7 @@ def generate_batch(decoder, prompts: list[np.ndarray], padded: np.ndarray | None
             for i, (b, tree) in enumerate(zip(active, trees)):
                 if processing:
                     def target(r, depth, i=i, row=rows[b], rp=int(root_pos[i]), tree=tree):
-                        scores = processor(logits[i, r], row.seq + path_tokens(tree, r))
+                        scores = processor(logits[i, r], row.seq + path_tokens(tree, r), row.prompt_len)
                         return row.sampler.sample(scores, rp + 1 + depth) if do_sample else int(scores.argmax())
 
                     walk_results.append(accept_walk_lazy(tree, target))

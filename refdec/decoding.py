@@ -166,7 +166,7 @@ def _normalize_eos(eos_token_id, model) -> set[int]:
 
 
 # Fields of a model's generation_config that make model.generate(do_sample=False) change the
-# logits, with their no-op values. refdec applies the two that depend on the sequence so far
+# logits, with their no-op values. refdec applies those that depend only on the sequence so far
 # per tree path (refdec.processors); a model carrying any other is an error
 # rather than a silent difference from model.generate.
 _LOGITS_CONFIG_NOOPS = {
@@ -177,29 +177,34 @@ _LOGITS_CONFIG_NOOPS = {
     "exponential_decay_length_penalty": (None,), "sequence_bias": (None, {}), "guidance_scale": (None, 1.0),
     "watermarking_config": (None,),
 }
-_PATH_PROCESSED = ("repetition_penalty", "no_repeat_ngram_size")
+_PATH_PROCESSED = ("repetition_penalty", "no_repeat_ngram_size", "bad_words_ids", "min_length", "min_new_tokens",
+                   "suppress_tokens", "begin_suppress_tokens")
 
 
-def _check_generation_config(model) -> PathLogitsProcessor:
-    """The processor for ``model.generation_config``'s ``repetition_penalty`` and
-    ``no_repeat_ngram_size``; raise if it sets a logits processor refdec does not apply."""
+def _check_generation_config(model) -> dict:
+    """The settings of ``model.generation_config`` refdec applies per tree path
+    (refdec.processors.PathLogitsProcessor keyword arguments, eos aside); raise if it sets a
+    logits processor refdec does not apply."""
     gen_config = getattr(model, "generation_config", None)
     if gen_config is None:
-        return PathLogitsProcessor()
+        return {}
+
     def is_noop(value, noops) -> bool:
         if isinstance(value, (list, tuple, dict)) and len(value) == 0:
             return True  # an empty list / tuple / dict of banned ids, biases, ...
         return any(value == v for v in noops)
 
-    refused = [(name, getattr(gen_config, name, None)) for name, noops in _LOGITS_CONFIG_NOOPS.items()
-               if name not in _PATH_PROCESSED and not is_noop(getattr(gen_config, name, None), noops)]
+    set_fields = {name: getattr(gen_config, name, None) for name, noops in _LOGITS_CONFIG_NOOPS.items()
+                  if not is_noop(getattr(gen_config, name, None), noops)}
+    refused = [(name, value) for name, value in set_fields.items() if name not in _PATH_PROCESSED]
     if refused:
         listed = ", ".join(f"{name}={value!r}" for name, value in refused)
         resets = "; ".join(f"model.generation_config.{name} = None" for name, _ in refused)
         raise ValueError(f"model.generation_config sets {listed}: model.generate applies it to the logits and "
                          f"refdec does not, so the outputs would differ. Reset it to decode without it: {resets}")
-    return PathLogitsProcessor(repetition_penalty=getattr(gen_config, "repetition_penalty", None),
-                               no_repeat_ngram_size=getattr(gen_config, "no_repeat_ngram_size", None))
+    settings = {name: value for name, value in set_fields.items() if name in _PATH_PROCESSED}
+    PathLogitsProcessor(**settings)  # validates them
+    return settings
 
 
 def _check_index_tokenizer(index, tokenizer) -> None:
@@ -537,7 +542,7 @@ class SpeculativeDecoder:
         _check_index_tokenizer(index, tokenizer)
         from refdec import batch as _batch
 
-        processor = _check_generation_config(self.model)
+        settings = _check_generation_config(self.model)
         if _batch.is_batched_input(input_ids, attention_mask):
             return self._generate_batch(input_ids, attention_mask, tokenizer=tokenizer, index=index,
                                         references=references, max_new_tokens=max_new_tokens,
@@ -545,7 +550,7 @@ class SpeculativeDecoder:
                                         seed=seed, eos_token_id=eos_token_id, stop_strings=stop_strings,
                                         streamer=streamer, max_draft_tokens=max_draft_tokens,
                                         pad_token_id=pad_token_id, retrieve=retrieve,
-                                        max_batch_size=max_batch_size, processor=processor)
+                                        max_batch_size=max_batch_size, processor_settings=settings)
         wall_start = time.perf_counter()
         prompt = _normalize_prompt(input_ids)
         if attention_mask is not None:
@@ -557,6 +562,7 @@ class SpeculativeDecoder:
             raise ValueError(f"max_new_tokens must be an int >= 0, got {max_new_tokens!r}")
         _validate_sampling(do_sample, temperature, top_k, top_p, seed)
         eos = _normalize_eos(eos_token_id, self.model)
+        processor = PathLogitsProcessor(**settings, eos=eos)
         stops = _normalize_stop_strings(stop_strings, tokenizer)
         refs = _normalize_references(references, tokenizer)
         if streamer is not None and not (callable(getattr(streamer, "put", None))
@@ -645,7 +651,7 @@ class SpeculativeDecoder:
                                            input_ids=prompt_tensor[:, begin:end].to(self.device))
         last_logits = logits[0]
         if processor.active:
-            last_logits = processor(last_logits, seq)
+            last_logits = processor(last_logits, seq, prompt_len)
         first = sampler.sample(last_logits, prompt_len) if do_sample else int(last_logits.argmax())
         t1 = time.perf_counter()
         stats.prefill_seconds = t1 - t0
@@ -679,7 +685,7 @@ class SpeculativeDecoder:
                 # -- accept: the head runs on the rows the walk visits, a chunk at a time
                 if processor.active:  # each row's logits with the sequence on its path
                     def path_logits(row, tree=tree, row_logits=row_logits):
-                        return processor(row_logits.row_logits(row), seq + path_tokens(tree, row))
+                        return processor(row_logits.row_logits(row), seq + path_tokens(tree, row), prompt_len)
 
                     accepted, bonus = accept_walk_lazy(tree, lambda row, depth: (
                         sampler.sample(path_logits(row), root_pos + 1 + depth) if do_sample
@@ -699,7 +705,7 @@ class SpeculativeDecoder:
                     t3 = time.perf_counter()
                     # -- accept: each row on the accepted path with the sequence on its path
                     def path_logits(row, tree=tree, logits=logits):
-                        return processor(logits[row], seq + path_tokens(tree, row))
+                        return processor(logits[row], seq + path_tokens(tree, row), prompt_len)
 
                     accepted, bonus = accept_walk_lazy(tree, lambda row, depth: (
                         sampler.sample(path_logits(row), root_pos + 1 + depth) if do_sample
@@ -741,7 +747,7 @@ class SpeculativeDecoder:
     def _generate_batch(self, input_ids, attention_mask, *, tokenizer, index, references, max_new_tokens,
                         do_sample, temperature, top_k, top_p, seed, eos_token_id, stop_strings, streamer,
                         max_draft_tokens, pad_token_id, retrieve, max_batch_size=None,
-                        processor=None) -> GenerateOutput:
+                        processor_settings=None) -> GenerateOutput:
         from refdec import batch as _batch
 
         if streamer is not None:
@@ -773,7 +779,8 @@ class SpeculativeDecoder:
             max_new_tokens=max_new_tokens, do_sample=do_sample, temperature=temperature, top_k=top_k, top_p=top_p,
             seed=seed, eos=eos, stops=stops, max_draft_tokens=max_draft_tokens, pad_token_id=int(pad_token_id),
             retrieve=retrieve, normalize_references=_normalize_references, stop_checker_cls=_StopChecker,
-            stats_cls=DecodingStats, output_cls=GenerateOutput, max_batch_size=max_batch_size, processor=processor)
+            stats_cls=DecodingStats, output_cls=GenerateOutput, max_batch_size=max_batch_size,
+            processor=PathLogitsProcessor(**(processor_settings or {}), eos=eos))
 
 
 def generate(model, input_ids, *, tokenizer=None, index=None, references=None, max_new_tokens: int = 256,

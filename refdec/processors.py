@@ -1,7 +1,7 @@
-"""Logits processors that depend on the tokens before a position, applied per tree path.
+"""Logits processors of a ``generation_config``, applied per tree path.
 
 ``model.generate`` applies the processors a model's ``generation_config`` sets to every
-step's logits. Two of them depend on the sequence so far: ``repetition_penalty`` (every
+step's logits. Most depend on the sequence so far, e.g. ``repetition_penalty`` (every
 token already in the sequence has its logit divided by the penalty when positive,
 multiplied when negative: transformers' RepetitionPenaltyLogitsProcessor) and
 ``no_repeat_ngram_size`` n (a token that would complete an n-gram already in the sequence
@@ -23,40 +23,84 @@ __all__ = ["PathLogitsProcessor", "path_tokens"]
 
 
 class PathLogitsProcessor:
-    """``repetition_penalty`` (float > 0, None = off) and ``no_repeat_ngram_size`` (int >= 1,
-    None or 0 = off), in transformers' order and arithmetic."""
+    """The logits settings of a ``generation_config`` that ``model.generate`` applies in greedy
+    decoding, in transformers' arithmetic: ``repetition_penalty`` (float > 0, None = off),
+    ``no_repeat_ngram_size`` (int, None or 0 = off), ``suppress_tokens`` and
+    ``begin_suppress_tokens`` (token ids banned everywhere / at the first new position),
+    ``bad_words_ids`` (token id lists: the last token is banned where the sequence ends with
+    the others; a one-token word equal to an eos is dropped, as transformers does),
+    ``min_length`` / ``min_new_tokens`` (the ``eos`` ids are banned while the sequence / the
+    new tokens are shorter)."""
 
-    def __init__(self, repetition_penalty: float | None = None, no_repeat_ngram_size: int | None = None) -> None:
+    def __init__(self, repetition_penalty: float | None = None, no_repeat_ngram_size: int | None = None, *,
+                 suppress_tokens=None, begin_suppress_tokens=None, bad_words_ids=None, min_length: int | None = None,
+                 min_new_tokens: int | None = None, eos=()) -> None:
         if repetition_penalty is not None and not (isinstance(repetition_penalty, (int, float))
                                                    and not isinstance(repetition_penalty, bool)
                                                    and np.isfinite(repetition_penalty) and repetition_penalty > 0):
             raise ValueError(f"repetition_penalty must be a finite number > 0 or None, got {repetition_penalty!r}")
-        if no_repeat_ngram_size is not None and (isinstance(no_repeat_ngram_size, bool)
-                                                 or not isinstance(no_repeat_ngram_size, (int, np.integer))
-                                                 or no_repeat_ngram_size < 0):
-            raise ValueError(f"no_repeat_ngram_size must be an int >= 0 or None, got {no_repeat_ngram_size!r}")
+        for name, value in (("no_repeat_ngram_size", no_repeat_ngram_size), ("min_length", min_length),
+                            ("min_new_tokens", min_new_tokens)):
+            if value is not None and (isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 0):
+                raise ValueError(f"{name} must be an int >= 0 or None, got {value!r}")
         self.repetition_penalty = None if repetition_penalty in (None, 1.0) else float(repetition_penalty)
         self.no_repeat_ngram_size = int(no_repeat_ngram_size) if no_repeat_ngram_size else None
+        self.suppress_tokens = _id_set(suppress_tokens, "suppress_tokens")
+        self.begin_suppress_tokens = _id_set(begin_suppress_tokens, "begin_suppress_tokens")
+        self.eos = {int(e) for e in eos}
+        words = []
+        for word in bad_words_ids or []:
+            if (not isinstance(word, (list, tuple)) or not word
+                    or not all(isinstance(t, (int, np.integer)) and not isinstance(t, bool) and t >= 0 for t in word)):
+                raise ValueError(f"bad_words_ids must be a list of non-empty lists of token ids >= 0, got {word!r}")
+            if not (len(word) == 1 and int(word[0]) in self.eos):
+                words.append(tuple(int(t) for t in word))
+        self.bad_words = words
+        # eos bans only while an eos exists (transformers adds the min-length processors only then)
+        self.min_length = int(min_length) if min_length and self.eos else None
+        self.min_new_tokens = int(min_new_tokens) if min_new_tokens and self.eos else None
 
     @property
     def active(self) -> bool:
-        return self.repetition_penalty is not None or self.no_repeat_ngram_size is not None
+        return bool(self.repetition_penalty is not None or self.no_repeat_ngram_size is not None
+                    or self.suppress_tokens or self.begin_suppress_tokens or self.bad_words
+                    or self.min_length is not None or self.min_new_tokens is not None)
 
-    def __call__(self, logits_row: torch.Tensor, sequence: list[int]) -> torch.Tensor:
+    def __call__(self, logits_row: torch.Tensor, sequence: list[int], prompt_len: int) -> torch.Tensor:
         """A processed float32 copy of ``logits_row`` (float [V], any float dtype) for the position
-        after ``sequence`` (the token ids before it, prompt included). float32 as transformers'
-        generate, which casts each step's logits to float32 before its processors: a penalty
-        divided in bfloat16 rounds and can tie or flip the top token."""
+        after ``sequence`` (the token ids before it, the ``prompt_len`` prompt tokens included).
+        float32 as transformers' generate, which casts each step's logits to float32 before its
+        processors: a penalty divided in bfloat16 rounds and can tie or flip the top token."""
         scores = logits_row.to(dtype=torch.float32, copy=True)
         if self.repetition_penalty is not None and sequence:
             ids = torch.tensor(sorted(set(sequence)), dtype=torch.long, device=scores.device)
             picked = scores[ids]
             scores[ids] = torch.where(picked < 0, picked * self.repetition_penalty, picked / self.repetition_penalty)
+        banned = set(self.suppress_tokens)
         if self.no_repeat_ngram_size is not None:
-            banned = banned_ngram_tokens(sequence, self.no_repeat_ngram_size)
-            if banned:
-                scores[torch.tensor(sorted(banned), dtype=torch.long, device=scores.device)] = -float("inf")
+            banned |= banned_ngram_tokens(sequence, self.no_repeat_ngram_size)
+        if self.begin_suppress_tokens and len(sequence) == prompt_len:
+            banned |= self.begin_suppress_tokens
+        if ((self.min_length is not None and len(sequence) < self.min_length)
+                or (self.min_new_tokens is not None and len(sequence) - prompt_len < self.min_new_tokens)):
+            banned |= self.eos
+        for word in self.bad_words:
+            # transformers' sequence bias: the word's prefix must fit in the sequence
+            if len(word) == 1 or (len(word) - 1 <= len(sequence) and tuple(sequence[-(len(word) - 1):]) == word[:-1]):
+                banned.add(word[-1])
+        banned = [t for t in banned if t < scores.shape[0]]
+        if banned:
+            scores[torch.tensor(sorted(banned), dtype=torch.long, device=scores.device)] = -float("inf")
         return scores
+
+
+def _id_set(ids, name: str) -> set[int]:
+    if ids is None:
+        return set()
+    if not isinstance(ids, (list, tuple, set)) or not all(
+            isinstance(t, (int, np.integer)) and not isinstance(t, bool) and t >= 0 for t in ids):
+        raise ValueError(f"{name} must be a list of token ids >= 0 or None, got {ids!r}")
+    return {int(t) for t in ids}
 
 
 def banned_ngram_tokens(sequence: list[int], n: int) -> set[int]:

@@ -5,13 +5,16 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from transformers.generation.logits_process import NoRepeatNGramLogitsProcessor, RepetitionPenaltyLogitsProcessor
+from transformers.generation.logits_process import (MinLengthLogitsProcessor, MinNewTokensLengthLogitsProcessor,
+                                                    NoBadWordsLogitsProcessor, NoRepeatNGramLogitsProcessor,
+                                                    RepetitionPenaltyLogitsProcessor, SuppressTokensAtBeginLogitsProcessor,
+                                                    SuppressTokensLogitsProcessor)
 
 from refdec.processors import PathLogitsProcessor, banned_ngram_tokens, path_tokens
 from refdec.tree import DraftTree
 
 
-def hf_processed(logits_row, sequence, penalty, ngram):
+def hf_processed(logits_row, sequence, penalty, ngram, prompt_len=0, eos=(), **more):
     """transformers' order and dtype: the step's logits cast to float32, then the processors."""
     scores = logits_row.to(torch.float32).unsqueeze(0)
     ids = torch.tensor([sequence], dtype=torch.long)
@@ -19,6 +22,16 @@ def hf_processed(logits_row, sequence, penalty, ngram):
         scores = RepetitionPenaltyLogitsProcessor(penalty)(ids, scores)
     if ngram is not None:
         scores = NoRepeatNGramLogitsProcessor(ngram)(ids, scores)
+    if more.get("bad_words_ids"):
+        scores = NoBadWordsLogitsProcessor(more["bad_words_ids"], list(eos) or None)(ids, scores)
+    if more.get("min_length") and eos:
+        scores = MinLengthLogitsProcessor(more["min_length"], list(eos))(ids, scores)
+    if more.get("min_new_tokens") and eos:
+        scores = MinNewTokensLengthLogitsProcessor(prompt_len, more["min_new_tokens"], list(eos))(ids, scores)
+    if more.get("suppress_tokens"):
+        scores = SuppressTokensLogitsProcessor(more["suppress_tokens"])(ids, scores)
+    if more.get("begin_suppress_tokens"):
+        scores = SuppressTokensAtBeginLogitsProcessor(more["begin_suppress_tokens"], prompt_len)(ids, scores)
     return scores[0]
 
 
@@ -33,7 +46,7 @@ def test_path_processor_equals_transformers_processors(dtype, penalty, ngram):
         logits = torch.from_numpy(rng.normal(0, 4, size=vocab)).to(dtype)
         if trial % 7 == 0:
             logits[3] = -float("inf")
-        got = processor(logits, sequence)
+        got = processor(logits, sequence, 0)
         want = hf_processed(logits, sequence, penalty, ngram)
         assert got.dtype == torch.float32
         assert torch.equal(got, want), (sequence, penalty, ngram)
@@ -56,3 +69,28 @@ def test_bad_processor_settings_are_value_errors():
     with pytest.raises(ValueError, match="no_repeat_ngram_size must be an int >= 0 or None, got 2.5"):
         PathLogitsProcessor(no_repeat_ngram_size=2.5)
     assert not PathLogitsProcessor(repetition_penalty=1.0, no_repeat_ngram_size=0).active
+    assert not PathLogitsProcessor(min_new_tokens=5).active  # no eos: nothing to ban (as transformers)
+    assert not PathLogitsProcessor(bad_words_ids=[[2]], eos=[2]).active  # an eos bad word is dropped
+    with pytest.raises(ValueError, match="bad_words_ids must be a list of non-empty lists"):
+        PathLogitsProcessor(bad_words_ids=[[]])
+    with pytest.raises(ValueError, match="suppress_tokens must be a list of token ids"):
+        PathLogitsProcessor(suppress_tokens=[-1])
+
+
+@pytest.mark.parametrize("more", [dict(suppress_tokens=[3, 7]), dict(begin_suppress_tokens=[1, 5]),
+                                  dict(bad_words_ids=[[5], [6, 7], [1, 2, 3], [2]]), dict(min_length=12),
+                                  dict(min_new_tokens=4), dict(bad_words_ids=[[4, 4]], min_new_tokens=3, penalty=1.2)])
+def test_bans_equal_transformers_processors(more):
+    rng = np.random.default_rng(11)
+    more = dict(more)
+    penalty = more.pop("penalty", None)
+    eos = (2,)
+    processor = PathLogitsProcessor(repetition_penalty=penalty, eos=eos, **more)
+    assert processor.active
+    for trial in range(200):
+        sequence = rng.integers(0, 8, size=int(rng.integers(1, 20))).tolist()
+        prompt_len = int(rng.integers(1, len(sequence) + 1))
+        logits = torch.from_numpy(rng.normal(0, 4, size=16)).to(torch.float32)
+        got = processor(logits, sequence, prompt_len)
+        want = hf_processed(logits, sequence, penalty, None, prompt_len=prompt_len, eos=eos, **more)
+        assert torch.equal(got, want), (sequence, prompt_len, more)

@@ -246,7 +246,7 @@ def test_bad_arguments_raise_value_errors_naming_them(llama, kwargs, message):
         refdec.generate(llama, [1, 5, 6], **kwargs)
 
 
-@pytest.mark.parametrize("field", ["suppress_tokens", "bad_words_ids"])
+@pytest.mark.parametrize("field", ["forced_eos_token_id", "sequence_bias"])
 def test_a_logits_setting_in_the_generation_config_is_an_error_naming_it(field):
     """model.generate(do_sample=False) applies these to the logits; refdec does not, so it refuses
     rather than return other tokens. Reset to None, refdec equals model.generate again."""
@@ -254,7 +254,7 @@ def test_a_logits_setting_in_the_generation_config_is_an_error_naming_it(field):
     prompt = [1, 5, 6, 7, 5, 6]
     plain = hf(model, prompt, max_new_tokens=12, eos_token_id=None)
     first = plain[len(prompt)]
-    value = {"suppress_tokens": [first], "bad_words_ids": [[first]]}[field]
+    value = {"forced_eos_token_id": (first + 1) % 96, "sequence_bias": {(first,): -100.0}}[field]
     setattr(model.generation_config, field, value)
     assert hf(model, prompt, max_new_tokens=12, eos_token_id=None) != plain  # the setting changes the tokens
     with pytest.raises(ValueError, match=rf"model.generation_config sets {field}=.*generation_config.{field} = None"):
@@ -263,6 +263,38 @@ def test_a_logits_setting_in_the_generation_config_is_an_error_naming_it(field):
         refdec.generate(model, [prompt, prompt[:4]], max_new_tokens=12, eos_token_id=[])
     setattr(model.generation_config, field, None)
     assert refdec.generate(model, prompt, max_new_tokens=12, eos_token_id=[]).sequences[0].tolist() == plain
+
+
+@pytest.mark.parametrize("kind", ["suppress_tokens", "begin_suppress_tokens", "bad_words_ids", "min_new_tokens",
+                                  "min_length"])
+def test_token_bans_in_the_generation_config_apply_per_tree_path_like_model_generate(kind):
+    """suppress_tokens, begin_suppress_tokens, bad_words_ids, min_new_tokens and min_length: greedy
+    equals model.generate with drafts that run into the banned choices, single and batched."""
+    model = tiny_llama()
+    prompts = repetitive_prompts(3, seed=43)
+    changed = 0
+    for prompt in prompts:
+        plain = hf(model, prompt, max_new_tokens=NEW, eos_token_id=None)
+        new = plain[len(prompt):]
+        eos = new[6]  # a token the model writes early: an eos to hold off
+        value = {"suppress_tokens": [new[2], new[9]], "begin_suppress_tokens": [new[0]],
+                 "bad_words_ids": [[new[3], new[4]], [new[10]]], "min_new_tokens": 15,
+                 "min_length": len(prompt) + 15}[kind]
+        setattr(model.generation_config, kind, value)
+        want = hf(model, prompt, max_new_tokens=NEW, eos_token_id=eos)
+        setattr(model.generation_config, kind, None)
+        changed += want != hf(model, prompt, max_new_tokens=NEW, eos_token_id=eos)
+        setattr(model.generation_config, kind, value)
+        for budget in (0, 16, 64):
+            out = refdec.generate(model, prompt, references=[plain[len(prompt) - 3:]], max_new_tokens=NEW,
+                                  eos_token_id=eos, max_draft_tokens=budget)
+            assert out.sequences[0].tolist() == want, (kind, budget)
+        rows = refdec.generate(model, [prompt, prompts[0]], references=[plain[len(prompt) - 3:]],
+                               max_new_tokens=NEW, eos_token_id=eos, max_draft_tokens=16, max_batch_size=1)
+        assert rows.stats.rows[0].new_tokens == len(want) - len(prompt)
+        assert rows.sequences[0, :len(want)].tolist() == want
+        setattr(model.generation_config, kind, None)
+    assert changed >= 2
 
 
 @pytest.mark.parametrize("setting", [dict(repetition_penalty=1.8), dict(repetition_penalty=0.6),
