@@ -177,7 +177,8 @@ def _run_batch(args, decoder, tokenizer, requests: list[dict], references: list[
     width = out.sequences.shape[1] - max(r.new_tokens for r in out.stats.rows)  # the padded prompt width
     for line, row in enumerate(out.stats.rows):
         new = out.sequences[line, width: width + row.new_tokens]
-        print(json.dumps({"line": line, "completion": tokenizer.decode(new, skip_special_tokens=True), "new_tokens": row.new_tokens,
+        completion = tokenizer.decode(new, skip_special_tokens=True)
+        print(json.dumps({"line": line, "completion": completion, "new_tokens": row.new_tokens,
                           "stop_reason": row.stop_reason, "tokens_per_pass": round(row.tokens_per_pass, 3)}))
     s = out.stats
     print(f"[refdec] {len(requests)} prompts, at most {args.max_batch_size} together: {s.summary()}", file=sys.stderr)

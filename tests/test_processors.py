@@ -5,10 +5,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from transformers.generation.logits_process import (MinLengthLogitsProcessor, MinNewTokensLengthLogitsProcessor,
-                                                    NoBadWordsLogitsProcessor, NoRepeatNGramLogitsProcessor,
-                                                    RepetitionPenaltyLogitsProcessor, SuppressTokensAtBeginLogitsProcessor,
-                                                    SuppressTokensLogitsProcessor)
+from transformers.generation.logits_process import (
+    MinLengthLogitsProcessor, MinNewTokensLengthLogitsProcessor, NoBadWordsLogitsProcessor, NoRepeatNGramLogitsProcessor,
+    RepetitionPenaltyLogitsProcessor, SuppressTokensAtBeginLogitsProcessor, SuppressTokensLogitsProcessor)
 
 from refdec.processors import PathLogitsProcessor, banned_ngram_tokens, path_tokens
 from refdec.tree import DraftTree
