@@ -103,8 +103,8 @@ from refdec.budget import AutoBudget, FixedBudget, batch_prefix_sizes, make_budg
 from refdec.cache import GrowingLayer, new_cache
 from refdec.masks import _finish, ancestor_matrix
 from refdec.sampling import TargetSampler, random_seed
-from refdec.tree import DraftTree
 from refdec.processors import path_tokens
+from refdec.tree import DraftTree
 from refdec.verify import LockstepLazyWalks, accept_walk, accept_walk_lazy
 
 
@@ -432,7 +432,7 @@ def generate_batch(decoder, prompts: list[np.ndarray], padded: np.ndarray | None
                                             input_ids=torch.from_numpy(ids[:, begin:end]).to(device),
                                             position_ids=torch.from_numpy(q_pos[:, begin:end]).to(device),
                                             attention_mask=mask)
-        if processor is not None and processor.active:
+        if processing:
             last = torch.stack([processor(last[i], rows[b].seq, rows[b].prompt_len) for i, b in enumerate(group)])
         if do_sample:
             firsts = [rows[b].sampler.sample(last[i], prompt_lens[b]) for i, b in enumerate(group)]
@@ -536,9 +536,8 @@ def generate_batch(decoder, prompts: list[np.ndarray], padded: np.ndarray | None
             if processing:  # each row's logits with the sequence on its path
                 def target(i, r, depth, walks=walks):
                     row = rows[active[i]]
-                    scores = processor(walks.lazy[i].row_logits(r), row.seq + path_tokens(trees[i], r), row.prompt_len)
-                    return (row.sampler.sample(scores, int(root_pos[i]) + 1 + depth) if do_sample
-                            else int(scores.argmax()))
+                    return processor.target(walks.lazy[i].row_logits(r), row.seq + path_tokens(trees[i], r),
+                                            row.prompt_len, row.sampler, int(root_pos[i]) + 1 + depth)
 
                 walk_results = walks.run(target)
             elif do_sample:
@@ -559,11 +558,10 @@ def generate_batch(decoder, prompts: list[np.ndarray], padded: np.ndarray | None
             walk_results = []
             for i, (b, tree) in enumerate(zip(active, trees)):
                 if processing:
-                    def target(r, depth, i=i, row=rows[b], rp=int(root_pos[i]), tree=tree):
-                        scores = processor(logits[i, r], row.seq + path_tokens(tree, r), row.prompt_len)
-                        return row.sampler.sample(scores, rp + 1 + depth) if do_sample else int(scores.argmax())
-
-                    walk_results.append(accept_walk_lazy(tree, target))
+                    row, rp = rows[b], int(root_pos[i])
+                    walk_results.append(accept_walk_lazy(tree, lambda r, depth, i=i, row=row, rp=rp, tree=tree: (
+                        processor.target(logits[i, r], row.seq + path_tokens(tree, r), row.prompt_len, row.sampler,
+                                         rp + 1 + depth))))
                 elif do_sample:
                     row, rp = rows[b], int(root_pos[i])
                     walk_results.append(accept_walk_lazy(

@@ -181,13 +181,13 @@ _PATH_PROCESSED = ("repetition_penalty", "no_repeat_ngram_size", "bad_words_ids"
                    "suppress_tokens", "begin_suppress_tokens")
 
 
-def _check_generation_config(model) -> dict:
-    """The settings of ``model.generation_config`` refdec applies per tree path
-    (refdec.processors.PathLogitsProcessor keyword arguments, eos aside); raise if it sets a
-    logits processor refdec does not apply."""
+def _generation_config_processor(model, eos: set[int]) -> PathLogitsProcessor:
+    """The processor for the settings of ``model.generation_config`` refdec applies per tree path
+    (``eos``: the decoding's eos ids, for the min-length bans); raise if it sets a logits
+    processor refdec does not apply."""
     gen_config = getattr(model, "generation_config", None)
     if gen_config is None:
-        return {}
+        return PathLogitsProcessor(eos=eos)
 
     def is_noop(value, noops) -> bool:
         if isinstance(value, (list, tuple, dict)) and len(value) == 0:
@@ -202,9 +202,8 @@ def _check_generation_config(model) -> dict:
         resets = "; ".join(f"model.generation_config.{name} = None" for name, _ in refused)
         raise ValueError(f"model.generation_config sets {listed}: model.generate applies it to the logits and "
                          f"refdec does not, so the outputs would differ. Reset it to decode without it: {resets}")
-    settings = {name: value for name, value in set_fields.items() if name in _PATH_PROCESSED}
-    PathLogitsProcessor(**settings)  # validates them
-    return settings
+    return PathLogitsProcessor(**{name: value for name, value in set_fields.items() if name in _PATH_PROCESSED},
+                               eos=eos)
 
 
 def _check_index_tokenizer(index, tokenizer) -> None:
@@ -356,15 +355,16 @@ class _StopChecker:
         # tokens (byte fallback). So "without it" is the longest text of the tail's first k tokens,
         # k < len(tail), that is a prefix of the text (the bytes of the character the final token
         # completes belong to its text); failing that, the common prefix with the text.
-        unchanged = None
+        unchanged, without_last = None, ""
         for k in range(len(tail) - 1, max(0, len(tail) - 5), -1):
             before = decode(tail[:k], skip_special_tokens=False)
+            if k == len(tail) - 1:
+                without_last = before
             if text.startswith(before):
                 unchanged = len(before)
                 break
         if unchanged is None:
-            before = decode(tail[:-1], skip_special_tokens=False) if len(tail) > 1 else ""
-            unchanged = len(os.path.commonprefix([before, text]))
+            unchanged = len(os.path.commonprefix([without_last, text]))
         for s in self.stop_strings:
             start = max(0, unchanged - len(s) + 1)
             if s in text[start:]:
@@ -542,7 +542,6 @@ class SpeculativeDecoder:
         _check_index_tokenizer(index, tokenizer)
         from refdec import batch as _batch
 
-        settings = _check_generation_config(self.model)
         if _batch.is_batched_input(input_ids, attention_mask):
             return self._generate_batch(input_ids, attention_mask, tokenizer=tokenizer, index=index,
                                         references=references, max_new_tokens=max_new_tokens,
@@ -550,7 +549,7 @@ class SpeculativeDecoder:
                                         seed=seed, eos_token_id=eos_token_id, stop_strings=stop_strings,
                                         streamer=streamer, max_draft_tokens=max_draft_tokens,
                                         pad_token_id=pad_token_id, retrieve=retrieve,
-                                        max_batch_size=max_batch_size, processor_settings=settings)
+                                        max_batch_size=max_batch_size)
         wall_start = time.perf_counter()
         prompt = _normalize_prompt(input_ids)
         if attention_mask is not None:
@@ -562,7 +561,7 @@ class SpeculativeDecoder:
             raise ValueError(f"max_new_tokens must be an int >= 0, got {max_new_tokens!r}")
         _validate_sampling(do_sample, temperature, top_k, top_p, seed)
         eos = _normalize_eos(eos_token_id, self.model)
-        processor = PathLogitsProcessor(**settings, eos=eos)
+        processor = _generation_config_processor(self.model, eos)
         stops = _normalize_stop_strings(stop_strings, tokenizer)
         refs = _normalize_references(references, tokenizer)
         if streamer is not None and not (callable(getattr(streamer, "put", None))
@@ -684,12 +683,9 @@ class SpeculativeDecoder:
                 t3 = time.perf_counter()
                 # -- accept: the head runs on the rows the walk visits, a chunk at a time
                 if processor.active:  # each row's logits with the sequence on its path
-                    def path_logits(row, tree=tree, row_logits=row_logits):
-                        return processor(row_logits.row_logits(row), seq + path_tokens(tree, row), prompt_len)
-
-                    accepted, bonus = accept_walk_lazy(tree, lambda row, depth: (
-                        sampler.sample(path_logits(row), root_pos + 1 + depth) if do_sample
-                        else int(path_logits(row).argmax())))
+                    accepted, bonus = accept_walk_lazy(tree, lambda row, depth: processor.target(
+                        row_logits.row_logits(row), seq + path_tokens(tree, row), prompt_len, sampler,
+                        root_pos + 1 + depth))
                 elif do_sample:
                     accepted, bonus = accept_walk_lazy(
                         tree, lambda row, depth: sampler.sample(row_logits.row_logits(row), root_pos + 1 + depth))
@@ -704,12 +700,8 @@ class SpeculativeDecoder:
                 if processor.active:
                     t3 = time.perf_counter()
                     # -- accept: each row on the accepted path with the sequence on its path
-                    def path_logits(row, tree=tree, logits=logits):
-                        return processor(logits[row], seq + path_tokens(tree, row), prompt_len)
-
-                    accepted, bonus = accept_walk_lazy(tree, lambda row, depth: (
-                        sampler.sample(path_logits(row), root_pos + 1 + depth) if do_sample
-                        else int(path_logits(row).argmax())))
+                    accepted, bonus = accept_walk_lazy(tree, lambda row, depth: processor.target(
+                        logits[row], seq + path_tokens(tree, row), prompt_len, sampler, root_pos + 1 + depth))
                 elif do_sample:
                     t3 = time.perf_counter()
                     # -- accept: sample only the rows on the accepted path
@@ -746,8 +738,7 @@ class SpeculativeDecoder:
 
     def _generate_batch(self, input_ids, attention_mask, *, tokenizer, index, references, max_new_tokens,
                         do_sample, temperature, top_k, top_p, seed, eos_token_id, stop_strings, streamer,
-                        max_draft_tokens, pad_token_id, retrieve, max_batch_size=None,
-                        processor_settings=None) -> GenerateOutput:
+                        max_draft_tokens, pad_token_id, retrieve, max_batch_size=None) -> GenerateOutput:
         from refdec import batch as _batch
 
         if streamer is not None:
@@ -780,7 +771,7 @@ class SpeculativeDecoder:
             seed=seed, eos=eos, stops=stops, max_draft_tokens=max_draft_tokens, pad_token_id=int(pad_token_id),
             retrieve=retrieve, normalize_references=_normalize_references, stop_checker_cls=_StopChecker,
             stats_cls=DecodingStats, output_cls=GenerateOutput, max_batch_size=max_batch_size,
-            processor=PathLogitsProcessor(**(processor_settings or {}), eos=eos))
+            processor=_generation_config_processor(self.model, eos))
 
 
 def generate(model, input_ids, *, tokenizer=None, index=None, references=None, max_new_tokens: int = 256,

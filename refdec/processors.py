@@ -41,7 +41,7 @@ class PathLogitsProcessor:
             raise ValueError(f"repetition_penalty must be a finite number > 0 or None, got {repetition_penalty!r}")
         for name, value in (("no_repeat_ngram_size", no_repeat_ngram_size), ("min_length", min_length),
                             ("min_new_tokens", min_new_tokens)):
-            if value is not None and (isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 0):
+            if value is not None and not _is_token_id(value):  # an int >= 0, as a token id
                 raise ValueError(f"{name} must be an int >= 0 or None, got {value!r}")
         self.repetition_penalty = None if repetition_penalty in (None, 1.0) else float(repetition_penalty)
         self.no_repeat_ngram_size = int(no_repeat_ngram_size) if no_repeat_ngram_size else None
@@ -50,8 +50,7 @@ class PathLogitsProcessor:
         self.eos = {int(e) for e in eos}
         words = []
         for word in bad_words_ids or []:
-            if (not isinstance(word, (list, tuple)) or not word
-                    or not all(isinstance(t, (int, np.integer)) and not isinstance(t, bool) and t >= 0 for t in word)):
+            if not isinstance(word, (list, tuple)) or not word or not all(_is_token_id(t) for t in word):
                 raise ValueError(f"bad_words_ids must be a list of non-empty lists of token ids >= 0, got {word!r}")
             if not (len(word) == 1 and int(word[0]) in self.eos):
                 words.append(tuple(int(t) for t in word))
@@ -93,12 +92,22 @@ class PathLogitsProcessor:
             scores[torch.tensor(sorted(banned), dtype=torch.long, device=scores.device)] = -float("inf")
         return scores
 
+    def target(self, logits_row: torch.Tensor, sequence: list[int], prompt_len: int, sampler, position: int) -> int:
+        """The token emitted after ``sequence`` from its processed ``logits_row`` (float [V]):
+        ``sampler`` (refdec.sampling.TargetSampler) samples it at ``position``, or argmax."""
+        scores = self(logits_row, sequence, prompt_len)
+        return sampler.sample(scores, position) if sampler.do_sample else int(scores.argmax())
+
+
+def _is_token_id(value) -> bool:
+    """An int (not a bool) >= 0."""
+    return isinstance(value, (int, np.integer)) and not isinstance(value, bool) and value >= 0
+
 
 def _id_set(ids, name: str) -> set[int]:
     if ids is None:
         return set()
-    if not isinstance(ids, (list, tuple, set)) or not all(
-            isinstance(t, (int, np.integer)) and not isinstance(t, bool) and t >= 0 for t in ids):
+    if not isinstance(ids, (list, tuple, set)) or not all(_is_token_id(t) for t in ids):
         raise ValueError(f"{name} must be a list of token ids >= 0 or None, got {ids!r}")
     return {int(t) for t in ids}
 
