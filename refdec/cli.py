@@ -38,6 +38,17 @@ def check_output_path(path: str, flag: str = "--out") -> None:
         raise ValueError(f"{flag} {path}: not writable")
 
 
+def set_threads(threads: int | None) -> None:
+    """``--threads N``: torch's CPU threads (None: torch's default)."""
+    if threads is None:
+        return
+    if threads < 1:
+        raise ValueError(f"--threads must be >= 1, got {threads}")
+    import torch
+
+    torch.set_num_threads(threads)
+
+
 def build_parser() -> argparse.ArgumentParser:
     from refdec import cli_edit, cli_generate, cli_index
 

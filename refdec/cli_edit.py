@@ -116,22 +116,16 @@ def _proposer_factory(index, references, max_depth):
 
 
 def run(args) -> int:
-    import torch
-
     import refdec
+    from refdec.cli import check_output_path, set_threads
     from refdec.edit_prompt import build_edit_prompt
     from refdec.models import load_default, load_model
 
-    if args.threads is not None and args.threads < 1:
-        raise ValueError(f"--threads must be >= 1, got {args.threads}")
+    set_threads(args.threads)
     if args.max_new_tokens is not None and args.max_new_tokens < 1:
         raise ValueError(f"--max-new-tokens must be >= 1, got {args.max_new_tokens}")
     if args.out is not None:
-        from refdec.cli import check_output_path
-
         check_output_path(args.out)
-    if args.threads:
-        torch.set_num_threads(args.threads)
     original = _read(args.file)
     prompt = build_edit_prompt(original, args.instruction, path=Path(args.file).name,
                                template=_template(args.prompt_template))

@@ -81,9 +81,9 @@ def _read(path: str) -> str:
 def read_prompts_jsonl(path: str) -> list[dict]:
     """The requests of a ``--prompts-jsonl`` file: ``[{"prompt": str, "references": [str, ...]}]``.
     ValueError names the line of a malformed request."""
-    requests = []
     from refdec.cli import jsonl_lines
 
+    requests = []
     for line_no, line in enumerate(jsonl_lines(_read(path)), start=1):
         if not line.strip():
             continue
@@ -106,8 +106,7 @@ def read_prompts_jsonl(path: str) -> list[dict]:
 
 
 def run(args) -> int:
-    import torch
-
+    from refdec.cli import set_threads
     from refdec.decoding import SpeculativeDecoder
     from refdec.models import load_default, load_model
 
@@ -121,8 +120,7 @@ def run(args) -> int:
         args.max_batch_size = 4
     if args.max_batch_size < 1:
         raise ValueError(f"--max-batch-size must be >= 1, got {args.max_batch_size}")
-    if args.threads is not None and args.threads < 1:
-        raise ValueError(f"--threads must be >= 1, got {args.threads}")
+    set_threads(args.threads)
     if not args.sample:
         given = [flag for flag, value in (("--temperature", args.temperature), ("--top-k", args.top_k),
                                           ("--top-p", args.top_p), ("--seed", args.seed)) if value is not None]
@@ -130,8 +128,6 @@ def run(args) -> int:
             raise ValueError(f"{', '.join(given)} need --sample (without it decoding is greedy)")
     if args.temperature is None:
         args.temperature = 1.0
-    if args.threads:
-        torch.set_num_threads(args.threads)
     requests = read_prompts_jsonl(args.prompts_jsonl) if args.prompts_jsonl else None
     prompt = None
     if requests is None:

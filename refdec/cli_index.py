@@ -168,10 +168,9 @@ def run_build(args: argparse.Namespace) -> int:
     import numpy as np
     from tqdm import tqdm
 
+    from refdec.cli import check_output_path
     from refdec.index import CorpusIndex, tokenizer_fingerprint
     from refdec.models import load_tokenizer
-
-    from refdec.cli import check_output_path
 
     check_output_path(args.out)
     files = find_files(args.paths, args.glob)
