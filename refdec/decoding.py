@@ -177,31 +177,39 @@ _LOGITS_CONFIG_NOOPS = {
     "exponential_decay_length_penalty": (None,), "sequence_bias": (None, {}), "guidance_scale": (None, 1.0),
     "watermarking_config": (None,),
 }
-_PATH_PROCESSED = ("repetition_penalty", "no_repeat_ngram_size", "bad_words_ids", "min_length", "min_new_tokens",
-                   "suppress_tokens", "begin_suppress_tokens")
+_PATH_PROCESSED = ("sequence_bias", "repetition_penalty", "no_repeat_ngram_size", "bad_words_ids", "min_length",
+                   "min_new_tokens", "suppress_tokens", "begin_suppress_tokens")
 
 
-def _generation_config_processor(model, eos: set[int]) -> PathLogitsProcessor:
-    """The processor for the settings of ``model.generation_config`` refdec applies per tree path
-    (``eos``: the decoding's eos ids, for the min-length bans); raise if it sets a logits
-    processor refdec does not apply."""
+def _is_noop(value, noops) -> bool:
+    if isinstance(value, (list, tuple, dict)) and len(value) == 0:
+        return True  # an empty list / tuple / dict of banned ids, biases, ...
+    return any(value is v or (not isinstance(value, (list, tuple, dict)) and value == v) for v in noops)
+
+
+def _generation_config_processor(model, eos: set[int], settings: dict | None = None) -> PathLogitsProcessor:
+    """The processor for the logits settings refdec applies per tree path: those of
+    ``model.generation_config``, each overridden by the same name in ``settings`` (generate's
+    keyword arguments, as ``model.generate(ids, repetition_penalty=1.2)`` takes them; None
+    switches a setting off). ``eos``: the decoding's eos ids, for the min-length bans. Raise
+    on an unknown setting, and on one that changes the logits but refdec does not apply."""
+    settings = dict(settings or {})
+    unknown = sorted(name for name in settings if name not in _LOGITS_CONFIG_NOOPS)
+    if unknown:
+        raise TypeError(f"generate() got unexpected keyword argument(s) {', '.join(map(repr, unknown))}; the logits "
+                        f"settings it takes are {', '.join(_PATH_PROCESSED)}")
     gen_config = getattr(model, "generation_config", None)
-    if gen_config is None:
-        return PathLogitsProcessor(eos=eos)
-
-    def is_noop(value, noops) -> bool:
-        if isinstance(value, (list, tuple, dict)) and len(value) == 0:
-            return True  # an empty list / tuple / dict of banned ids, biases, ...
-        return any(value == v for v in noops)
-
-    set_fields = {name: getattr(gen_config, name, None) for name, noops in _LOGITS_CONFIG_NOOPS.items()
-                  if not is_noop(getattr(gen_config, name, None), noops)}
+    merged = {name: getattr(gen_config, name, None) for name in _LOGITS_CONFIG_NOOPS}
+    merged.update(settings)
+    set_fields = {name: value for name, value in merged.items() if not _is_noop(value, _LOGITS_CONFIG_NOOPS[name])}
     refused = [(name, value) for name, value in set_fields.items() if name not in _PATH_PROCESSED]
     if refused:
-        listed = ", ".join(f"{name}={value!r}" for name, value in refused)
-        resets = "; ".join(f"model.generation_config.{name} = None" for name, _ in refused)
-        raise ValueError(f"model.generation_config sets {listed}: model.generate applies it to the logits and "
-                         f"refdec does not, so the outputs would differ. Reset it to decode without it: {resets}")
+        listed = ", ".join(f"argument {name}={value!r}" if name in settings
+                           else f"model.generation_config sets {name}={value!r}" for name, value in refused)
+        resets = "; ".join(f"drop the argument {name}" if name in settings else f"model.generation_config.{name} = None"
+                           for name, _ in refused)
+        raise ValueError(f"{listed}: model.generate applies it to the logits and refdec does not, so the outputs "
+                         f"would differ. Decode without it: {resets}")
     return PathLogitsProcessor(**{name: value for name, value in set_fields.items() if name in _PATH_PROCESSED},
                                eos=eos)
 
@@ -522,8 +530,14 @@ class SpeculativeDecoder:
                  do_sample: bool = False, temperature: float = 1.0, top_k: int | None = None,
                  top_p: float | None = None, seed: int | None = None, eos_token_id=None, stop_strings=None,
                  streamer=None, max_draft_tokens="auto", attention_mask=None, pad_token_id=None,
-                 retrieve: int = 0, max_batch_size: int | None = None) -> GenerateOutput:
+                 retrieve: int = 0, max_batch_size: int | None = None, **logits_settings) -> GenerateOutput:
         """Speculative generation of one prompt, or of a batch (see refdec.batch).
+
+        ``logits_settings``: ``model.generate``'s sequence-dependent logits settings
+        (``repetition_penalty``, ``no_repeat_ngram_size``, ``sequence_bias``, ``bad_words_ids``,
+        ``suppress_tokens``, ``begin_suppress_tokens``, ``min_length``, ``min_new_tokens``),
+        each overriding the model's ``generation_config`` (None switches it off) and applied
+        to every tree path as ``model.generate`` applies it (refdec.processors).
 
         Batched input: a left-padded LongTensor [B, L] with ``attention_mask`` (as
         ``model.generate`` takes it) or a list of prompts of different lengths;
@@ -549,7 +563,7 @@ class SpeculativeDecoder:
                                         seed=seed, eos_token_id=eos_token_id, stop_strings=stop_strings,
                                         streamer=streamer, max_draft_tokens=max_draft_tokens,
                                         pad_token_id=pad_token_id, retrieve=retrieve,
-                                        max_batch_size=max_batch_size)
+                                        max_batch_size=max_batch_size, logits_settings=logits_settings)
         wall_start = time.perf_counter()
         prompt = _normalize_prompt(input_ids)
         if attention_mask is not None:
@@ -561,7 +575,8 @@ class SpeculativeDecoder:
             raise ValueError(f"max_new_tokens must be an int >= 0, got {max_new_tokens!r}")
         _validate_sampling(do_sample, temperature, top_k, top_p, seed)
         eos = _normalize_eos(eos_token_id, self.model)
-        processor = _generation_config_processor(self.model, eos)
+        processor = _generation_config_processor(self.model, eos, logits_settings)
+        processor.check_vocab(self.vocab_size)
         stops = _normalize_stop_strings(stop_strings, tokenizer)
         refs = _normalize_references(references, tokenizer)
         if streamer is not None and not (callable(getattr(streamer, "put", None))
@@ -738,7 +753,8 @@ class SpeculativeDecoder:
 
     def _generate_batch(self, input_ids, attention_mask, *, tokenizer, index, references, max_new_tokens,
                         do_sample, temperature, top_k, top_p, seed, eos_token_id, stop_strings, streamer,
-                        max_draft_tokens, pad_token_id, retrieve, max_batch_size=None) -> GenerateOutput:
+                        max_draft_tokens, pad_token_id, retrieve, max_batch_size=None,
+                        logits_settings=None) -> GenerateOutput:
         from refdec import batch as _batch
 
         if streamer is not None:
@@ -764,6 +780,8 @@ class SpeculativeDecoder:
                 pad_token_id = min(eos) if eos else 0
         if not _is_int(pad_token_id) or pad_token_id < 0:
             raise ValueError(f"pad_token_id must be an int >= 0, got {pad_token_id!r}")
+        processor = _generation_config_processor(self.model, eos, logits_settings)
+        processor.check_vocab(self.vocab_size)
         prompts, padded = _batch.normalize_batch(input_ids, attention_mask, self.vocab_size)
         return _batch.generate_batch(
             self, prompts, padded, tokenizer=tokenizer, index=index, references=references,
@@ -771,20 +789,23 @@ class SpeculativeDecoder:
             seed=seed, eos=eos, stops=stops, max_draft_tokens=max_draft_tokens, pad_token_id=int(pad_token_id),
             retrieve=retrieve, normalize_references=_normalize_references, stop_checker_cls=_StopChecker,
             stats_cls=DecodingStats, output_cls=GenerateOutput, max_batch_size=max_batch_size,
-            processor=_generation_config_processor(self.model, eos))
+            processor=processor)
 
 
 def generate(model, input_ids, *, tokenizer=None, index=None, references=None, max_new_tokens: int = 256,
              do_sample: bool = False, temperature: float = 1.0, top_k: int | None = None,
              top_p: float | None = None, seed: int | None = None, eos_token_id=None, stop_strings=None,
              streamer=None, max_draft_tokens="auto", proposer_factory=None, attention_mask=None,
-             pad_token_id=None, retrieve: int = 0, max_batch_size: int | None = None) -> GenerateOutput:
+             pad_token_id=None, retrieve: int = 0, max_batch_size: int | None = None,
+             **logits_settings) -> GenerateOutput:
     """One-shot speculative generation (a fresh ``SpeculativeDecoder``); see that class for details.
     Batches: a left-padded [B, L] ``input_ids`` with ``attention_mask``, or a list of prompts (refdec.batch);
-    ``max_batch_size`` rows at most decode together, the others join as rows finish."""
+    ``max_batch_size`` rows at most decode together, the others join as rows finish.
+    ``logits_settings``: ``repetition_penalty=1.2`` etc., as SpeculativeDecoder.generate takes them."""
     decoder = SpeculativeDecoder(model, tokenizer=tokenizer, index=index, proposer_factory=proposer_factory)
     return decoder.generate(input_ids, references=references, max_new_tokens=max_new_tokens,
                             do_sample=do_sample, temperature=temperature, top_k=top_k, top_p=top_p, seed=seed,
                             eos_token_id=eos_token_id, stop_strings=stop_strings, streamer=streamer,
                             max_draft_tokens=max_draft_tokens, attention_mask=attention_mask,
-                            pad_token_id=pad_token_id, retrieve=retrieve, max_batch_size=max_batch_size)
+                            pad_token_id=pad_token_id, retrieve=retrieve, max_batch_size=max_batch_size,
+                            **logits_settings)

@@ -24,7 +24,9 @@ __all__ = ["PathLogitsProcessor", "path_tokens"]
 
 class PathLogitsProcessor:
     """The logits settings of a ``generation_config`` that ``model.generate`` applies in greedy
-    decoding, in transformers' arithmetic: ``repetition_penalty`` (float > 0, None = off),
+    decoding, in transformers' arithmetic and order: ``sequence_bias`` (a dict {tuple of token
+    ids: float bias}, or a list of [token id list, float] pairs: the bias is added to the last
+    token's logit where the sequence ends with the others), ``repetition_penalty (float > 0, None = off),
     ``no_repeat_ngram_size`` (int, None or 0 = off), ``suppress_tokens`` and
     ``begin_suppress_tokens`` (token ids banned everywhere / at the first new position),
     ``bad_words_ids`` (token id lists: the last token is banned where the sequence ends with
@@ -33,7 +35,7 @@ class PathLogitsProcessor:
     new tokens are shorter)."""
 
     def __init__(self, repetition_penalty: float | None = None, no_repeat_ngram_size: int | None = None, *,
-                 suppress_tokens=None, begin_suppress_tokens=None, bad_words_ids=None, min_length: int | None = None,
+                 sequence_bias=None, suppress_tokens=None, begin_suppress_tokens=None, bad_words_ids=None, min_length: int | None = None,
                  min_new_tokens: int | None = None, eos=()) -> None:
         if repetition_penalty is not None and not (isinstance(repetition_penalty, (int, float))
                                                    and not isinstance(repetition_penalty, bool)
@@ -55,13 +57,14 @@ class PathLogitsProcessor:
             if not (len(word) == 1 and int(word[0]) in self.eos):
                 words.append(tuple(int(t) for t in word))
         self.bad_words = words
+        self.sequence_bias = _sequence_bias(sequence_bias)
         # eos bans only while an eos exists (transformers adds the min-length processors only then)
         self.min_length = int(min_length) if min_length and self.eos else None
         self.min_new_tokens = int(min_new_tokens) if min_new_tokens and self.eos else None
 
     @property
     def active(self) -> bool:
-        return bool(self.repetition_penalty is not None or self.no_repeat_ngram_size is not None
+        return bool(self.sequence_bias or self.repetition_penalty is not None or self.no_repeat_ngram_size is not None
                     or self.suppress_tokens or self.begin_suppress_tokens or self.bad_words
                     or self.min_length is not None or self.min_new_tokens is not None)
 
@@ -71,6 +74,8 @@ class PathLogitsProcessor:
         float32 as transformers' generate, which casts each step's logits to float32 before its
         processors: a penalty divided in bfloat16 rounds and can tie or flip the top token."""
         scores = logits_row.to(dtype=torch.float32, copy=True)
+        if self.sequence_bias:
+            scores = self._add_sequence_bias(scores, sequence)
         if self.repetition_penalty is not None and sequence:
             ids = torch.tensor(sorted(set(sequence)), dtype=torch.long, device=scores.device)
             picked = scores[ids]
@@ -92,6 +97,29 @@ class PathLogitsProcessor:
             scores[torch.tensor(sorted(banned), dtype=torch.long, device=scores.device)] = -float("inf")
         return scores
 
+    def check_vocab(self, vocab_size: int) -> None:
+        """Raise if a setting names a token id outside [0, ``vocab_size``) (transformers raises
+        on a biased one at the first step; refdec before decoding)."""
+        named = [("sequence_bias", t) for word, _ in self.sequence_bias for t in word]
+        named += [("bad_words_ids", t) for word in self.bad_words for t in word]
+        named += [("suppress_tokens", t) for t in self.suppress_tokens]
+        named += [("begin_suppress_tokens", t) for t in self.begin_suppress_tokens]
+        for name, token in named:
+            if token >= vocab_size:
+                raise ValueError(f"{name} holds token id {token}, outside the model vocabulary [0, {vocab_size})")
+
+    def _add_sequence_bias(self, scores: torch.Tensor, sequence: list[int]) -> torch.Tensor:
+        """``scores`` (float32 [V]) + the biases of the words the sequence completes, summed in
+        transformers' order (one-token words, then the longer ones by prefix length)."""
+        bias = torch.zeros_like(scores)
+        for word, value in self.sequence_bias:
+            if len(word) == 1:
+                bias[word[0]] = value
+        for word, value in self.sequence_bias:
+            if len(word) > 1 and len(word) - 1 <= len(sequence) and tuple(sequence[-(len(word) - 1):]) == word[:-1]:
+                bias[word[-1]] += value
+        return scores + bias
+
     def target(self, logits_row: torch.Tensor, sequence: list[int], prompt_len: int, sampler, position: int) -> int:
         """The token emitted after ``sequence`` from its processed ``logits_row`` (float [V]):
         ``sampler`` (refdec.sampling.TargetSampler) samples it at ``position``, or argmax."""
@@ -110,6 +138,35 @@ def _id_set(ids, name: str) -> set[int]:
     if not isinstance(ids, (list, tuple, set)) or not all(_is_token_id(t) for t in ids):
         raise ValueError(f"{name} must be a list of token ids >= 0 or None, got {ids!r}")
     return {int(t) for t in ids}
+
+
+def _sequence_bias(sequence_bias) -> list[tuple[tuple[int, ...], float]]:
+    """``sequence_bias`` as (word, bias) pairs, longer words grouped by prefix length in order of
+    first appearance, as transformers' SequenceBiasLogitsProcessor sums them."""
+    if sequence_bias is None:
+        return []
+    pairs = list(sequence_bias.items()) if isinstance(sequence_bias, dict) else sequence_bias
+    if not isinstance(pairs, (list, tuple)):
+        raise ValueError(f"sequence_bias must be a dict {{tuple of token ids: float}} or a list of "
+                         f"[token ids, float] pairs, got {sequence_bias!r}")
+    checked = []
+    for pair in pairs:
+        ok = isinstance(pair, (list, tuple)) and len(pair) == 2
+        word, value = pair if ok else (None, None)
+        ok = ok and isinstance(word, (list, tuple)) and len(word) > 0 and all(_is_token_id(t) for t in word)
+        ok = ok and isinstance(value, (int, float, np.floating)) and not isinstance(value, bool) and np.isfinite(value)
+        if not ok:
+            raise ValueError(f"sequence_bias entries must pair a non-empty list of token ids >= 0 with a finite "
+                             f"float bias, got {pair!r}")
+        checked.append((tuple(int(t) for t in word), float(np.float32(value))))  # transformers' float32 biases
+    if len({word for word, _ in checked}) != len(checked):
+        raise ValueError(f"sequence_bias names a token sequence twice: {sequence_bias!r}")
+    single = [pair for pair in checked if len(pair[0]) == 1]
+    by_prefix_len: dict[int, list] = {}
+    for word, value in checked:
+        if len(word) > 1:
+            by_prefix_len.setdefault(len(word) - 1, []).append((word, value))
+    return single + [pair for group in by_prefix_len.values() for pair in group]
 
 
 def banned_ngram_tokens(sequence: list[int], n: int) -> set[int]:

@@ -7,7 +7,7 @@ import pytest
 import torch
 from transformers.generation.logits_process import (
     MinLengthLogitsProcessor, MinNewTokensLengthLogitsProcessor, NoBadWordsLogitsProcessor, NoRepeatNGramLogitsProcessor,
-    RepetitionPenaltyLogitsProcessor, SuppressTokensAtBeginLogitsProcessor, SuppressTokensLogitsProcessor)
+    RepetitionPenaltyLogitsProcessor, SequenceBiasLogitsProcessor, SuppressTokensAtBeginLogitsProcessor, SuppressTokensLogitsProcessor)
 
 from refdec.processors import PathLogitsProcessor, banned_ngram_tokens, path_tokens
 from refdec.tree import DraftTree
@@ -17,6 +17,8 @@ def hf_processed(logits_row, sequence, penalty, ngram, prompt_len=0, eos=(), **m
     """transformers' order and dtype: the step's logits cast to float32, then the processors."""
     scores = logits_row.to(torch.float32).unsqueeze(0)
     ids = torch.tensor([sequence], dtype=torch.long)
+    if more.get("sequence_bias"):
+        scores = SequenceBiasLogitsProcessor(more["sequence_bias"])(ids, scores)
     if penalty is not None:
         scores = RepetitionPenaltyLogitsProcessor(penalty)(ids, scores)
     if ngram is not None:
@@ -74,11 +76,21 @@ def test_bad_processor_settings_are_value_errors():
         PathLogitsProcessor(bad_words_ids=[[]])
     with pytest.raises(ValueError, match="suppress_tokens must be a list of token ids"):
         PathLogitsProcessor(suppress_tokens=[-1])
+    for bad in ({(1,): "x"}, {(1,): float("nan")}, [[[1], 1.0, 2]], {(): 1.0}, [[[1, -2], 1.0]], "x"):
+        with pytest.raises(ValueError, match="sequence_bias"):
+            PathLogitsProcessor(sequence_bias=bad)
+    with pytest.raises(ValueError, match="sequence_bias names a token sequence twice"):
+        PathLogitsProcessor(sequence_bias=[[[1], 1.0], [[1], 2.0]])
+    with pytest.raises(ValueError, match=r"bad_words_ids holds token id 99, outside the model vocabulary \[0, 50\)"):
+        PathLogitsProcessor(bad_words_ids=[[1, 99]]).check_vocab(50)
 
 
 @pytest.mark.parametrize("more", [dict(suppress_tokens=[3, 7]), dict(begin_suppress_tokens=[1, 5]),
                                   dict(bad_words_ids=[[5], [6, 7], [1, 2, 3], [2]]), dict(min_length=12),
-                                  dict(min_new_tokens=4), dict(bad_words_ids=[[4, 4]], min_new_tokens=3, penalty=1.2)])
+                                  dict(min_new_tokens=4), dict(bad_words_ids=[[4, 4]], min_new_tokens=3, penalty=1.2),
+                                  dict(sequence_bias={(3,): 2.5, (4, 3): 1.1, (5, 4, 3): -0.7, (6, 4, 3): 0.3,
+                                                      (1, 2): 7.0, (7, 7, 7, 2): -3.3}, penalty=1.4),
+                                  dict(sequence_bias=[[[5, 5], 0.1], [[5], -9.0], [[1, 5, 5], 0.2]])])
 def test_bans_equal_transformers_processors(more):
     rng = np.random.default_rng(11)
     more = dict(more)

@@ -246,23 +246,71 @@ def test_bad_arguments_raise_value_errors_naming_them(llama, kwargs, message):
         refdec.generate(llama, [1, 5, 6], **kwargs)
 
 
-@pytest.mark.parametrize("field", ["forced_eos_token_id", "sequence_bias"])
+@pytest.mark.parametrize("field", ["forced_eos_token_id", "exponential_decay_length_penalty"])
 def test_a_logits_setting_in_the_generation_config_is_an_error_naming_it(field):
     """model.generate(do_sample=False) applies these to the logits; refdec does not, so it refuses
-    rather than return other tokens. Reset to None, refdec equals model.generate again."""
+    rather than return other tokens, whether the model's generation_config or an argument sets
+    it. Reset to None (or passed as None), refdec equals model.generate again."""
     model = tiny_llama()
     prompt = [1, 5, 6, 7, 5, 6]
     plain = hf(model, prompt, max_new_tokens=12, eos_token_id=None)
     first = plain[len(prompt)]
-    value = {"forced_eos_token_id": (first + 1) % 96, "sequence_bias": {(first,): -100.0}}[field]
+    value = {"forced_eos_token_id": (first + 1) % 96, "exponential_decay_length_penalty": (2, 50.0)}[field]
     setattr(model.generation_config, field, value)
-    assert hf(model, prompt, max_new_tokens=12, eos_token_id=None) != plain  # the setting changes the tokens
+    eos = None if field == "forced_eos_token_id" else plain[len(prompt) + 5]  # the decay raises an eos
+    assert hf(model, prompt, max_new_tokens=12, eos_token_id=eos) != plain  # the setting changes the tokens
     with pytest.raises(ValueError, match=rf"model.generation_config sets {field}=.*generation_config.{field} = None"):
         refdec.generate(model, prompt, max_new_tokens=12, eos_token_id=[])
     with pytest.raises(ValueError, match=field):  # batches too
         refdec.generate(model, [prompt, prompt[:4]], max_new_tokens=12, eos_token_id=[])
+    kwargs = {field: None}  # an argument overrides the config, as in model.generate
+    assert refdec.generate(model, prompt, max_new_tokens=12, eos_token_id=[], **kwargs).sequences[0].tolist() == plain
     setattr(model.generation_config, field, None)
     assert refdec.generate(model, prompt, max_new_tokens=12, eos_token_id=[]).sequences[0].tolist() == plain
+    with pytest.raises(ValueError, match=rf"argument {field}=.*drop the argument {field}"):
+        refdec.generate(model, prompt, max_new_tokens=12, eos_token_id=[], **{field: value})
+
+
+def test_logits_settings_as_arguments_override_the_generation_config_like_model_generate():
+    """repetition_penalty=..., sequence_bias=... etc. as generate's keyword arguments: the same tokens as
+    model.generate with the same arguments, over the model's generation_config, single and batched;
+    a misspelt one is a TypeError naming it."""
+    model = tiny_llama()
+    prompts = repetitive_prompts(3, seed=45)
+    model.generation_config.repetition_penalty = 1.5
+    decoder = refdec.SpeculativeDecoder(model)
+    changed = 0
+    for prompt in prompts:
+        plain = hf(model, prompt, max_new_tokens=NEW, eos_token_id=None, repetition_penalty=1.0)
+        new = plain[len(prompt):]
+        # the bias raises a token after the model's own bigram and sinks one of its choices
+        bias = {(new[4], new[5] + 1 if new[5] + 1 < 96 else 3): 30.0, (new[8],): -50.0, (new[1], new[2]): -0.5}
+        for settings in (dict(repetition_penalty=1.0, sequence_bias=bias), dict(repetition_penalty=None),
+                         dict(sequence_bias=[[list(k), v] for k, v in bias.items()], no_repeat_ngram_size=3),
+                         dict(repetition_penalty=0.7, sequence_bias=bias)):
+            hf_settings = {k: (1.0 if k == "repetition_penalty" and v is None else v) for k, v in settings.items()}
+            want = hf(model, prompt, max_new_tokens=NEW, eos_token_id=None, **hf_settings)
+            changed += want != plain
+            for budget in (0, 16, 64):
+                out = decoder.generate(prompt, references=[plain[len(prompt) - 3:]], max_new_tokens=NEW,
+                                       eos_token_id=[], max_draft_tokens=budget, **settings)
+                assert out.sequences[0].tolist() == want, (settings, budget)
+            rows = decoder.generate([prompt, prompts[0]], references=[plain[len(prompt) - 3:]], max_new_tokens=NEW,
+                                    eos_token_id=[], max_draft_tokens=16, max_batch_size=1, **settings)
+            assert rows.sequences[0, -len(want):].tolist() == want, settings  # left-padded, no eos: NEW tokens each
+    assert changed >= 6
+    # the generation_config's own sequence_bias applies too
+    model.generation_config.repetition_penalty = None
+    model.generation_config.sequence_bias = {(prompts[0][-1],): -100.0}
+    want = hf(model, prompts[0], max_new_tokens=NEW, eos_token_id=None)
+    assert refdec.generate(model, prompts[0], max_new_tokens=NEW, eos_token_id=[],
+                           max_draft_tokens=32).sequences[0].tolist() == want
+    with pytest.raises(TypeError, match="unexpected keyword argument.*'repetition_penalti'"):
+        refdec.generate(model, prompts[0], max_new_tokens=4, repetition_penalti=1.2)
+    with pytest.raises(ValueError, match="sequence_bias holds token id 500, outside the model vocabulary"):
+        refdec.generate(model, prompts[0], max_new_tokens=4, sequence_bias={(500,): 1.0})
+    with pytest.raises(ValueError, match="sequence_bias entries must pair a non-empty list of token ids"):
+        refdec.generate(model, [prompts[0], prompts[1]], max_new_tokens=4, sequence_bias={(): 1.0})
 
 
 @pytest.mark.parametrize("kind", ["suppress_tokens", "begin_suppress_tokens", "bad_words_ids", "min_new_tokens",
