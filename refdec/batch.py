@@ -322,6 +322,7 @@ class _Row:
 
 def generate_batch(decoder, prompts: list[np.ndarray], padded: np.ndarray | None, *, tokenizer, index, references,
                    max_new_tokens, do_sample, temperature, top_k, top_p, seed, eos, stops, max_draft_tokens,
+                   min_p=None,
                    pad_token_id, retrieve, normalize_references, stop_checker_cls, stats_cls, output_cls,
                    max_batch_size=None, processor=None):
     """The batched loop behind ``SpeculativeDecoder.generate`` (arguments already validated).
@@ -375,7 +376,7 @@ def generate_batch(decoder, prompts: list[np.ndarray], padded: np.ndarray | None
         if decoder.max_positions is not None:
             max_total = min(max_total, decoder.max_positions + 1)
         sampler = TargetSampler(decoder.vocab_size, do_sample=do_sample, temperature=temperature, top_k=top_k,
-                                top_p=top_p, seed=seeds[b], device=device)
+                                top_p=top_p, seed=seeds[b], device=device, min_p=min_p)
         proposer = None
         if drafting:
             proposer = decoder.proposer_factory(index, refs_per_row[b], decoder.max_depth)

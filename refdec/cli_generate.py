@@ -3,7 +3,8 @@
     refdec generate --prompt TEXT | --prompt-file FILE | --prompts-jsonl FILE [--max-batch-size B]
                     [--model DIR] [--index FILE]
                     [--reference FILE]... [--retrieve K] [--max-new-tokens N]
-                    [--sample [--temperature T] [--top-k K] [--top-p P] [--seed S]]
+                    [--sample [--temperature T] [--top-k K] [--top-p P] [--min-p P] [--seed S]]
+                    [--repetition-penalty R] [--no-repeat-ngram-size N]
                     [--max-draft-tokens N|auto] [--stop STRING]...
 
 One prompt: streams the generated text to stdout (transformers' TextStreamer), then
@@ -62,8 +63,16 @@ def register(subparsers) -> None:
     p.add_argument("--max-new-tokens", type=int, default=256, metavar="N")
     p.add_argument("--sample", action="store_true", help="sample instead of greedy decoding")
     p.add_argument("--temperature", type=float, default=None, metavar="T", help="with --sample (default 1.0)")
-    p.add_argument("--top-k", type=int, default=None, metavar="K")
-    p.add_argument("--top-p", type=float, default=None, metavar="P")
+    p.add_argument("--top-k", type=int, default=None, metavar="K", help="with --sample: keep the K most likely tokens")
+    p.add_argument("--top-p", type=float, default=None, metavar="P",
+                   help="with --sample: keep the most likely tokens up to probability mass P")
+    p.add_argument("--min-p", type=float, default=None, metavar="P",
+                   help="with --sample: drop tokens less likely than P times the most likely one")
+    p.add_argument("--repetition-penalty", type=float, default=None, metavar="R",
+                   help="penalise tokens already in the text, as model.generate does (default: the model's "
+                        "generation_config)")
+    p.add_argument("--no-repeat-ngram-size", type=int, default=None, metavar="N",
+                   help="never repeat an N-gram, as model.generate does (default: the model's generation_config)")
     p.add_argument("--seed", type=int, default=None, metavar="S", help="sampling seed (default: random)")
     p.add_argument("--max-draft-tokens", type=_draft_tokens, default="auto", metavar="N|auto",
                    help="draft tree size per step: an integer (0 = plain decoding) or 'auto' (default)")
@@ -123,7 +132,8 @@ def run(args) -> int:
     set_threads(args.threads)
     if not args.sample:
         given = [flag for flag, value in (("--temperature", args.temperature), ("--top-k", args.top_k),
-                                          ("--top-p", args.top_p), ("--seed", args.seed)) if value is not None]
+                                          ("--top-p", args.top_p), ("--min-p", args.min_p),
+                                          ("--seed", args.seed)) if value is not None]
         if given:
             raise ValueError(f"{', '.join(given)} need --sample (without it decoding is greedy)")
     if args.temperature is None:
@@ -148,7 +158,8 @@ def run(args) -> int:
     streamer = TextStreamer(tokenizer, skip_prompt=True, skip_special_tokens=True)
     out = decoder.generate(
         input_ids, references=references or None, max_new_tokens=args.max_new_tokens, do_sample=args.sample,
-        temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, seed=args.seed,
+        temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, min_p=args.min_p, seed=args.seed,
+        **_logits_settings(args),
         stop_strings=args.stop, streamer=streamer, max_draft_tokens=args.max_draft_tokens,
         retrieve=args.retrieve,
     )
@@ -159,6 +170,12 @@ def run(args) -> int:
     return 0
 
 
+def _logits_settings(args) -> dict:
+    """The logits-setting flags given, as generate's keyword arguments (the others keep the model's)."""
+    settings = {"repetition_penalty": args.repetition_penalty, "no_repeat_ngram_size": args.no_repeat_ngram_size}
+    return {name: value for name, value in settings.items() if value is not None}
+
+
 def _run_batch(args, decoder, tokenizer, requests: list[dict], references: list[str]) -> int:
     """``--prompts-jsonl``: every request in one batched call; one JSON line per request."""
     prompts = [tokenizer(r["prompt"])["input_ids"] for r in requests]
@@ -166,7 +183,8 @@ def _run_batch(args, decoder, tokenizer, requests: list[dict], references: list[
     refs = [(r["references"] + references) or None for r in requests]
     out = decoder.generate(
         prompts, references=refs, max_new_tokens=args.max_new_tokens, do_sample=args.sample,
-        temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, seed=args.seed,
+        temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, min_p=args.min_p, seed=args.seed,
+        **_logits_settings(args),
         stop_strings=args.stop, max_draft_tokens=args.max_draft_tokens, retrieve=args.retrieve,
         max_batch_size=args.max_batch_size,
     )

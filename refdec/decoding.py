@@ -228,7 +228,7 @@ def _check_index_tokenizer(index, tokenizer) -> None:
                          f"tokenizer given has {ours[:12]}...): its drafts would be other text")
 
 
-def _validate_sampling(do_sample, temperature, top_k, top_p, seed) -> None:
+def _validate_sampling(do_sample, temperature, top_k, top_p, seed, min_p=None) -> None:
     if not isinstance(do_sample, bool):
         raise ValueError(f"do_sample must be True or False, got {do_sample!r}")
     if not isinstance(temperature, numbers.Real) or isinstance(temperature, bool) or not np.isfinite(temperature):
@@ -241,6 +241,9 @@ def _validate_sampling(do_sample, temperature, top_k, top_p, seed) -> None:
     if top_p is not None and (not isinstance(top_p, numbers.Real) or isinstance(top_p, bool)
                               or not 0.0 < top_p <= 1.0):
         raise ValueError(f"top_p must be None or a number in (0, 1], got {top_p!r}")
+    if min_p is not None and (not isinstance(min_p, numbers.Real) or isinstance(min_p, bool)
+                              or not 0.0 <= min_p <= 1.0):
+        raise ValueError(f"min_p must be None or a number in [0, 1], got {min_p!r}")
     if seed is not None and (not _is_int(seed) or seed < 0):
         raise ValueError(f"seed must be None or an int >= 0, got {seed!r}")
 
@@ -530,7 +533,8 @@ class SpeculativeDecoder:
                  do_sample: bool = False, temperature: float = 1.0, top_k: int | None = None,
                  top_p: float | None = None, seed: int | None = None, eos_token_id=None, stop_strings=None,
                  streamer=None, max_draft_tokens="auto", attention_mask=None, pad_token_id=None,
-                 retrieve: int = 0, max_batch_size: int | None = None, **logits_settings) -> GenerateOutput:
+                 retrieve: int = 0, max_batch_size: int | None = None, min_p: float | None = None,
+                 **logits_settings) -> GenerateOutput:
         """Speculative generation of one prompt, or of a batch (see refdec.batch).
 
         ``logits_settings``: ``model.generate``'s sequence-dependent logits settings
@@ -560,8 +564,8 @@ class SpeculativeDecoder:
             return self._generate_batch(input_ids, attention_mask, tokenizer=tokenizer, index=index,
                                         references=references, max_new_tokens=max_new_tokens,
                                         do_sample=do_sample, temperature=temperature, top_k=top_k, top_p=top_p,
-                                        seed=seed, eos_token_id=eos_token_id, stop_strings=stop_strings,
-                                        streamer=streamer, max_draft_tokens=max_draft_tokens,
+                                        min_p=min_p, seed=seed, eos_token_id=eos_token_id,
+                                        stop_strings=stop_strings, streamer=streamer, max_draft_tokens=max_draft_tokens,
                                         pad_token_id=pad_token_id, retrieve=retrieve,
                                         max_batch_size=max_batch_size, logits_settings=logits_settings)
         wall_start = time.perf_counter()
@@ -573,7 +577,7 @@ class SpeculativeDecoder:
                                  f"got shape {tuple(mask.shape)} (pass a padded [B, L] batch, or a list of prompts)")
         if not _is_int(max_new_tokens) or max_new_tokens < 0:
             raise ValueError(f"max_new_tokens must be an int >= 0, got {max_new_tokens!r}")
-        _validate_sampling(do_sample, temperature, top_k, top_p, seed)
+        _validate_sampling(do_sample, temperature, top_k, top_p, seed, min_p)
         eos = _normalize_eos(eos_token_id, self.model)
         processor = _generation_config_processor(self.model, eos, logits_settings)
         processor.check_vocab(self.vocab_size)
@@ -618,7 +622,7 @@ class SpeculativeDecoder:
             return GenerateOutput(prompt_tensor.clone(), stats)
 
         sampler = TargetSampler(self.vocab_size, do_sample=do_sample, temperature=temperature, top_k=top_k,
-                                top_p=top_p, seed=seed, device=self.device)
+                                top_p=top_p, seed=seed, device=self.device, min_p=min_p)
         stopper = _StopChecker(eos, stops, tokenizer)
         seq: list[int] = prompt.tolist()
         max_total = prompt_len + max_new_tokens
@@ -752,7 +756,7 @@ class SpeculativeDecoder:
         return GenerateOutput(torch.tensor([seq], dtype=torch.long), stats)
 
     def _generate_batch(self, input_ids, attention_mask, *, tokenizer, index, references, max_new_tokens,
-                        do_sample, temperature, top_k, top_p, seed, eos_token_id, stop_strings, streamer,
+                        do_sample, temperature, top_k, top_p, min_p, seed, eos_token_id, stop_strings, streamer,
                         max_draft_tokens, pad_token_id, retrieve, max_batch_size=None,
                         logits_settings=None) -> GenerateOutput:
         from refdec import batch as _batch
@@ -762,7 +766,8 @@ class SpeculativeDecoder:
                              "generate the rows one at a time to stream them")
         if not _is_int(max_new_tokens) or max_new_tokens < 0:
             raise ValueError(f"max_new_tokens must be an int >= 0, got {max_new_tokens!r}")
-        _validate_sampling(do_sample, temperature, top_k, top_p, None if isinstance(seed, (list, tuple)) else seed)
+        _validate_sampling(do_sample, temperature, top_k, top_p, None if isinstance(seed, (list, tuple)) else seed,
+                           min_p)
         eos = _normalize_eos(eos_token_id, self.model)
         stops = _normalize_stop_strings(stop_strings, tokenizer)
         if index is not None:
@@ -786,6 +791,7 @@ class SpeculativeDecoder:
         return _batch.generate_batch(
             self, prompts, padded, tokenizer=tokenizer, index=index, references=references,
             max_new_tokens=max_new_tokens, do_sample=do_sample, temperature=temperature, top_k=top_k, top_p=top_p,
+            min_p=min_p,
             seed=seed, eos=eos, stops=stops, max_draft_tokens=max_draft_tokens, pad_token_id=int(pad_token_id),
             retrieve=retrieve, normalize_references=_normalize_references, stop_checker_cls=_StopChecker,
             stats_cls=DecodingStats, output_cls=GenerateOutput, max_batch_size=max_batch_size,
@@ -796,7 +802,7 @@ def generate(model, input_ids, *, tokenizer=None, index=None, references=None, m
              do_sample: bool = False, temperature: float = 1.0, top_k: int | None = None,
              top_p: float | None = None, seed: int | None = None, eos_token_id=None, stop_strings=None,
              streamer=None, max_draft_tokens="auto", proposer_factory=None, attention_mask=None,
-             pad_token_id=None, retrieve: int = 0, max_batch_size: int | None = None,
+             pad_token_id=None, retrieve: int = 0, max_batch_size: int | None = None, min_p: float | None = None,
              **logits_settings) -> GenerateOutput:
     """One-shot speculative generation (a fresh ``SpeculativeDecoder``); see that class for details.
     Batches: a left-padded [B, L] ``input_ids`` with ``attention_mask``, or a list of prompts (refdec.batch);
@@ -804,7 +810,8 @@ def generate(model, input_ids, *, tokenizer=None, index=None, references=None, m
     ``logits_settings``: ``repetition_penalty=1.2`` etc., as SpeculativeDecoder.generate takes them."""
     decoder = SpeculativeDecoder(model, tokenizer=tokenizer, index=index, proposer_factory=proposer_factory)
     return decoder.generate(input_ids, references=references, max_new_tokens=max_new_tokens,
-                            do_sample=do_sample, temperature=temperature, top_k=top_k, top_p=top_p, seed=seed,
+                            do_sample=do_sample, temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p,
+                            seed=seed,
                             eos_token_id=eos_token_id, stop_strings=stop_strings, streamer=streamer,
                             max_draft_tokens=max_draft_tokens, attention_mask=attention_mask,
                             pad_token_id=pad_token_id, retrieve=retrieve, max_batch_size=max_batch_size,

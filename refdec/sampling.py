@@ -10,11 +10,13 @@ the tokens of non-speculative decoding with the same seed.
 
 ``process`` follows transformers' logits warpers, in generate's order:
 temperature, then top-k (ties at the threshold kept), then sort-based top-p
-(keeping at least one token).
+(keeping at least one token), then min-p (tokens less probable than ``min_p`` times
+the most probable one are dropped).
 """
 
 from __future__ import annotations
 
+import math
 import random
 
 import torch
@@ -79,8 +81,8 @@ def gumbel_row(seed: int, position: int, vocab_size: int, device="cpu") -> torch
 
 
 def process_logits(logits: torch.Tensor, temperature: float = 1.0, top_k: int | None = None,
-                   top_p: float | None = None) -> torch.Tensor:
-    """Temperature → top-k → top-p on ``logits`` [rows, vocab] (float), as transformers' warpers."""
+                   top_p: float | None = None, min_p: float | None = None) -> torch.Tensor:
+    """Temperature → top-k → top-p → min-p on ``logits`` [rows, vocab] (float), as transformers' warpers."""
     scores = logits
     if temperature != 1.0:
         scores = scores / temperature
@@ -94,18 +96,39 @@ def process_logits(logits: torch.Tensor, temperature: float = 1.0, top_k: int | 
         remove_sorted[..., -1:] = False
         remove = remove_sorted.scatter(-1, sorted_idx, remove_sorted)
         scores = scores.masked_fill(remove, float("-inf"))
+    if min_p is not None and min_p > 0.0:
+        scores = scores.masked_fill(scores < _min_p_threshold(scores.max(dim=-1, keepdim=True).values, min_p),
+                                    float("-inf"))
     return scores
+
+
+def _min_p_threshold(top_score: torch.Tensor, min_p: float) -> torch.Tensor:
+    """The lowest score min-p keeps: p_i >= min_p * p_max  <=>  s_i >= s_max + log(min_p)
+    (the softmax's normaliser cancels; the top token always stays)."""
+    return top_score + math.log(min_p)
 
 
 # Candidates examined by the fast top-p path before falling back to a full sort.
 _TOP_P_CANDIDATES = 1024
 
 
-def kept_tokens(scores: torch.Tensor, top_k: int | None, top_p: float | None) -> torch.Tensor | None:
-    """int64 indices of the tokens top-k / top-p keep in one row ``scores`` [V] (temperature applied),
-    or None when every token is kept. Same sets as ``process_logits`` (up to exact ties and rounding at
-    the top-p boundary), without sorting the whole vocabulary when the kept set is small.
+def kept_tokens(scores: torch.Tensor, top_k: int | None, top_p: float | None,
+                min_p: float | None = None) -> torch.Tensor | None:
+    """int64 indices of the tokens top-k / top-p / min-p keep in one row ``scores`` [V] (float,
+    temperature applied), or None when every token is kept. Same sets as ``process_logits`` (up to
+    exact ties and rounding at the top-p boundary), without sorting the whole vocabulary when the
+    kept set is small.
     """
+    idx = _top_k_top_p_kept(scores, top_k, top_p)
+    if min_p is None or min_p <= 0.0:
+        return idx
+    threshold = _min_p_threshold(scores.max(), min_p)  # top-k / top-p always keep the top token
+    if idx is None:
+        return torch.nonzero(scores >= threshold).flatten()
+    return idx[scores[idx] >= threshold]
+
+
+def _top_k_top_p_kept(scores: torch.Tensor, top_k: int | None, top_p: float | None) -> torch.Tensor | None:
     vocab = scores.shape[-1]
     idx = None
     if top_k is not None and top_k < vocab:
@@ -139,16 +162,17 @@ class TargetSampler:
     Greedy: ``argmax`` for all tree rows at once (``greedy_targets``). Sampling
     (``sample``): one row at a time (the acceptance walk asks only for the rows on
     its path, so each emitted token costs one row), Gumbel-max with noise keyed by
-    ``(seed, position, token)`` restricted to the tokens top-k / top-p keep.
+    ``(seed, position, token)`` restricted to the tokens top-k / top-p / min-p keep.
     """
 
     def __init__(self, vocab_size: int, *, do_sample: bool = False, temperature: float = 1.0,
                  top_k: int | None = None, top_p: float | None = None, seed: int | None = None,
-                 device="cpu") -> None:
+                 device="cpu", min_p: float | None = None) -> None:
         self.do_sample = bool(do_sample)
         self.temperature = float(temperature)
         self.top_k = top_k
         self.top_p = top_p
+        self.min_p = min_p
         self.seed = seed
         self.vocab_size = int(vocab_size)
         self.device = device
@@ -164,7 +188,7 @@ class TargetSampler:
         scores = logits_row.to(torch.float64)
         if self.temperature != 1.0:
             scores = scores / self.temperature
-        kept = kept_tokens(scores, self.top_k, self.top_p)
+        kept = kept_tokens(scores, self.top_k, self.top_p, self.min_p)
         if kept is None:
             if self._all_tokens is None or self._all_tokens.shape[0] != scores.shape[0]:
                 self._all_tokens = torch.arange(scores.shape[0], dtype=torch.int64, device=scores.device)

@@ -6,7 +6,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from transformers import LogitsProcessorList, TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
+from transformers import (LogitsProcessorList, MinPLogitsWarper, TemperatureLogitsWarper, TopKLogitsWarper,
+                          TopPLogitsWarper)
 
 import refdec.decoding as decoding
 import refdec.sampling as sampling
@@ -18,6 +19,7 @@ SETTINGS = [
     dict(temperature=0.7, top_k=8),
     dict(temperature=1.3, top_p=0.8),
     dict(temperature=0.5, top_k=20, top_p=0.9),
+    dict(temperature=0.9, top_p=0.95, min_p=0.08),
 ]
 
 
@@ -102,8 +104,10 @@ def test_process_logits_matches_transformers_warpers():
             procs.append(TopKLogitsWarper(s["top_k"]))
         if "top_p" in s:
             procs.append(TopPLogitsWarper(s["top_p"]))
+        if "min_p" in s:
+            procs.append(MinPLogitsWarper(s["min_p"]))
         want = procs(torch.zeros(5, 1, dtype=torch.long), logits.clone())
-        got = process_logits(logits, s["temperature"], s.get("top_k"), s.get("top_p"))
+        got = process_logits(logits, s["temperature"], s.get("top_k"), s.get("top_p"), s.get("min_p"))
         assert torch.equal(torch.isinf(got), torch.isinf(want))
         torch.testing.assert_close(got[~torch.isinf(got)], want[~torch.isinf(want)], rtol=0, atol=0)
 
@@ -127,11 +131,12 @@ def test_kept_tokens_are_the_tokens_process_logits_keeps(monkeypatch, candidates
     gen = torch.Generator().manual_seed(vocab + candidates)
     for sharp in (0.5, 3.0):
         logits = torch.randn(6, vocab, generator=gen, dtype=torch.float64) * sharp
-        for s in SETTINGS + [dict(temperature=1.0, top_p=0.99), dict(temperature=1.0, top_k=3)]:
+        for s in SETTINGS + [dict(temperature=1.0, top_p=0.99), dict(temperature=1.0, top_k=3),
+                             dict(temperature=1.0, min_p=0.3), dict(temperature=1.0, top_k=50, min_p=0.02)]:
             scores = logits / s["temperature"]
-            want = process_logits(scores, 1.0, s.get("top_k"), s.get("top_p"))
+            want = process_logits(scores, 1.0, s.get("top_k"), s.get("top_p"), s.get("min_p"))
             for row in range(logits.shape[0]):
-                kept = kept_tokens(scores[row], s.get("top_k"), s.get("top_p"))
+                kept = kept_tokens(scores[row], s.get("top_k"), s.get("top_p"), s.get("min_p"))
                 expected = torch.nonzero(torch.isfinite(want[row])).flatten()
                 got = torch.arange(vocab) if kept is None else torch.sort(kept).values
                 assert torch.equal(got, expected), (s, row)
@@ -153,7 +158,7 @@ def test_first_token_distribution_over_seeds_is_the_processed_softmax(setting):
     with torch.no_grad():
         logits = model(input_ids=torch.tensor([prompt])).logits[0, -1:].to(torch.float64)
     probs = torch.softmax(process_logits(logits, setting["temperature"], setting.get("top_k"),
-                                         setting.get("top_p")), dim=-1)[0].numpy()
+                                         setting.get("top_p"), setting.get("min_p")), dim=-1)[0].numpy()
     n = 3000
     counts = np.zeros(probs.shape[0])
     decoder = decoding.SpeculativeDecoder(model)
@@ -165,7 +170,7 @@ def test_first_token_distribution_over_seeds_is_the_processed_softmax(setting):
     assert chi_square_p_value(counts, probs) > 1e-3
     # the test has power: the same counts reject the distribution at a doubled temperature
     wrong = torch.softmax(process_logits(logits, setting["temperature"] * 2.0, setting.get("top_k"),
-                                         setting.get("top_p")), dim=-1)[0].numpy()
+                                         setting.get("top_p"), setting.get("min_p")), dim=-1)[0].numpy()
     assert chi_square_p_value(counts, np.where(probs > 0, wrong, 0) / wrong[probs > 0].sum()) < 1e-3
     # the speculative path draws the same tokens (checked on a subset of seeds, where drafts exist)
     for s in range(0, n, 100):

@@ -227,6 +227,8 @@ BAD_ARGUMENTS = [
     (dict(top_p=0.0), r"top_p must be None or a number in \(0, 1\], got 0.0"),
     (dict(top_p=1.5), r"top_p .* got 1.5"),
     (dict(top_k=0), r"top_k must be None or an int >= 1, got 0"),
+    (dict(min_p=1.5), r"min_p must be None or a number in \[0, 1\], got 1.5"),
+    (dict(min_p="0.1"), r"min_p .* got '0.1'"),
     (dict(seed=-2), r"seed must be None or an int >= 0, got -2"),
     (dict(eos_token_id="x"), r"eos_token_id must be .* got 'x'"),
     (dict(stop_strings=["stop"]), r"stop_strings needs a tokenizer"),
@@ -425,7 +427,14 @@ def test_generation_stops_at_max_position_embeddings(llama):
     assert out.stats.new_tokens == 1 and out.stats.stop_reason == "max_position_embeddings"
 
 
-def test_cli_generate_streams_the_text_and_prints_stats(tmp_path, tiny_tokenizer, capsys):
+@pytest.mark.parametrize("flags, settings", [
+    ([], {}),
+    (["--repetition-penalty", "0.05", "--no-repeat-ngram-size", "3"],
+     dict(repetition_penalty=0.05, no_repeat_ngram_size=3)),
+    (["--sample", "--seed", "3", "--min-p", "0.2", "--temperature", "1.5"],
+     dict(do_sample=True, seed=3, min_p=0.2, temperature=1.5)),
+])
+def test_cli_generate_streams_the_text_and_prints_stats(tmp_path, tiny_tokenizer, capsys, flags, settings):
     from refdec.cli_generate import register
     import argparse
 
@@ -437,13 +446,18 @@ def test_cli_generate_streams_the_text_and_prints_stats(tmp_path, tiny_tokenizer
     parser = argparse.ArgumentParser(prog="refdec")
     register(parser.add_subparsers(dest="command", required=True))
     args = parser.parse_args(["generate", "--prompt", "abc abc ab", "--model", str(tmp_path / "m"),
-                              "--reference", str(ref_file), "--max-new-tokens", "12", "--max-draft-tokens", "8"])
+                              "--reference", str(ref_file), "--max-new-tokens", "12", "--max-draft-tokens", "8",
+                              *flags])
     assert args.handler(args) == 0
     captured = capsys.readouterr()
     loaded = model.to(torch.float32)
     ids = tiny_tokenizer("abc abc ab", add_special_tokens=True)["input_ids"]
-    out = refdec.generate(loaded, ids, max_new_tokens=12, max_draft_tokens=0)
-    assert captured.out.rstrip("\n") == tiny_tokenizer.decode(out.sequences[0, len(ids):]).rstrip("\n")
+    out = refdec.generate(loaded, ids, max_new_tokens=12, max_draft_tokens=0, **settings)
+    want = tiny_tokenizer.decode(out.sequences[0, len(ids):], skip_special_tokens=True)
+    assert captured.out.rstrip("\n") == want.rstrip("\n")
+    if settings:  # the flags reach the decoder: the text differs from plain greedy's
+        plain = refdec.generate(loaded, ids, max_new_tokens=12, max_draft_tokens=0)
+        assert plain.sequences.tolist() != out.sequences.tolist()
     assert "tokens/pass" in captured.err and "passes" in captured.err
 
 
