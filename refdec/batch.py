@@ -322,10 +322,10 @@ class _Row:
 
 def generate_batch(decoder, prompts: list[np.ndarray], padded: np.ndarray | None, *, tokenizer, index, references,
                    max_new_tokens, do_sample, temperature, top_k, top_p, seed, eos, stops, max_draft_tokens,
-                   min_p=None,
                    pad_token_id, retrieve, normalize_references, stop_checker_cls, stats_cls, output_cls,
-                   max_batch_size=None, processor=None):
+                   max_batch_size=None, processor=None, min_p=None, on_row_done=None):
     """The batched loop behind ``SpeculativeDecoder.generate`` (arguments already validated).
+    ``on_row_done(batch_row, new_tokens, row_stats)``, optional: called as each row finishes.
     ``processor`` (refdec.processors.PathLogitsProcessor, optional): applied to each row's
     logits with that row's own sequence, as if decoded alone (``model.generate`` leaves a padded
     batch's pads out of the repetition penalty but counts them in no-repeat n-grams)."""
@@ -397,7 +397,10 @@ def generate_batch(decoder, prompts: list[np.ndarray], padded: np.ndarray | None
         if reason:
             row.stats.stop_reason = reason
             row.stats.wall_seconds = time.perf_counter() - wall_start  # from the call's start to the row's end
+            row.stats.new_tokens = len(seq) - row.prompt_len
             row.done = True
+            if on_row_done is not None:
+                on_row_done(row.batch_row, seq[row.prompt_len:], row.stats)
         elif row.proposer is not None:
             row.proposer.accept(np.asarray(tokens[:keep], dtype=np.int32))
 
@@ -634,6 +637,8 @@ def generate_batch(decoder, prompts: list[np.ndarray], padded: np.ndarray | None
         row.stats.new_tokens = len(row.seq) - row.prompt_len
         if not row.stats.wall_seconds:  # max_new_tokens = 0: no row ran
             row.stats.wall_seconds = wall
+            if on_row_done is not None:
+                on_row_done(row.batch_row, [], row.stats)
     stats.new_tokens = sum(r.stats.new_tokens for r in rows)
     reasons = {r.stats.stop_reason for r in rows}
     stats.stop_reason = reasons.pop() if len(reasons) == 1 else "mixed"

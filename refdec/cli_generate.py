@@ -177,23 +177,34 @@ def _logits_settings(args) -> dict:
 
 
 def _run_batch(args, decoder, tokenizer, requests: list[dict], references: list[str]) -> int:
-    """``--prompts-jsonl``: every request in one batched call; one JSON line per request."""
+    """``--prompts-jsonl``: every request in one batched call; one JSON line per request, in
+    input order, each written (and flushed) as soon as it and every request before it finished,
+    so an interrupted run keeps the completions it wrote."""
     prompts = [tokenizer(r["prompt"])["input_ids"] for r in requests]
     # per-row references: the row's own, plus the --reference files shared by all rows
     refs = [(r["references"] + references) or None for r in requests]
+    finished: dict[int, str] = {}
+    next_line = 0
+
+    def write_in_order(batch_row: int, new_tokens: list[int], row) -> None:
+        nonlocal next_line
+        completion = tokenizer.decode(new_tokens, skip_special_tokens=True)
+        finished[batch_row] = json.dumps({"line": batch_row, "completion": completion, "new_tokens": row.new_tokens,
+                                          "stop_reason": row.stop_reason,
+                                          "tokens_per_pass": round(row.tokens_per_pass, 3)})
+        while next_line in finished:
+            print(finished.pop(next_line), flush=True)
+            next_line += 1
+
     out = decoder.generate(
         prompts, references=refs, max_new_tokens=args.max_new_tokens, do_sample=args.sample,
         temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, min_p=args.min_p, seed=args.seed,
         **_logits_settings(args),
         stop_strings=args.stop, max_draft_tokens=args.max_draft_tokens, retrieve=args.retrieve,
-        max_batch_size=args.max_batch_size,
+        max_batch_size=args.max_batch_size, on_row_done=write_in_order,
     )
-    width = out.sequences.shape[1] - max(r.new_tokens for r in out.stats.rows)  # the padded prompt width
-    for line, row in enumerate(out.stats.rows):
-        new = out.sequences[line, width: width + row.new_tokens]
-        completion = tokenizer.decode(new, skip_special_tokens=True)
-        print(json.dumps({"line": line, "completion": completion, "new_tokens": row.new_tokens,
-                          "stop_reason": row.stop_reason, "tokens_per_pass": round(row.tokens_per_pass, 3)}))
+    if next_line != len(requests):
+        raise RuntimeError(f"internal error: {len(requests) - next_line} completions were not written")
     s = out.stats
     print(f"[refdec] {len(requests)} prompts, at most {args.max_batch_size} together: {s.summary()}", file=sys.stderr)
     return 0

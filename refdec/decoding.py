@@ -534,7 +534,7 @@ class SpeculativeDecoder:
                  top_p: float | None = None, seed: int | None = None, eos_token_id=None, stop_strings=None,
                  streamer=None, max_draft_tokens="auto", attention_mask=None, pad_token_id=None,
                  retrieve: int = 0, max_batch_size: int | None = None, min_p: float | None = None,
-                 **logits_settings) -> GenerateOutput:
+                 on_row_done=None, **logits_settings) -> GenerateOutput:
         """Speculative generation of one prompt, or of a batch (see refdec.batch).
 
         ``logits_settings``: ``model.generate``'s sequence-dependent logits settings
@@ -551,8 +551,12 @@ class SpeculativeDecoder:
         decode together; the others wait in order and join as rows finish
         (continuous batching). A row's output does not depend on the grouping (exactly
         so in float64; in lower precision other matmul shapes may flip a near-tie, as
-        for any batching).
+        for any batching). ``on_row_done(batch_row, new_tokens, row_stats)`` (batches
+        only): called as each row finishes, with its index in the batch, its new tokens
+        (list of int) and its DecodingStats, e.g. to write results out before the batch ends.
         """
+        if on_row_done is not None and not callable(on_row_done):
+            raise ValueError(f"on_row_done must be callable or None, got {type(on_row_done).__name__}")
         if max_batch_size is not None and (not _is_int(max_batch_size) or max_batch_size < 1):
             raise ValueError(f"max_batch_size must be an int >= 1 or None, got {max_batch_size!r}")
         tokenizer = tokenizer if tokenizer is not None else self.tokenizer
@@ -567,7 +571,11 @@ class SpeculativeDecoder:
                                         min_p=min_p, seed=seed, eos_token_id=eos_token_id,
                                         stop_strings=stop_strings, streamer=streamer, max_draft_tokens=max_draft_tokens,
                                         pad_token_id=pad_token_id, retrieve=retrieve,
-                                        max_batch_size=max_batch_size, logits_settings=logits_settings)
+                                        max_batch_size=max_batch_size, logits_settings=logits_settings,
+                                        on_row_done=on_row_done)
+        if on_row_done is not None:
+            raise ValueError("on_row_done applies to batches (a list of prompts or a padded [B, L] batch); "
+                             "stream one prompt with streamer=")
         wall_start = time.perf_counter()
         prompt = _normalize_prompt(input_ids)
         if attention_mask is not None:
@@ -758,7 +766,7 @@ class SpeculativeDecoder:
     def _generate_batch(self, input_ids, attention_mask, *, tokenizer, index, references, max_new_tokens,
                         do_sample, temperature, top_k, top_p, min_p, seed, eos_token_id, stop_strings, streamer,
                         max_draft_tokens, pad_token_id, retrieve, max_batch_size=None,
-                        logits_settings=None) -> GenerateOutput:
+                        logits_settings=None, on_row_done=None) -> GenerateOutput:
         from refdec import batch as _batch
 
         if streamer is not None:
@@ -791,11 +799,10 @@ class SpeculativeDecoder:
         return _batch.generate_batch(
             self, prompts, padded, tokenizer=tokenizer, index=index, references=references,
             max_new_tokens=max_new_tokens, do_sample=do_sample, temperature=temperature, top_k=top_k, top_p=top_p,
-            min_p=min_p,
             seed=seed, eos=eos, stops=stops, max_draft_tokens=max_draft_tokens, pad_token_id=int(pad_token_id),
             retrieve=retrieve, normalize_references=_normalize_references, stop_checker_cls=_StopChecker,
             stats_cls=DecodingStats, output_cls=GenerateOutput, max_batch_size=max_batch_size,
-            processor=processor)
+            processor=processor, min_p=min_p, on_row_done=on_row_done)
 
 
 def generate(model, input_ids, *, tokenizer=None, index=None, references=None, max_new_tokens: int = 256,
@@ -803,7 +810,7 @@ def generate(model, input_ids, *, tokenizer=None, index=None, references=None, m
              top_p: float | None = None, seed: int | None = None, eos_token_id=None, stop_strings=None,
              streamer=None, max_draft_tokens="auto", proposer_factory=None, attention_mask=None,
              pad_token_id=None, retrieve: int = 0, max_batch_size: int | None = None, min_p: float | None = None,
-             **logits_settings) -> GenerateOutput:
+             on_row_done=None, **logits_settings) -> GenerateOutput:
     """One-shot speculative generation (a fresh ``SpeculativeDecoder``); see that class for details.
     Batches: a left-padded [B, L] ``input_ids`` with ``attention_mask``, or a list of prompts (refdec.batch);
     ``max_batch_size`` rows at most decode together, the others join as rows finish.
@@ -815,4 +822,4 @@ def generate(model, input_ids, *, tokenizer=None, index=None, references=None, m
                             eos_token_id=eos_token_id, stop_strings=stop_strings, streamer=streamer,
                             max_draft_tokens=max_draft_tokens, attention_mask=attention_mask,
                             pad_token_id=pad_token_id, retrieve=retrieve, max_batch_size=max_batch_size,
-                            **logits_settings)
+                            on_row_done=on_row_done, **logits_settings)

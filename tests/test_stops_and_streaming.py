@@ -502,6 +502,49 @@ def test_cli_generate_prompts_jsonl_writes_each_completion_in_order(tmp_path, ti
         assert row["new_tokens"] == out.stats.new_tokens and row["stop_reason"] == out.stats.stop_reason
     assert "4 prompts, at most 2 together" in captured.err
 
+    # each line is written as soon as it and the lines before it are done: a run interrupted
+    # while line 2 is written has already written lines 0 and 1
+    real_dumps = json.dumps
+
+    def interrupt_at_line_2(obj, *a, **kw):
+        if isinstance(obj, dict) and obj.get("line") == 2:
+            raise KeyboardInterrupt
+        return real_dumps(obj, *a, **kw)
+
+    import refdec.cli_generate as cli_generate
+
+    args = parser.parse_args(["generate", "--prompts-jsonl", str(tmp_path / "in.jsonl"), "--model",
+                              str(tmp_path / "m"), "--max-new-tokens", "10", "--max-batch-size", "1"])
+    cli_generate.json.dumps, saved = interrupt_at_line_2, cli_generate.json.dumps
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            args.handler(args)
+    finally:
+        cli_generate.json.dumps = saved
+    assert [json.loads(x) for x in capsys.readouterr().out.splitlines()] == rows[:2]
+
+
+def test_on_row_done_reports_each_row_as_it_finishes(llama):
+    """on_row_done(batch_row, new_tokens, row_stats): once per row, as the row finishes (one at a
+    time: in order), with exactly the row's new tokens and final stats."""
+    prompts = repetitive_prompts(3, seed=47)
+    calls = []
+    out = refdec.generate(llama, prompts, max_new_tokens=12, max_draft_tokens=8, max_batch_size=1,
+                          on_row_done=lambda b, tokens, stats: calls.append((b, list(tokens), stats.new_tokens,
+                                                                             stats.stop_reason)))
+    assert [c[0] for c in calls] == [0, 1, 2]
+    for b, tokens, new_tokens, reason in calls:
+        alone = refdec.generate(llama, prompts[b], max_new_tokens=12, max_draft_tokens=8)
+        assert tokens == alone.sequences[0, len(prompts[b]):].tolist()
+        assert (new_tokens, reason) == (out.stats.rows[b].new_tokens, out.stats.rows[b].stop_reason)
+    calls.clear()
+    refdec.generate(llama, prompts, max_new_tokens=0, on_row_done=lambda b, t, s: calls.append((b, t)))
+    assert sorted(calls) == [(0, []), (1, []), (2, [])]
+    with pytest.raises(ValueError, match="on_row_done applies to batches"):
+        refdec.generate(llama, prompts[0], max_new_tokens=3, on_row_done=print)
+    with pytest.raises(ValueError, match="on_row_done must be callable or None, got int"):
+        refdec.generate(llama, prompts, max_new_tokens=3, on_row_done=3)
+
 
 @pytest.mark.parametrize("content,message", [
     ('{"prompt": "a"}\nnot json\n', r"in.jsonl:2: not a JSON object"),
