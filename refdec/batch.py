@@ -92,7 +92,6 @@ holds row ``b``'s own counts.
 from __future__ import annotations
 
 import copy
-import numbers
 import time
 
 import numpy as np
@@ -101,15 +100,12 @@ import torch.nn.functional as F
 
 from refdec.budget import AutoBudget, FixedBudget, batch_prefix_sizes, make_budget
 from refdec.cache import GrowingLayer, new_cache
+from refdec.decoding import _is_int
 from refdec.masks import _finish, ancestor_matrix
 from refdec.sampling import TargetSampler, random_seed
 from refdec.processors import path_tokens
 from refdec.tree import DraftTree
 from refdec.verify import LockstepLazyWalks, accept_walk, accept_walk_lazy
-
-
-def _is_int(x) -> bool:
-    return isinstance(x, numbers.Integral) and not isinstance(x, bool)
 
 
 def is_batched_input(input_ids, attention_mask=None) -> bool:
