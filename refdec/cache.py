@@ -18,6 +18,8 @@ order, so ``cache length == position of the root``.
 
 from __future__ import annotations
 
+import inspect
+
 import torch
 from transformers import DynamicCache
 from transformers.cache_utils import DynamicLayer
@@ -119,6 +121,12 @@ def set_prefill_window(cache: DynamicCache, layer_indices: list[int], window: in
     for layer_idx in layer_indices:
         if layer_idx < len(cache.layers) and isinstance(cache.layers[layer_idx], GrowingLayer):
             cache.layers[layer_idx].prefill_window = window
+
+
+def cache_kwarg(module: torch.nn.Module) -> str:
+    """The name ``module.forward`` takes the KV cache under: ``cache`` in newer transformers,
+    ``past_key_values`` (deprecated there, removed in 5.40) before."""
+    return "cache" if "cache" in inspect.signature(module.forward).parameters else "past_key_values"
 
 
 def new_cache(preallocate: bool = True) -> DynamicCache:

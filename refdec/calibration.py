@@ -171,7 +171,7 @@ def measure(model, nodes=DEFAULT_NODES, *, cache_len: int = 512, repeats: int = 
     """
     import torch
 
-    from refdec.cache import compact, new_cache
+    from refdec.cache import cache_kwarg, compact, new_cache
     from refdec.masks import build_tree_inputs, mask_spec_for
     from refdec.tree import DraftTree
     from refdec.verify import split_forward_fn, tree_forward_fn
@@ -195,7 +195,8 @@ def measure(model, nodes=DEFAULT_NODES, *, cache_len: int = 512, repeats: int = 
     chunk_rows = 4
     with torch.inference_mode():
         cache = new_cache()
-        model(input_ids=prompt, past_key_values=cache, use_cache=True, logits_to_keep=1)
+        cache_kw = cache_kwarg(model)
+        model(input_ids=prompt, use_cache=True, logits_to_keep=1, **{cache_kw: cache})
         for rep in range(warmup + repeats):
             order = nodes if rep % 2 == 0 else tuple(reversed(nodes))
             for n in order:
@@ -211,7 +212,7 @@ def measure(model, nodes=DEFAULT_NODES, *, cache_len: int = 512, repeats: int = 
                     out = tree_forward(cache, **kwargs)
                     out.argmax(-1).cpu()
                 else:
-                    out = model(past_key_values=cache, use_cache=True, **kwargs).logits[0]
+                    out = model(use_cache=True, **kwargs, **{cache_kw: cache}).logits[0]
                     out.argmax(-1).cpu()
                 elapsed = time.perf_counter() - t0
                 if lazy_head and n == nodes[-1]:

@@ -29,7 +29,7 @@ import numpy as np
 import torch
 
 from refdec.budget import FixedBudget, make_budget
-from refdec.cache import compact, new_cache, set_prefill_window
+from refdec.cache import cache_kwarg, compact, new_cache, set_prefill_window
 from refdec.masks import build_tree_inputs, mask_spec_for
 from refdec.processors import PathLogitsProcessor, path_tokens
 from refdec.sampling import TargetSampler, random_seed
@@ -471,8 +471,7 @@ class SpeculativeDecoder:
         self.max_positions = getattr(config, "max_position_embeddings", None)
         self.vocab_size = int(config.vocab_size)
         self.device = next(model.parameters()).device
-        params = inspect.signature(model.forward).parameters
-        self._cache_kw = "cache" if "cache" in params else "past_key_values"
+        self._cache_kw = cache_kwarg(model)
         self._auto_budget = None  # the "auto" policy persists across calls (its feedback carries over)
         split = split_forward_fn(model)  # None: the model's own forward computes the logits
         self._backbone_forward, self._head = split if split is not None else (None, None)

@@ -104,9 +104,9 @@ def split_forward_fn(model):
     (:class:`LazyRowLogits`, :class:`LockstepLazyWalks`): on a CPU the head is most of a
     forward.
     """
-    import inspect
-
     import torch
+
+    from refdec.cache import cache_kwarg
 
     config = model.config
     if hasattr(config, "get_text_config"):
@@ -119,8 +119,7 @@ def split_forward_fn(model):
         return None
     if type(head) is not torch.nn.Linear or head._forward_hooks or head._forward_pre_hooks:
         return None  # a subclass or a hooked head
-    params = inspect.signature(backbone.forward).parameters
-    cache_kw = "cache" if "cache" in params else "past_key_values"
+    cache_kw = cache_kwarg(backbone)
 
     def backbone_forward(cache, **inputs):
         inputs[cache_kw] = cache

@@ -10,7 +10,7 @@ import torch
 import refdec.decoding as decoding
 import tiny_models
 from refdec.budget import AutoBudget
-from refdec.cache import new_cache
+from refdec.cache import cache_kwarg, new_cache
 from refdec.calibration import CostCurve, measure
 from refdec.masks import build_tree_inputs, mask_spec_for
 from refdec.tree import DraftTree
@@ -33,13 +33,13 @@ def _tree_hidden(model, tree):
     inputs = build_tree_inputs(tree, 17, prompt.shape[1], spec)
     with torch.inference_mode():
         cache = new_cache()
-        model(input_ids=prompt, past_key_values=cache, use_cache=True)
+        model(input_ids=prompt, use_cache=True, **{cache_kwarg(model): cache})
         hidden = backbone_forward(cache, input_ids=inputs.input_ids, position_ids=inputs.position_ids,
                                   attention_mask=inputs.attention_mask)[0]
         cache = new_cache()
-        model(input_ids=prompt, past_key_values=cache, use_cache=True)
+        model(input_ids=prompt, use_cache=True, **{cache_kwarg(model): cache})
         full = model(input_ids=inputs.input_ids, position_ids=inputs.position_ids,
-                     attention_mask=inputs.attention_mask, past_key_values=cache, use_cache=True).logits[0]
+                     attention_mask=inputs.attention_mask, use_cache=True, **{cache_kwarg(model): cache}).logits[0]
     return hidden, head, full
 
 

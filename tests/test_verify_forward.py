@@ -7,7 +7,7 @@ import pytest
 import torch
 
 import tiny_models
-from refdec.cache import new_cache
+from refdec.cache import cache_kwarg, new_cache
 from refdec.masks import build_tree_inputs, mask_spec_for
 from refdec.tree import DraftTree
 from refdec.verify import tree_forward_fn
@@ -28,13 +28,13 @@ def test_tree_forward_equals_the_model_forward_on_a_tree(make):
     with torch.inference_mode():
         for use_fast in (True, False):
             cache = new_cache()
-            model(input_ids=prompt, past_key_values=cache, use_cache=True)
+            model(input_ids=prompt, use_cache=True, **{cache_kwarg(model): cache})
             kwargs = dict(input_ids=inputs.input_ids, position_ids=inputs.position_ids,
                           attention_mask=inputs.attention_mask)
             if use_fast:
                 logits.append(forward(cache, **kwargs))
             else:
-                logits.append(model(past_key_values=cache, use_cache=True, **kwargs).logits[0])
+                logits.append(model(use_cache=True, **{cache_kwarg(model): cache}, **kwargs).logits[0])
     torch.testing.assert_close(logits[0], logits[1], rtol=1e-10, atol=1e-10)
 
 
