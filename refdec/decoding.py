@@ -19,7 +19,6 @@ The prompt must hold at least one token: refdec adds no BOS token of its own
 
 from __future__ import annotations
 
-import inspect
 import numbers
 import os
 import time
