@@ -56,7 +56,6 @@ import os
 import threading
 import weakref
 from collections.abc import Iterable
-from pathlib import Path
 
 import numpy as np
 
