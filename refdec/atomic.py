@@ -15,8 +15,12 @@ from typing import Iterable
 
 
 def atomic_write(path, chunks: Iterable[bytes | memoryview]) -> None:
-    """Write ``chunks`` (bytes-like, in order) to ``path`` atomically."""
+    """Write ``chunks`` (bytes-like, in order) to ``path`` atomically. An OSError names ``path``
+    (not the temporary); an existing ``path`` that is not a regular file (a device such as
+    /dev/null, a directory, a FIFO) is refused, as the rename would replace it."""
     path = os.fspath(path)
+    if os.path.lexists(path) and not os.path.isfile(path):  # isfile follows a link to a regular file
+        raise OSError(f"cannot write {path}: it exists and is not a regular file")
     tmp = f"{path}.tmp-{os.getpid()}-{secrets.token_hex(4)}"
     try:
         with open(tmp, "wb") as f:
@@ -26,11 +30,13 @@ def atomic_write(path, chunks: Iterable[bytes | memoryview]) -> None:
             os.fsync(f.fileno())
         os.replace(tmp, path)
         _fsync_directory(path)
-    except BaseException:
+    except BaseException as exc:
         try:
             os.unlink(tmp)
-        except FileNotFoundError:
+        except OSError:
             pass
+        if isinstance(exc, OSError):
+            raise type(exc)(exc.errno, f"cannot write {path}: {exc.strerror or exc}") from exc
         raise
     _remove_stale_temporaries(path)
 

@@ -27,7 +27,7 @@ def register(subparsers) -> None:
         help="build or inspect a corpus index",
         description="Build a corpus index (a frozen suffix automaton over token ids) or inspect one.",
     )
-    commands = index_parser.add_subparsers(dest="index_command", required=True)
+    commands = index_parser.add_subparsers(dest="index_command", metavar="{build,info}")
 
     build = commands.add_parser(
         "build",
@@ -116,7 +116,8 @@ class SourceStats:
 
 
 def find_files(paths: list[str], pattern: str) -> list[Path]:
-    """The files named, and the files matching ``pattern`` under the directories named (sorted)."""
+    """The files named, and the files matching ``pattern`` under the directories named (sorted);
+    a file named twice, or also found under a directory named, is read once."""
     found: list[Path] = []
     for name in paths:
         path = Path(name)
@@ -126,7 +127,14 @@ def find_files(paths: list[str], pattern: str) -> list[Path]:
             found.append(path)
         else:
             raise FileNotFoundError(f"no such file or directory: {path}")
-    return found
+    seen: set[Path] = set()
+    unique = []
+    for path in found:
+        key = path.resolve()
+        if key not in seen:
+            seen.add(key)
+            unique.append(path)
+    return unique
 
 
 def read_documents(files: list[Path], jsonl_field: str, stats: SourceStats) -> Iterator[str]:
@@ -172,7 +180,7 @@ def run_build(args: argparse.Namespace) -> int:
     from refdec.index import CorpusIndex, tokenizer_fingerprint
     from refdec.models import load_tokenizer
 
-    check_output_path(args.out)
+    check_output_path(args.out, replaced=True)
     files = find_files(args.paths, args.glob)
     if not files:
         raise ValueError(f"no files match {args.glob!r} under {', '.join(args.paths)}")
@@ -197,6 +205,9 @@ def run_build(args: argparse.Namespace) -> int:
             f"no documents to index: {len(stats.non_utf8)} of {stats.files} files are not UTF-8, "
             f"{stats.bad_records} .jsonl lines have no string field {args.jsonl_field!r}"
         )
+    if not any(ids.size for ids in token_ids):
+        read = "the document read is" if len(token_ids) == 1 else f"all {len(token_ids)} documents read are"
+        raise ValueError(f"no tokens to index: {read} empty")
 
     # Step 2. Build the automaton (timed apart from tokenisation and from the
     # one-off tokenizer fingerprint, which build() would otherwise compute) and
@@ -269,8 +280,10 @@ def header_fields(index, path: str) -> list[tuple[str, object]]:
 
 
 def run_info(args: argparse.Namespace) -> int:
+    from refdec.cli import check_input_file
     from refdec.index import CorpusIndex
 
+    check_input_file(args.file, "index info")
     index = CorpusIndex.load(args.file)
     fields = header_fields(index, args.file)
     width = max(len(name) for name, _ in fields)

@@ -189,6 +189,22 @@ def test_cli_skips_and_counts_non_utf8_files(tmp_path, tokenizer_dir):
     assert CorpusIndex.load(out).num_documents == 1
 
 
+def test_cli_reads_a_file_named_twice_once_and_refuses_a_corpus_without_tokens(tmp_path, tokenizer_dir):
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "good.py").write_text("def f(x):\n    return x + 1\n")
+    out = tmp_path / "i.refdec"
+    proc = _cli("index", "build", src / "good.py", src, src / "good.py", "--tokenizer", tokenizer_dir, "--out", out,
+                "--no-progress")
+    assert proc.returncode == 0, proc.stderr
+    assert CorpusIndex.load(out).num_documents == 1  # was 3: the same file indexed three times
+    (tmp_path / "empty.txt").write_text("")
+    proc = _cli("index", "build", tmp_path / "empty.txt", "--tokenizer", tokenizer_dir, "--out", tmp_path / "e.refdec",
+                "--no-progress")
+    assert proc.returncode == 2 and "no tokens to index: the document read is empty" in proc.stderr, proc.stderr
+    assert not (tmp_path / "e.refdec").exists()
+
+
 def test_cli_with_only_non_utf8_files_is_a_clear_error_and_writes_nothing(tmp_path, tokenizer_dir):
     src = tmp_path / "src"
     src.mkdir()
