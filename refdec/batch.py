@@ -146,7 +146,9 @@ def normalize_batch(input_ids, attention_mask, vocab_size: int) -> tuple[list[np
                     raise ValueError(f"input_ids[{b}] must be a list of ints")
                 arr = np.asarray(p, dtype=np.int64)
             else:
-                raise ValueError(f"input_ids[{b}] must be a list of ints or a 1-D tensor, got {type(p).__name__}")
+                hint = " (tokenize the text first: tokenizer(text).input_ids)" if isinstance(p, str) else ""
+                raise ValueError(f"input_ids[{b}] must be a list of ints or a 1-D tensor, got "
+                                 f"{type(p).__name__}{hint}")
             rows.append(arr)
         padded = None
     else:

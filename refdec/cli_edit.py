@@ -41,7 +41,8 @@ def register(subparsers) -> None:
     p.add_argument("file", metavar="FILE", help="the file to rewrite")
     p.add_argument("--instruction", required=True, metavar="TEXT", help="what to change")
     p.add_argument("--model", metavar="DIR", default=None,
-                   help="model directory or name (default: Gemma 3 270M, converted on first use)")
+                   help="model directory, or a model name in the local Hugging Face cache (refdec does not download; "
+                        "default: Gemma 3 270M, converted on first use)")
     p.add_argument("--out", metavar="FILE", default=None, help="write the rewritten file here (default: stdout)")
     p.add_argument("--prompt-template", metavar="NAME|F", default=None,
                    help="a template name (original-change, commit, rewrite) or a file holding a format string "
@@ -49,11 +50,15 @@ def register(subparsers) -> None:
     p.add_argument("--max-new-tokens", type=int, default=None, metavar="N",
                    help="generation limit (default: twice the file's tokens + 64)")
     p.add_argument("--max-draft-tokens", type=_draft_tokens, default="auto", metavar="N|auto",
-                   help="draft tree size per pass: an integer or 'auto' (default)")
+                   help="draft tree size per pass: an integer (0 = plain decoding) or 'auto' (default)")
     p.add_argument("--compare", action="store_true",
-                   help="also decode without drafts, check the outputs are identical and print the speed-up")
-    p.add_argument("--diff", action="store_true", help="print the unified diff of the result against the original")
-    p.add_argument("--threads", type=int, default=None, metavar="N", help="torch CPU threads")
+                   help="also decode without drafts (about doubles the run time), check the outputs are identical "
+                        "(exit status 1 if not) and print the speed-up")
+    p.add_argument("--diff", action="store_true",
+                   help="print the unified diff of the result against the original (without --out, only the diff "
+                        "is printed)")
+    p.add_argument("--threads", type=int, default=None, metavar="N",
+                   help="torch CPU threads (default: torch's, one per core; on a busy machine fewer is faster)")
     p.set_defaults(handler=run)
 
 
@@ -68,6 +73,8 @@ def _template(value: str | None) -> str | None:
 
     if value is None or value in TEMPLATES:
         return value
+    if not Path(value).exists():
+        raise ValueError(f"--prompt-template {value}: neither a template name ({', '.join(TEMPLATES)}) nor a file")
     return _read(value)
 
 
@@ -122,6 +129,8 @@ def run(args) -> int:
     from refdec.models import load_default, load_model
 
     set_threads(args.threads)
+    if not args.instruction.strip():
+        raise ValueError("--instruction must be a non-empty text")
     if args.max_new_tokens is not None and args.max_new_tokens < 1:
         raise ValueError(f"--max-new-tokens must be >= 1, got {args.max_new_tokens}")
     if args.out is not None:
@@ -148,22 +157,31 @@ def run(args) -> int:
     result = prompt.extract(tokenizer.decode(new_ids, skip_special_tokens=True))
 
     if args.out is not None:
-        with open(args.out, "w", encoding="utf-8", newline="") as out_file:  # line endings as generated
-            out_file.write(result)
+        try:
+            with open(args.out, "w", encoding="utf-8", newline="") as out_file:  # line endings as generated
+                out_file.write(result)
+        except OSError as exc:
+            raise OSError(exc.errno, f"--out {args.out}: cannot write the result ({exc.strerror or exc})") from exc
     elif stream_to_stdout and not result.endswith("\n"):
         sys.stdout.write("\n")
     if args.diff:
         name = Path(args.file).name
+        changed = False
         for line in difflib.unified_diff(original.splitlines(keepends=True), result.splitlines(keepends=True),
                                          fromfile=f"a/{name}", tofile=f"b/{name}"):
             # A last line without a newline is marked as `diff -u` does.
             sys.stdout.write(line if line.endswith("\n") else line + "\n\\ No newline at end of file\n")
+            changed = True
         sys.stdout.flush()
+        if not changed:
+            print("[refdec edit] --diff: no changes (the result equals the original)", file=sys.stderr)
 
     s = out.stats
     frac = s.accepted_tokens / s.proposed_tokens if s.proposed_tokens else 0.0
+    # verification accepts drafted tokens past the closing fence too; the output stops at the fence
+    past_stop = " (some past the closing fence)" if s.accepted_tokens > s.new_tokens else ""
     print(f"[refdec edit] {s.new_tokens} tokens in {s.forward_passes} passes: {s.tokens_per_pass:.2f} tokens/pass, "
-          f"accepted {s.accepted_tokens}/{s.proposed_tokens} drafted tokens ({frac:.0%}), {wall:.2f} s "
+          f"accepted {s.accepted_tokens}/{s.proposed_tokens} drafted tokens ({frac:.0%}){past_stop}, {wall:.2f} s "
           f"({s.new_tokens / wall if wall > 0 else 0.0:.1f} tokens/s); stop: {s.stop_reason}", file=sys.stderr)
     if out.stats.stop_reason == "max_new_tokens":
         print(f"[refdec edit] warning: stopped at --max-new-tokens {max_new} before the closing fence; "

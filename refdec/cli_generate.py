@@ -53,21 +53,24 @@ def register(subparsers) -> None:
     p.add_argument("--max-batch-size", type=int, default=None, metavar="B",
                    help="with --prompts-jsonl: rows decoded together; the others join as rows finish (default 4)")
     p.add_argument("--model", metavar="DIR", default=None,
-                   help="model directory or name (default: Gemma 3 270M, converted on first use)")
+                   help="model directory, or a model name in the local Hugging Face cache (refdec does not download; "
+                        "default: Gemma 3 270M, converted on first use)")
     p.add_argument("--index", metavar="FILE", default=None, help="a corpus index file (refdec index build)")
     p.add_argument("--reference", metavar="FILE", action="append", default=[],
                    help="a reference document to draft from (repeatable), e.g. the file being edited")
     p.add_argument("--retrieve", type=int, default=0, metavar="K",
                    help="also draft from the K documents of --index most similar to the prompt "
                         "(needs the index's signatures, FILE.minhash; default 0)")
-    p.add_argument("--max-new-tokens", type=int, default=256, metavar="N")
+    p.add_argument("--max-new-tokens", type=int, default=256, metavar="N",
+                   help="tokens to generate at most (default 256)")
     p.add_argument("--sample", action="store_true", help="sample instead of greedy decoding")
     p.add_argument("--temperature", type=float, default=None, metavar="T", help="with --sample (default 1.0)")
-    p.add_argument("--top-k", type=int, default=None, metavar="K", help="with --sample: keep the K most likely tokens")
+    p.add_argument("--top-k", type=int, default=None, metavar="K",
+                   help="with --sample: keep the K most likely tokens (default: off)")
     p.add_argument("--top-p", type=float, default=None, metavar="P",
-                   help="with --sample: keep the most likely tokens up to probability mass P")
+                   help="with --sample: keep the most likely tokens up to probability mass P (default: off)")
     p.add_argument("--min-p", type=float, default=None, metavar="P",
-                   help="with --sample: drop tokens less likely than P times the most likely one")
+                   help="with --sample: drop tokens less likely than P times the most likely one (default: off)")
     p.add_argument("--repetition-penalty", type=float, default=None, metavar="R",
                    help="penalise tokens already in the text, as model.generate does (default: the model's "
                         "generation_config)")
@@ -76,8 +79,10 @@ def register(subparsers) -> None:
     p.add_argument("--seed", type=int, default=None, metavar="S", help="sampling seed (default: random)")
     p.add_argument("--max-draft-tokens", type=_draft_tokens, default="auto", metavar="N|auto",
                    help="draft tree size per step: an integer (0 = plain decoding) or 'auto' (default)")
-    p.add_argument("--stop", action="append", default=None, metavar="STRING", help="a stop string (repeatable)")
-    p.add_argument("--threads", type=int, default=None, metavar="N", help="torch CPU threads")
+    p.add_argument("--stop", action="append", default=None, metavar="STRING",
+                   help="stop once the text contains STRING, which stays in the output (repeatable)")
+    p.add_argument("--threads", type=int, default=None, metavar="N",
+                   help="torch CPU threads (default: torch's, one per core; on a busy machine fewer is faster)")
     p.set_defaults(handler=run)
 
 
@@ -93,7 +98,9 @@ def read_prompts_jsonl(path: str) -> list[dict]:
     from refdec.cli import jsonl_lines
 
     requests = []
-    for line_no, line in enumerate(jsonl_lines(_read(path)), start=1):
+    text = _read(path)
+    text = text[1:] if text.startswith("\ufeff") else text  # a UTF-8 byte-order mark, as some editors write
+    for line_no, line in enumerate(jsonl_lines(text), start=1):
         if not line.strip():
             continue
         try:
@@ -108,7 +115,7 @@ def read_prompts_jsonl(path: str) -> list[dict]:
         unknown = set(item) - {"prompt", "references"}
         if unknown:
             raise ValueError(f"{path}:{line_no}: unknown keys {sorted(unknown)} (known: prompt, references)")
-        requests.append({"prompt": item["prompt"], "references": refs})
+        requests.append({"prompt": item["prompt"], "references": refs, "where": f"{path}:{line_no}"})
     if not requests:
         raise ValueError(f"{path}: no prompts (one JSON object a line)")
     return requests
@@ -123,6 +130,10 @@ def run(args) -> int:
         raise ValueError(f"--retrieve must be >= 0, got {args.retrieve}")
     if args.retrieve and not args.index:
         raise ValueError(f"--retrieve {args.retrieve} needs --index FILE (the corpus to retrieve documents from)")
+    if args.index:
+        from refdec.cli import check_input_file
+
+        check_input_file(args.index, "--index")
     if args.max_batch_size is not None and not args.prompts_jsonl:
         raise ValueError("--max-batch-size applies to --prompts-jsonl (one prompt decodes alone)")
     if args.max_batch_size is None:
@@ -135,7 +146,9 @@ def run(args) -> int:
                                           ("--top-p", args.top_p), ("--min-p", args.min_p),
                                           ("--seed", args.seed)) if value is not None]
         if given:
-            raise ValueError(f"{', '.join(given)} need --sample (without it decoding is greedy)")
+            raise ValueError(f"{', '.join(given)} {'needs' if len(given) == 1 else 'need'} --sample "
+                             f"(without it decoding is greedy)")
+    _check_flags(args)
     if args.temperature is None:
         args.temperature = 1.0
     requests = read_prompts_jsonl(args.prompts_jsonl) if args.prompts_jsonl else None
@@ -166,8 +179,31 @@ def run(args) -> int:
     s = out.stats
     seed = f", seed {s.seed}" if s.seed is not None else ""
     retrieved = f"; retrieved documents {s.retrieved_documents}" if s.retrieved_documents else ""
+    if args.retrieve and not s.retrieved_documents:
+        retrieved = "; retrieved no documents (none of the index shares enough of the prompt's n-grams)"
     print(f"\n[refdec] {s.summary()}{seed}; stop: {s.stop_reason}{retrieved}", file=sys.stderr)
     return 0
+
+
+def _check_flags(args) -> None:
+    """The numeric flags' ranges, checked before any work and named as typed (the API's own
+    checks would name its parameters)."""
+    checks = [
+        ("--max-new-tokens", args.max_new_tokens, lambda v: v >= 0, ">= 0"),
+        ("--temperature", args.temperature, lambda v: v > 0 and v != float("inf"), "> 0 (and finite)"),
+        ("--top-k", args.top_k, lambda v: v >= 1, ">= 1"),
+        ("--top-p", args.top_p, lambda v: 0 < v <= 1, "in (0, 1]"),
+        ("--min-p", args.min_p, lambda v: 0 <= v <= 1, "in [0, 1]"),
+        ("--seed", args.seed, lambda v: v >= 0, ">= 0"),
+        ("--repetition-penalty", args.repetition_penalty, lambda v: 0 < v < float("inf"), "> 0 (and finite)"),
+        ("--no-repeat-ngram-size", args.no_repeat_ngram_size, lambda v: v >= 0, ">= 0"),
+    ]
+    for flag, value, ok, wanted in checks:
+        if value is not None and not ok(value):
+            raise ValueError(f"{flag} must be {wanted}, got {value}")
+    for stop in args.stop or []:
+        if not stop:
+            raise ValueError("--stop must be a non-empty string")
 
 
 def _logits_settings(args) -> dict:
@@ -181,6 +217,10 @@ def _run_batch(args, decoder, tokenizer, requests: list[dict], references: list[
     input order, each written (and flushed) as soon as it and every request before it finished,
     so an interrupted run keeps the completions it wrote."""
     prompts = [tokenizer(r["prompt"])["input_ids"] for r in requests]
+    for request, ids in zip(requests, prompts):  # named by file and line, before any decoding
+        if decoder.max_positions is not None and len(ids) > decoder.max_positions:
+            raise ValueError(f"{request['where']}: the prompt has {len(ids)} tokens, more than the model's "
+                             f"max_position_embeddings={decoder.max_positions}")
     # per-row references: the row's own, plus the --reference files shared by all rows
     refs = [(r["references"] + references) or None for r in requests]
     finished: dict[int, str] = {}
@@ -206,5 +246,7 @@ def _run_batch(args, decoder, tokenizer, requests: list[dict], references: list[
     if next_line != len(requests):
         raise RuntimeError(f"internal error: {len(requests) - next_line} completions were not written")
     s = out.stats
-    print(f"[refdec] {len(requests)} prompts, at most {args.max_batch_size} together: {s.summary()}", file=sys.stderr)
+    prompts_word = "prompt" if len(requests) == 1 else "prompts"
+    print(f"[refdec] {len(requests)} {prompts_word}, at most {args.max_batch_size} together: {s.summary()} "
+          f"(summed over the rows)", file=sys.stderr)
     return 0

@@ -22,6 +22,7 @@ from __future__ import annotations
 import numbers
 import os
 import time
+import warnings
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -136,8 +137,8 @@ def _normalize_prompt(input_ids) -> np.ndarray:
                          f"got {type(input_ids).__name__}")
     if arr.ndim == 2:
         if arr.shape[0] != 1:
-            raise ValueError(f"input_ids has batch size {arr.shape[0]}; batching is not supported yet "
-                             "(pass one sequence, shape [1, L])")
+            raise ValueError(f"input_ids has {arr.shape[0]} rows where one sequence was expected (shape [1, L]); "
+                             "generate() takes batches as a list of prompts or a padded [B, L] batch")
         arr = arr[0]
     if arr.ndim != 1:
         raise ValueError(f"input_ids must have shape [1, L] or [L], got shape {tuple(arr.shape)}")
@@ -150,6 +151,21 @@ def _normalize_prompt(input_ids) -> np.ndarray:
 
 
 def _normalize_eos(eos_token_id, model) -> set[int]:
+    """The eos ids as a set (None: the model's generation_config's); a given id outside the
+    model's vocabulary is an error (the model could never emit it)."""
+    eos = _eos_ids(eos_token_id, model)
+    if eos_token_id is None:
+        return eos
+    config = model.config.get_text_config(decoder=True) if hasattr(model.config, "get_text_config") \
+        else model.config
+    vocab = getattr(config, "vocab_size", None)
+    outside = sorted(e for e in eos if vocab is not None and e >= vocab)
+    if outside:
+        raise ValueError(f"eos_token_id {outside[0]} is outside the model vocabulary [0, {vocab})")
+    return eos
+
+
+def _eos_ids(eos_token_id, model) -> set[int]:
     if eos_token_id is None:
         gen_config = getattr(model, "generation_config", None)
         eos_token_id = getattr(gen_config, "eos_token_id", None) if gen_config is not None else None
@@ -245,6 +261,13 @@ def _validate_sampling(do_sample, temperature, top_k, top_p, seed, min_p=None) -
         raise ValueError(f"min_p must be None or a number in [0, 1], got {min_p!r}")
     if seed is not None and (not _is_int(seed) or seed < 0):
         raise ValueError(f"seed must be None or an int >= 0, got {seed!r}")
+    if not do_sample:
+        unused = [f"{name}={value!r}" for name, value, off in (
+            ("temperature", temperature, 1.0), ("top_k", top_k, None), ("top_p", top_p, None), ("min_p", min_p, None),
+            ("seed", seed, None)) if value != off]
+        if unused:  # as model.generate warns: greedy decoding does not read them
+            warnings.warn(f"do_sample=False (greedy decoding), so {', '.join(unused)} has no effect; pass "
+                          f"do_sample=True to sample", UserWarning, stacklevel=4)
 
 
 def _normalize_stop_strings(stop_strings, tokenizer) -> list[str]:

@@ -26,6 +26,7 @@ so ``original-change`` (the simulator's edit prompt) is the default.
 from __future__ import annotations
 
 import re
+import string
 from dataclasses import dataclass
 
 __all__ = ["TEMPLATES", "DEFAULT_TEMPLATE", "EditPrompt", "build_edit_prompt", "fence_for"]
@@ -87,11 +88,28 @@ def build_edit_prompt(original: str, instruction: str, *, path: str | None = Non
     elif "{original}" not in template:
         raise ValueError(f"template must be one of {sorted(TEMPLATES)} or a format string with {{original}}, "
                          f"got {template[:60]!r}")
+    _check_fields(template)
     body = original if original.endswith("\n") or not original else original + "\n"
     fence = fence_for(original + instruction)
-    try:
-        text = template.format(original=body, instruction=instruction.strip(), path=f" {path}" if path else "",
-                               fence=fence)
-    except (KeyError, IndexError) as exc:
-        raise ValueError(f"template has an unknown field {exc}; known: original, instruction, path, fence") from None
+    text = template.format(original=body, instruction=instruction.strip(), path=f" {path}" if path else "",
+                           fence=fence)
     return EditPrompt(text=text, stop=fence)
+
+
+_FIELDS = ("original", "instruction", "path", "fence")
+
+
+def _check_fields(template: str) -> None:
+    """Every replacement field of ``template`` is one of _FIELDS, plain (no attribute, index,
+    conversion or format spec); ValueError naming the first that is not."""
+    try:
+        fields = [(name, conversion, spec) for _, name, spec, conversion in string.Formatter().parse(template)
+                  if name is not None]
+    except ValueError as exc:  # e.g. "Single '}' encountered in format string"
+        raise ValueError(f"template is not a valid format string ({exc}); write {{{{ and }}}} for literal "
+                         f"braces") from None
+    for name, conversion, spec in fields:
+        if name not in _FIELDS or conversion or spec:
+            shown = "{" + name + (f"!{conversion}" if conversion else "") + (f":{spec}" if spec else "") + "}"
+            raise ValueError(f"template field {shown} is not one of {{original}}, {{instruction}}, {{path}}, "
+                             f"{{fence}} (write {{{{ and }}}} for literal braces)")

@@ -627,3 +627,72 @@ def test_cli_user_mistakes_are_errors_before_any_work_not_tracebacks(tmp_path, c
     # sampling flags without --sample were silently ignored
     assert main(["generate", "--prompt", "a", "--temperature", "0.5", "--seed", "1"]) == 2
     assert "--temperature, --seed need --sample" in capsys.readouterr().err
+
+
+def test_cli_errors_name_the_flag_the_file_and_show_the_command_usage(tmp_path, capsys):
+    """Second round of user mistakes: each is one line naming what was typed, exit status 2."""
+    from refdec.cli import main
+
+    (tmp_path / "f.py").write_text("x = 1\n", encoding="utf-8")
+    (tmp_path / "d").mkdir()
+    cases = [
+        (["generate", "--prompt-file", str(tmp_path / "d")], "is a directory, not a file"),
+        (["generate", "--prompt", "a", "--sample", "--temperature", "0"], "--temperature must be > 0"),
+        (["generate", "--prompt", "a", "--sample", "--top-p", "1.5"], "--top-p must be in (0, 1], got 1.5"),
+        (["generate", "--prompt", "a", "--max-new-tokens", "-5"], "--max-new-tokens must be >= 0, got -5"),
+        (["generate", "--prompt", "a", "--repetition-penalty", "0"], "--repetition-penalty must be > 0"),
+        (["generate", "--prompt", "a", "--stop", ""], "--stop must be a non-empty string"),
+        (["generate", "--prompt", "a", "--seed", "3"], "--seed needs --sample"),
+        (["generate", "--prompt", "a", "--index", str(tmp_path / "none.refdec")], "--index"),
+        (["generate", "--prompt", "a", "--model", str(tmp_path / "d")], "is not a model directory (it has no config.json)"),
+        (["generate", "--prompt", "a", "--model", "no-such-model-name"], "refdec does not download"),
+        (["edit", str(tmp_path / "f.py"), "--instruction", " "], "--instruction must be a non-empty text"),
+        (["edit", str(tmp_path / "f.py"), "--instruction", "x", "--prompt-template", "nosuch"],
+         "neither a template name"),
+        (["index", "info", str(tmp_path / "d")], "is a directory, not a file"),
+        (["index", "build", str(tmp_path / "f.py"), "--out", "/dev/null"], "is not a regular file"),
+    ]
+    for argv, message in cases:
+        assert main(argv) == 2, argv
+        err = capsys.readouterr().err
+        assert message in err and "Traceback" not in err, (argv, err)
+    (tmp_path / "tpl.txt").write_text("{original} {instruction.upper}", encoding="utf-8")
+    assert main(["edit", str(tmp_path / "f.py"), "--instruction", "x", "--prompt-template",
+                 str(tmp_path / "tpl.txt")]) == 2
+    assert "template field {instruction.upper} is not one of" in capsys.readouterr().err
+    # an unknown flag shows the subcommand's usage; no subcommand shows the help
+    with pytest.raises(SystemExit) as exit_info:
+        main(["generate", "--prompt", "a", "--bogus"])
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    assert err.startswith("usage: refdec generate") and "unrecognized arguments: --bogus" in err
+    assert main(["index"]) == 2 and "{build,info}" in capsys.readouterr().err
+    assert main([]) == 2 and "{index,generate,edit}" in capsys.readouterr().err
+
+
+def test_atomic_write_names_the_target_and_never_replaces_a_special_file(tmp_path):
+    import os
+    import stat
+
+    from refdec.atomic import atomic_write
+
+    fifo = tmp_path / "pipe"
+    os.mkfifo(fifo)
+    with pytest.raises(OSError, match="pipe: it exists and is not a regular file"):
+        atomic_write(fifo, [b"x"])
+    assert stat.S_ISFIFO(os.stat(fifo).st_mode)  # still the FIFO (a rename would have replaced it)
+    with pytest.raises(FileNotFoundError, match=r"cannot write .*missing/i.refdec: No such file") as info:
+        atomic_write(tmp_path / "missing" / "i.refdec", [b"x"])
+    assert ".tmp-" not in str(info.value)
+    link = tmp_path / "link"
+    (tmp_path / "target").write_bytes(b"old")
+    link.symlink_to(tmp_path / "target")
+    atomic_write(link, [b"new"])  # a link to a regular file is replaced, as before
+    assert link.read_bytes() == b"new"
+
+
+def test_greedy_decoding_warns_about_sampling_arguments_it_does_not_read(llama):
+    with pytest.warns(UserWarning, match=r"do_sample=False \(greedy decoding\), so temperature=0.5, seed=3 has no"):
+        refdec.generate(llama, [1, 5, 6], max_new_tokens=2, temperature=0.5, seed=3)
+    with pytest.raises(ValueError, match=r"eos_token_id 1000 is outside the model vocabulary \[0, 96\)"):
+        refdec.generate(llama, [1, 5, 6], max_new_tokens=2, eos_token_id=[2, 1000])
