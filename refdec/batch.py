@@ -200,8 +200,12 @@ def split_references(references, batch_size: int) -> list:
             isinstance(r, (str, list, tuple, np.ndarray, torch.Tensor)) for r in x))
 
     per_row = isinstance(references, (list, tuple)) and len(references) > 0 and all(
-        is_ref_list(r) for r in references) and any(
-        r is None or (len(r) > 0 and not _is_int(r[0])) or len(r) == 0 for r in references)
+        is_ref_list(r) for r in references)
+    if per_row:
+        # None or a list of documents marks per-row lists; an empty list alone could be either an
+        # empty row or an empty token-list document: per-row only when the counts agree
+        marked = any(r is None or (len(r) > 0 and not _is_int(r[0])) for r in references)
+        per_row = marked or len(references) == batch_size
     if per_row:
         if len(references) != batch_size:
             raise ValueError(f"references has {len(references)} per-row lists for a batch of {batch_size} "

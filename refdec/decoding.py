@@ -216,6 +216,10 @@ def _generation_config_processor(model, eos: set[int], settings: dict | None = N
     gen_config = getattr(model, "generation_config", None)
     merged = {name: getattr(gen_config, name, None) for name in _LOGITS_CONFIG_NOOPS}
     merged.update(settings)
+    if merged["min_new_tokens"] is not None:
+        # model.generate sets min_length = prompt length + min_new_tokens whenever min_new_tokens is
+        # set (0 included), so the configured min_length never applies then
+        merged["min_length"] = None
     set_fields = {name: value for name, value in merged.items() if not _is_noop(value, _LOGITS_CONFIG_NOOPS[name])}
     refused = [(name, value) for name, value in set_fields.items() if name not in _PATH_PROCESSED]
     if refused:
@@ -791,8 +795,9 @@ class SpeculativeDecoder:
         from refdec import batch as _batch
 
         if streamer is not None:
-            raise ValueError("streamer supports batch size 1 only (as transformers' streamers); "
-                             "generate the rows one at a time to stream them")
+            raise ValueError("streamer needs a single prompt (as transformers' streamers): pass it as input_ids "
+                             "(a list of ints or a [1, L] tensor, not a list of prompts), or generate the rows one "
+                             "at a time to stream them")
         if not _is_int(max_new_tokens) or max_new_tokens < 0:
             raise ValueError(f"max_new_tokens must be an int >= 0, got {max_new_tokens!r}")
         _validate_sampling(do_sample, temperature, top_k, top_p, None if isinstance(seed, (list, tuple)) else seed,

@@ -89,10 +89,16 @@ def mask_spec_for(model) -> MaskSpec:
             "explicit 4D mask; load the model with attn_implementation='sdpa' or 'eager'"
         )
     model_type = getattr(config, "model_type", "")
-    if model_type == "bloom" or (model_type == "falcon" and getattr(config, "alibi", False)):
+    if model_type in ("bloom", "mpt") or (model_type == "falcon" and getattr(config, "alibi", False)):
         raise ValueError(
             f"model type {model_type!r} with ALiBi position biases is not supported: it builds the biases "
-            "from a 2D padding mask, and tree verification passes a 4D tree mask"
+            "from the KV cache's slots or a 2D padding mask, not from position_ids, so a tree's nodes (and a "
+            "compacted cache) would get other biases than in plain decoding"
+        )
+    if model_type == "gpt_neo" and "local" in (getattr(config, "attention_layers", None) or []):
+        raise ValueError(
+            "model type 'gpt_neo' with local attention layers is not supported: it cuts its local window by "
+            "KV cache slot, not by position, so a tree's nodes would see another window than in plain decoding"
         )
     layer_types = list(getattr(config, "layer_types", None) or [])
     window = getattr(config, "sliding_window", None)

@@ -135,6 +135,24 @@ def test_shared_references_serve_every_row():
         assert out.stats.rows[b].accepted_by_source.get("reference", 0) > 10
 
 
+def test_shared_references_of_empty_documents_are_not_taken_for_per_row_lists():
+    """[[]] or [[], []]: an empty list is an empty row or an empty token-list document; it was read
+    as per-row lists, so a batch of another size was refused ("references has 1 per-row lists")."""
+    from refdec.batch import split_references
+
+    assert split_references([[]], 2) == [[[]], [[]]]  # one shared (empty) document
+    assert split_references([[], []], 3) == [[[], []]] * 3
+    assert split_references([[], []], 2) == [[], []]  # counts agree: one (empty) list per row
+    assert split_references([None, ["doc"]], 2) == [None, ["doc"]]
+    with pytest.raises(ValueError, match="references has 2 per-row lists for a batch of 3"):
+        split_references([None, ["doc"]], 3)
+    model = tiny_llama()
+    prompts = repetitive_prompts(2, seed=5)
+    out = refdec.generate(model, prompts, references=[[]], max_new_tokens=6, eos_token_id=[])
+    for b, p in enumerate(prompts):
+        assert row_tokens(out, b, len(p)) == hf_row(model, p, max_new_tokens=6)
+
+
 def test_a_single_padded_row_and_max_new_tokens_zero_and_one():
     model = tiny_llama()
     p = repetitive_prompts(1, seed=3)[0]
@@ -155,7 +173,7 @@ def test_batched_input_errors_name_the_problem():
     prompts = repetitive_prompts(2, seed=1)
     from transformers.generation.streamers import BaseStreamer
 
-    with pytest.raises(ValueError, match="streamer supports batch size 1"):
+    with pytest.raises(ValueError, match="streamer needs a single prompt"):
         refdec.generate(model, prompts, streamer=BaseStreamer(), max_new_tokens=4)
     with pytest.raises(ValueError, match="not left-padded"):
         refdec.generate(model, torch.tensor([[5, 6, 0], [5, 6, 7]]),

@@ -696,3 +696,23 @@ def test_greedy_decoding_warns_about_sampling_arguments_it_does_not_read(llama):
         refdec.generate(llama, [1, 5, 6], max_new_tokens=2, temperature=0.5, seed=3)
     with pytest.raises(ValueError, match=r"eos_token_id 1000 is outside the model vocabulary \[0, 96\)"):
         refdec.generate(llama, [1, 5, 6], max_new_tokens=2, eos_token_id=[2, 1000])
+
+
+def test_min_new_tokens_overrides_min_length_as_in_model_generate():
+    """model.generate sets min_length = prompt length + min_new_tokens whenever min_new_tokens is
+    set, 0 included: with both in the generation_config, eos was banned until min_length."""
+    from tiny_models import tiny_gpt2
+
+    model = tiny_gpt2()
+    prompt = [78]
+    plain = hf(model, prompt, max_new_tokens=24, eos_token_id=None)
+    eos = plain[15]  # a token the model writes as its 15th new token: an eos inside min_length=17
+    for min_new_tokens in (5, 0, None):
+        model.generation_config.min_new_tokens = min_new_tokens
+        model.generation_config.min_length = 17
+        want = hf(model, prompt, max_new_tokens=24, eos_token_id=eos)
+        for budget in (0, 16):
+            got = refdec.generate(model, prompt, max_new_tokens=24, eos_token_id=eos, max_draft_tokens=budget,
+                                  references=[plain[1:]])
+            assert got.sequences[0].tolist() == want, (min_new_tokens, budget)
+        assert (len(want) < 17) == (min_new_tokens is not None)  # the case at stake: min_length not applied
