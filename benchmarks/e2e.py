@@ -11,7 +11,6 @@ Methods:
     hf-sample      (--sample) model.generate(do_sample=True, temperature=..., top_k=..., top_p=...)
     hf-pld         model.generate(do_sample=False, prompt_lookup_num_tokens=10)
     refdec-auto    refdec, max_draft_tokens="auto" (the cost-curve budget, refdec.budget.AutoBudget)
-    refdec-auto-nostreak  "auto" without the streak cells (AutoBudget(streak_len=0)): an ablation
     refdec-chain   the same proposer cut to its best path (one chain, no tree), "auto" budget
     refdec-N       refdec with a fixed budget of N nodes (e.g. refdec-16, refdec-64); refdec-0 is
                    plain decoding through refdec's loop (its verifier head: no drafts at all)
@@ -155,7 +154,6 @@ class Runner:
         self.default_max_new_tokens = max_new_tokens
         self.edits_max_new_tokens = edits_max_new_tokens or max_new_tokens
         self.decoders: dict = {}
-        self.budgets: dict = {}  # (method, workload) -> a budget object kept across prompts
         self.stdlib_index = None
 
     def decoder(self, method: str, base: str, workload: str, index, editing: bool):
@@ -170,15 +168,6 @@ class Runner:
             self.decoders[key] = SpeculativeDecoder(self.model, self.tokenizer, index=index,
                                                     proposer_factory=factory)
         return self.decoders[key]
-
-    def nostreak_budget(self, method: str, workload: str):
-        """One AutoBudget(streak_len=0) per (method, workload), kept across prompts as "auto" is."""
-        from refdec.budget import AutoBudget, auto_cost_curve
-
-        key = (method, workload)
-        if key not in self.budgets:
-            self.budgets[key] = AutoBudget(auto_cost_curve(self.model), streak_len=0)
-        return self.budgets[key]
 
     def run(self, method: str, workload: str, case, index, editing: bool) -> dict:
         import torch
@@ -213,8 +202,6 @@ class Runner:
             index = self.stdlib_index
         if base in ("refdec-auto", "refdec-chain", "peer-arctic"):
             budget = "auto"
-        elif base == "refdec-auto-nostreak":
-            budget = self.nostreak_budget(method, workload)
         elif base == "peer-pld":
             budget = 10  # prompt_lookup_num_tokens=10, as hf-pld
         else:
@@ -449,7 +436,6 @@ def main(argv=None) -> int:
     print(table)
     auto_chosen = {f"{m}/{w}": d._auto_budget.chosen for (m, w), d in runner.decoders.items()
                    if d._auto_budget is not None}
-    auto_chosen.update({f"{m}/{w}": b.chosen for (m, w), b in runner.budgets.items()})
     payload = {
         "args": vars(args), "methods": methods, "baseline": baseline, "identity_reference": identity_ref,
         "workloads": workload_names, "limits": limits,

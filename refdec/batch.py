@@ -384,8 +384,6 @@ def generate_batch(decoder, prompts: list[np.ndarray], padded: np.ndarray | None
             proposer = decoder.proposer_factory(index, refs_per_row[b], decoder.max_depth)
             proposer.start(prompt.astype(np.int32))
         budget = shared_budget if shared_budget is not None else copy.deepcopy(auto_template)
-        if callable(getattr(budget, "new_request", None)) and (budget is not shared_budget or b == 0):
-            budget.new_request()  # each row's own copy; a policy shared by the rows once
         rows.append(_Row(b, prompt, max_total, row_stats, sampler, proposer, budget))
     stats.rows = [r.stats for r in rows]
 

@@ -10,8 +10,7 @@ A policy may also define
 * ``select(tree) -> DraftTree``: cut the proposed tree down (a prefix of its
   nodes) before it is verified;
 * ``observe_nodes(accepted_nodes)``: the accepted node indices of the tree that
-  ``select`` returned (int64 array, root-to-leaf), after verification;
-* ``new_request()``: called when a request (a batch row) starts decoding with it.
+  ``select`` returned (int64 array, root-to-leaf), after verification.
 
 ``FixedBudget`` serves an integer ``max_draft_tokens``; ``AutoBudget`` is
 ``"auto"``: it asks for the largest tree, estimates the expected accepted
@@ -99,21 +98,14 @@ def node_depths(parents: np.ndarray) -> np.ndarray:
     return np.asarray(depth, dtype=np.int32)
 
 
-# Steps that accept at least this many draft nodes put the next step's nodes in cells of their own
-# (AutoBudget ``streak_len``): a run in progress (a copy, or a model repeating itself) goes on more
-# often than the same scores predict after a miss.
-STREAK_LEN = 4
-
-
 class AutoBudget:
     """Hardware-aware draft size: the tree prefix that maximises expected tokens per second.
 
     Each step the proposer is asked for ``max_nodes`` nodes. Its nodes come in
     best-first order (parents before children), so every prefix of the node list
     is a valid subtree. Node ``i`` is accepted with an estimated probability
-    ``p_i`` = the calibrated acceptance rate of its cell (streak, source, score
-    bucket, depth bucket; streak: whether the last verified step accepted at least
-    ``streak_len`` nodes, 0 = no streak cells): observed accepted / proposed nodes of that cell (counts decay
+    ``p_i`` = the calibrated acceptance rate of its cell (source, score bucket,
+    depth bucket): observed accepted / proposed nodes of that cell (counts decay
     by ``decay`` per step, so the estimate follows the workload), starting from
     the prior ``score * prior_depth_decay ** (depth - 1)`` worth ``prior_weight``
     observations. The expected accepted length of the prefix of ``n`` nodes is
@@ -131,7 +123,7 @@ class AutoBudget:
 
     def __init__(self, cost: CostCurve | None = None, *, max_nodes: int = 64, n_sources: int = 3,
                  prior_weight: float = 3.0, prior_depth_decay: float = 0.97, decay: float = 0.998,
-                 explore_every: int = 8, explore_nodes: int = 2, streak_len: int = STREAK_LEN) -> None:
+                 explore_every: int = 8, explore_nodes: int = 2) -> None:
         if isinstance(max_nodes, bool) or not isinstance(max_nodes, (int, np.integer)) or max_nodes < 1:
             raise ValueError(f"max_nodes must be an int >= 1, got {max_nodes!r}")
         self.cost = cost if cost is not None else DEFAULT_CPU_CURVE
@@ -142,14 +134,9 @@ class AutoBudget:
         self.decay = float(decay)
         self.explore_every = int(explore_every)
         self.explore_nodes = int(explore_nodes)
-        if isinstance(streak_len, bool) or not isinstance(streak_len, (int, np.integer)) or streak_len < 0:
-            raise ValueError(f"streak_len must be an int >= 0, got {streak_len!r}")
-        self.streak_len = int(streak_len)
-        self._streak = 0  # 1 while the last verified step accepted >= streak_len nodes
         self._cost = self.cost.table(self.max_nodes)  # float64 [max_nodes + 1]
         self._inv_cost = 1.0 / self._cost
-        n_states = 2 if self.streak_len else 1
-        self._shape = (n_states * self.n_sources, len(_SCORE_CENTERS), len(_DEPTH_CENTERS))
+        self._shape = (self.n_sources, len(_SCORE_CENTERS), len(_DEPTH_CENTERS))
         self.prior_weight = float(prior_weight)
         # depth bucket d's prior is bucket d-1's rate times the decay over the depth gap
         self._gap_decay = prior_depth_decay ** np.diff(_DEPTH_CENTERS)
@@ -171,8 +158,8 @@ class AutoBudget:
         """int64 [n]: the calibration cell of each node."""
         s = np.searchsorted(_SCORE_EDGES, tree.scores, side="right")
         d = np.searchsorted(_DEPTH_EDGES, node_depths(tree.parents), side="right")
-        src = np.clip(tree.source_ids, 0, self.n_sources - 1).astype(np.int64) + self._streak * self.n_sources
-        return (src * len(_SCORE_CENTERS) + s) * len(_DEPTH_CENTERS) + d
+        src = np.clip(tree.source_ids, 0, self.n_sources - 1)
+        return (src.astype(np.int64) * len(_SCORE_CENTERS) + s) * len(_DEPTH_CENTERS) + d
 
     def expected_accepted(self, tree: DraftTree, cells: np.ndarray | None = None) -> np.ndarray:
         """float64 [n + 1]: E(0) = 0, E(k) = expected accepted nodes of the prefix of k nodes.
@@ -224,14 +211,8 @@ class AutoBudget:
     def observe(self, proposed: int, accepted: int) -> None:
         pass
 
-    def new_request(self) -> None:
-        """A new request starts: no streak yet (the learnt rates carry over)."""
-        self._streak = 0
-        self._cells = None
-
     def observe_nodes(self, accepted_nodes: np.ndarray) -> None:
         cells = self._cells
-        self._streak = int(bool(self.streak_len) and len(accepted_nodes) >= self.streak_len)
         if cells is None:
             return
         self._cells = None

@@ -632,8 +632,6 @@ class SpeculativeDecoder:
             budget = self._auto_budget
         else:
             budget = make_budget(max_draft_tokens)
-        if callable(getattr(budget, "new_request", None)):
-            budget.new_request()
         if (prompt >= self.vocab_size).any() or (prompt < 0).any():
             bad = int(prompt[(prompt >= self.vocab_size) | (prompt < 0)][0])
             raise ValueError(f"input_ids holds token id {bad}, outside the model vocabulary [0, {self.vocab_size})")

@@ -87,35 +87,6 @@ def test_feedback_raises_the_draft_when_everything_is_accepted():
     assert len(budget.select(tree)) > first
 
 
-def test_streak_cells_learn_that_a_run_in_progress_goes_on():
-    """After a step that accepted >= streak_len nodes, the next step's nodes sit in streak cells
-    with their own rates: where drafts hold right after a long accept and fail after a miss (a
-    model looping, then leaving the loop), the prefix verified after a long accept is longer."""
-    tree = sure_chain(64, 0.6)
-    budget = AutoBudget(STEEP, explore_every=0)
-    assert budget._streak == 0
-    budget.select(tree)
-    budget.observe_nodes(np.arange(budget.streak_len, dtype=np.int64))
-    assert budget._streak == 1  # a long accept starts a streak ...
-    budget.select(tree)
-    budget.observe_nodes(np.arange(budget.streak_len - 1, dtype=np.int64))
-    assert budget._streak == 0  # ... a shorter one ends it
-    for _ in range(150):
-        budget._streak = 1
-        budget.observe_nodes(np.arange(len(budget.select(tree)), dtype=np.int64))  # in a run: all accepted
-        budget._streak = 0
-        budget.select(tree)
-        budget.observe_nodes(np.zeros(0, dtype=np.int64))  # after a miss: nothing accepted
-    budget._streak = 1
-    after_run = len(budget.select(tree))
-    budget._streak = 0
-    after_miss = len(budget.select(tree))
-    assert after_run > after_miss
-    assert AutoBudget(STEEP, streak_len=0)._shape[0] * 2 == budget._shape[0]  # streak_len=0: one set of cells
-    with pytest.raises(ValueError, match="streak_len must be an int >= 0, got -1"):
-        AutoBudget(STEEP, streak_len=-1)
-
-
 def test_exploration_verifies_a_few_nodes_after_skipped_steps():
     budget = AutoBudget(STEEP, explore_every=4, explore_nodes=2)
     sizes = [len(budget.select(unsure_bush(16))) for _ in range(8)]
@@ -242,28 +213,3 @@ def test_take_prefix_counts_skips_and_explores():
     budget.observe_nodes(np.array([0, 1], dtype=np.int64))  # the cells of the 5 verified nodes learn
     assert budget._prop.sum() == pytest.approx(before * budget.decay + 5)
     assert budget.steps == 3
-
-
-def test_each_request_starts_without_a_streak():
-    """The decoder keeps its "auto" budget across calls (its learnt rates carry over), but a request
-    does not inherit the previous one's streak: generate calls new_request() on the budget, for a
-    single prompt and for each batch row."""
-    import refdec
-    from tiny_models import tiny_llama
-
-    budget = AutoBudget(STEEP)
-    budget._streak = 1
-    budget.new_request()
-    assert budget._streak == 0
-
-    class Counting(FixedBudget):
-        starts = 0
-
-        def new_request(self):
-            Counting.starts += 1
-
-    model = tiny_llama()
-    refdec.generate(model, [1, 5, 6, 7], max_new_tokens=3, max_draft_tokens=Counting(8))
-    assert Counting.starts == 1
-    refdec.generate(model, [[1, 5, 6, 7], [1, 9]], max_new_tokens=3, max_draft_tokens=Counting(8))
-    assert Counting.starts == 2  # a caller's fixed-size policy object is shared by the rows: one start
