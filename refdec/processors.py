@@ -35,8 +35,8 @@ class PathLogitsProcessor:
     new tokens are shorter)."""
 
     def __init__(self, repetition_penalty: float | None = None, no_repeat_ngram_size: int | None = None, *,
-                 sequence_bias=None, suppress_tokens=None, begin_suppress_tokens=None, bad_words_ids=None, min_length: int | None = None,
-                 min_new_tokens: int | None = None, eos=()) -> None:
+                 sequence_bias=None, suppress_tokens=None, begin_suppress_tokens=None, bad_words_ids=None,
+                 min_length: int | None = None, min_new_tokens: int | None = None, eos=()) -> None:
         if repetition_penalty is not None and not (isinstance(repetition_penalty, (int, float))
                                                    and not isinstance(repetition_penalty, bool)
                                                    and np.isfinite(repetition_penalty) and repetition_penalty > 0):
