@@ -193,7 +193,8 @@ _LOGITS_CONFIG_NOOPS = {
     "watermarking_config": (None,),
 }
 _PATH_PROCESSED = ("sequence_bias", "repetition_penalty", "no_repeat_ngram_size", "bad_words_ids", "min_length",
-                   "min_new_tokens", "suppress_tokens", "begin_suppress_tokens")
+                   "min_new_tokens", "forced_eos_token_id", "exponential_decay_length_penalty", "suppress_tokens",
+                   "begin_suppress_tokens")
 
 
 def _is_noop(value, noops) -> bool:
@@ -202,11 +203,13 @@ def _is_noop(value, noops) -> bool:
     return any(value is v or (not isinstance(value, (list, tuple, dict)) and value == v) for v in noops)
 
 
-def _generation_config_processor(model, eos: set[int], settings: dict | None = None) -> PathLogitsProcessor:
+def _generation_config_processor(model, eos: set[int], settings: dict | None = None,
+                                 max_new_tokens: int | None = None) -> PathLogitsProcessor:
     """The processor for the logits settings refdec applies per tree path: those of
     ``model.generation_config``, each overridden by the same name in ``settings`` (generate's
     keyword arguments, as ``model.generate(ids, repetition_penalty=1.2)`` takes them; None
-    switches a setting off). ``eos``: the decoding's eos ids, for the min-length bans. Raise
+    switches a setting off). ``eos``: the decoding's eos ids, for the min-length bans and the
+    length penalty; ``max_new_tokens``: for ``forced_eos_token_id`` (the last new token). Raise
     on an unknown setting, and on one that changes the logits but refdec does not apply."""
     settings = dict(settings or {})
     unknown = sorted(name for name in settings if name not in _LOGITS_CONFIG_NOOPS)
@@ -230,7 +233,7 @@ def _generation_config_processor(model, eos: set[int], settings: dict | None = N
         raise ValueError(f"{listed}: model.generate applies it to the logits and refdec does not, so the outputs "
                          f"would differ. Decode without it: {resets}")
     return PathLogitsProcessor(**{name: value for name, value in set_fields.items() if name in _PATH_PROCESSED},
-                               eos=eos)
+                               eos=eos, max_new_tokens=max_new_tokens)
 
 
 def _check_index_tokenizer(index, tokenizer) -> None:
@@ -612,7 +615,7 @@ class SpeculativeDecoder:
             raise ValueError(f"max_new_tokens must be an int >= 0, got {max_new_tokens!r}")
         _validate_sampling(do_sample, temperature, top_k, top_p, seed, min_p)
         eos = _normalize_eos(eos_token_id, self.model)
-        processor = _generation_config_processor(self.model, eos, logits_settings)
+        processor = _generation_config_processor(self.model, eos, logits_settings, max_new_tokens)
         processor.check_vocab(self.vocab_size)
         stops = _normalize_stop_strings(stop_strings, tokenizer)
         refs = _normalize_references(references, tokenizer)
@@ -819,7 +822,7 @@ class SpeculativeDecoder:
                 pad_token_id = min(eos) if eos else 0
         if not _is_int(pad_token_id) or pad_token_id < 0:
             raise ValueError(f"pad_token_id must be an int >= 0, got {pad_token_id!r}")
-        processor = _generation_config_processor(self.model, eos, logits_settings)
+        processor = _generation_config_processor(self.model, eos, logits_settings, max_new_tokens)
         processor.check_vocab(self.vocab_size)
         prompts, padded = _batch.normalize_batch(input_ids, attention_mask, self.vocab_size)
         return _batch.generate_batch(

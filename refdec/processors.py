@@ -32,11 +32,14 @@ class PathLogitsProcessor:
     ``bad_words_ids`` (token id lists: the last token is banned where the sequence ends with
     the others; a one-token word equal to an eos is dropped, as transformers does),
     ``min_length`` / ``min_new_tokens`` (the ``eos`` ids are banned while the sequence / the
-    new tokens are shorter)."""
+    new tokens are shorter), ``forced_eos_token_id`` (an id or a list: the only choices for the
+    last of ``max_new_tokens`` new tokens), ``exponential_decay_length_penalty`` ((start, factor):
+    after ``start`` new tokens each ``eos`` logit gains |logit| * (factor ** steps - 1))."""
 
     def __init__(self, repetition_penalty: float | None = None, no_repeat_ngram_size: int | None = None, *,
                  sequence_bias=None, suppress_tokens=None, begin_suppress_tokens=None, bad_words_ids=None,
-                 min_length: int | None = None, min_new_tokens: int | None = None, eos=()) -> None:
+                 min_length: int | None = None, min_new_tokens: int | None = None, forced_eos_token_id=None,
+                 exponential_decay_length_penalty=None, max_new_tokens: int | None = None, eos=()) -> None:
         if repetition_penalty is not None and not (isinstance(repetition_penalty, (int, float))
                                                    and not isinstance(repetition_penalty, bool)
                                                    and np.isfinite(repetition_penalty) and repetition_penalty > 0):
@@ -61,12 +64,29 @@ class PathLogitsProcessor:
         # eos bans only while an eos exists (transformers adds the min-length processors only then)
         self.min_length = int(min_length) if min_length and self.eos else None
         self.min_new_tokens = int(min_new_tokens) if min_new_tokens and self.eos else None
+        if forced_eos_token_id is not None and _is_token_id(forced_eos_token_id):
+            forced_eos_token_id = [forced_eos_token_id]
+        self.forced_eos = sorted(_id_set(forced_eos_token_id, "forced_eos_token_id"))
+        if self.forced_eos and not _is_token_id(max_new_tokens):
+            raise ValueError(f"forced_eos_token_id needs max_new_tokens (an int >= 0), got {max_new_tokens!r}")
+        self.max_new_tokens = max_new_tokens
+        self.length_decay = None  # (start, factor): eos logits rise after `start` new tokens
+        if exponential_decay_length_penalty is not None:
+            pair = exponential_decay_length_penalty
+            if not (isinstance(pair, (list, tuple)) and len(pair) == 2 and _is_token_id(pair[0])
+                    and isinstance(pair[1], (int, float, np.floating)) and not isinstance(pair[1], bool)
+                    and np.isfinite(pair[1])):
+                raise ValueError(f"exponential_decay_length_penalty must be (start index >= 0, finite factor), "
+                                 f"got {pair!r}")
+            if self.eos:  # transformers penalises the decoding's eos ids: none, nothing to raise
+                self.length_decay = (int(pair[0]), float(pair[1]))
 
     @property
     def active(self) -> bool:
         return bool(self.sequence_bias or self.repetition_penalty is not None or self.no_repeat_ngram_size is not None
                     or self.suppress_tokens or self.begin_suppress_tokens or self.bad_words
-                    or self.min_length is not None or self.min_new_tokens is not None)
+                    or self.min_length is not None or self.min_new_tokens is not None or self.forced_eos
+                    or self.length_decay is not None)
 
     def __call__(self, logits_row: torch.Tensor, sequence: list[int], prompt_len: int) -> torch.Tensor:
         """A processed float32 copy of ``logits_row`` (float [V], any float dtype) for the position
@@ -80,22 +100,36 @@ class PathLogitsProcessor:
             ids = torch.tensor(sorted(set(sequence)), dtype=torch.long, device=scores.device)
             picked = scores[ids]
             scores[ids] = torch.where(picked < 0, picked * self.repetition_penalty, picked / self.repetition_penalty)
-        banned = set(self.suppress_tokens)
+        new_index = len(sequence) - prompt_len  # the position's index among the new tokens
+        banned = set()
         if self.no_repeat_ngram_size is not None:
             banned |= banned_ngram_tokens(sequence, self.no_repeat_ngram_size)
-        if self.begin_suppress_tokens and len(sequence) == prompt_len:
-            banned |= self.begin_suppress_tokens
         if ((self.min_length is not None and len(sequence) < self.min_length)
-                or (self.min_new_tokens is not None and len(sequence) - prompt_len < self.min_new_tokens)):
+                or (self.min_new_tokens is not None and new_index < self.min_new_tokens)):
             banned |= self.eos
         for word in self.bad_words:
             # transformers' sequence bias: the word's prefix must fit in the sequence
             if len(word) == 1 or (len(word) - 1 <= len(sequence) and tuple(sequence[-(len(word) - 1):]) == word[:-1]):
                 banned.add(word[-1])
-        banned = [t for t in banned if t < scores.shape[0]]
-        if banned:
-            scores[torch.tensor(sorted(banned), dtype=torch.long, device=scores.device)] = -float("inf")
+        _ban(scores, banned)
+        if self.forced_eos and new_index == self.max_new_tokens - 1:  # the last new token: an eos
+            scores = torch.full_like(scores, -float("inf"))
+            scores[torch.tensor(self.forced_eos, dtype=torch.long, device=scores.device)] = 0.0
+        if self.length_decay is not None and new_index > self.length_decay[0]:
+            scores = self._raise_eos(scores, new_index - self.length_decay[0])
+        # suppressed tokens last, as transformers orders its processors
+        _ban(scores, self.suppress_tokens | (self.begin_suppress_tokens if new_index == 0 else set()))
         return scores
+
+    def _raise_eos(self, scores: torch.Tensor, steps: int) -> torch.Tensor:
+        """transformers' ExponentialDecayLengthPenalty, ``steps`` new tokens past its start: each
+        eos logit + |logit| * (factor ** steps - 1), non-finite ones left as they are."""
+        eos = torch.tensor(sorted(e for e in self.eos if e < scores.shape[0]), dtype=torch.long, device=scores.device)
+        picked = scores[eos]
+        penalty = (torch.abs(picked) * (pow(self.length_decay[1], steps) - 1)).masked_fill(~torch.isfinite(picked), 0.0)
+        penalties = torch.zeros_like(scores)
+        penalties[eos] = penalty
+        return scores + penalties
 
     def check_vocab(self, vocab_size: int) -> None:
         """Raise if a setting names a token id outside [0, ``vocab_size``) (transformers raises
@@ -104,6 +138,7 @@ class PathLogitsProcessor:
         named += [("bad_words_ids", t) for word in self.bad_words for t in word]
         named += [("suppress_tokens", t) for t in self.suppress_tokens]
         named += [("begin_suppress_tokens", t) for t in self.begin_suppress_tokens]
+        named += [("forced_eos_token_id", t) for t in self.forced_eos]
         for name, token in named:
             if token >= vocab_size:
                 raise ValueError(f"{name} holds token id {token}, outside the model vocabulary [0, {vocab_size})")
@@ -125,6 +160,13 @@ class PathLogitsProcessor:
         ``sampler`` (refdec.sampling.TargetSampler) samples it at ``position``, or argmax."""
         scores = self(logits_row, sequence, prompt_len)
         return sampler.sample(scores, position) if sampler.do_sample else int(scores.argmax())
+
+
+def _ban(scores: torch.Tensor, banned: set[int]) -> None:
+    """Set the logits of the ``banned`` token ids (those inside the vocabulary) to -inf, in place."""
+    banned = [t for t in banned if t < scores.shape[0]]
+    if banned:
+        scores[torch.tensor(sorted(banned), dtype=torch.long, device=scores.device)] = -float("inf")
 
 
 def _is_token_id(value) -> bool:

@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 import torch
 from transformers.generation.logits_process import (
+    ExponentialDecayLengthPenalty, ForcedEOSTokenLogitsProcessor,
     MinLengthLogitsProcessor, MinNewTokensLengthLogitsProcessor, NoBadWordsLogitsProcessor, NoRepeatNGramLogitsProcessor,
     RepetitionPenaltyLogitsProcessor, SequenceBiasLogitsProcessor, SuppressTokensAtBeginLogitsProcessor, SuppressTokensLogitsProcessor)
 
@@ -29,6 +30,12 @@ def hf_processed(logits_row, sequence, penalty, ngram, prompt_len=0, eos=(), **m
         scores = MinLengthLogitsProcessor(more["min_length"], list(eos))(ids, scores)
     if more.get("min_new_tokens") and eos:
         scores = MinNewTokensLengthLogitsProcessor(prompt_len, more["min_new_tokens"], list(eos))(ids, scores)
+    if more.get("forced_eos_token_id") is not None:
+        scores = ForcedEOSTokenLogitsProcessor(prompt_len + more["max_new_tokens"], more["forced_eos_token_id"])(ids,
+                                                                                                                scores)
+    if more.get("exponential_decay_length_penalty") and eos:
+        scores = ExponentialDecayLengthPenalty(more["exponential_decay_length_penalty"], list(eos), prompt_len)(ids,
+                                                                                                              scores)
     if more.get("suppress_tokens"):
         scores = SuppressTokensLogitsProcessor(more["suppress_tokens"])(ids, scores)
     if more.get("begin_suppress_tokens"):
@@ -90,7 +97,12 @@ def test_bad_processor_settings_are_value_errors():
                                   dict(min_new_tokens=4), dict(bad_words_ids=[[4, 4]], min_new_tokens=3, penalty=1.2),
                                   dict(sequence_bias={(3,): 2.5, (4, 3): 1.1, (5, 4, 3): -0.7, (6, 4, 3): 0.3,
                                                       (1, 2): 7.0, (7, 7, 7, 2): -3.3}, penalty=1.4),
-                                  dict(sequence_bias=[[[5, 5], 0.1], [[5], -9.0], [[1, 5, 5], 0.2]])])
+                                  dict(sequence_bias=[[[5, 5], 0.1], [[5], -9.0], [[1, 5, 5], 0.2]]),
+                                  dict(forced_eos_token_id=[2, 6], max_new_tokens=3, suppress_tokens=[6]),
+                                  dict(forced_eos_token_id=4, max_new_tokens=1, min_new_tokens=5),
+                                  dict(exponential_decay_length_penalty=(1, 1.7), penalty=1.2),
+                                  dict(exponential_decay_length_penalty=(0, 0.5), forced_eos_token_id=2,
+                                       max_new_tokens=4)])
 def test_bans_equal_transformers_processors(more):
     rng = np.random.default_rng(11)
     more = dict(more)

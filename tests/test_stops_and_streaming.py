@@ -248,7 +248,7 @@ def test_bad_arguments_raise_value_errors_naming_them(llama, kwargs, message):
         refdec.generate(llama, [1, 5, 6], **kwargs)
 
 
-@pytest.mark.parametrize("field", ["forced_eos_token_id", "exponential_decay_length_penalty"])
+@pytest.mark.parametrize("field", ["guidance_scale"])
 def test_a_logits_setting_in_the_generation_config_is_an_error_naming_it(field):
     """model.generate(do_sample=False) applies these to the logits; refdec does not, so it refuses
     rather than return other tokens, whether the model's generation_config or an argument sets
@@ -257,10 +257,9 @@ def test_a_logits_setting_in_the_generation_config_is_an_error_naming_it(field):
     prompt = [1, 5, 6, 7, 5, 6]
     plain = hf(model, prompt, max_new_tokens=12, eos_token_id=None)
     first = plain[len(prompt)]
-    value = {"forced_eos_token_id": (first + 1) % 96, "exponential_decay_length_penalty": (2, 50.0)}[field]
+    value = {"guidance_scale": 3.0}[field]  # classifier-free guidance: a second, unconditional forward
     setattr(model.generation_config, field, value)
-    eos = None if field == "forced_eos_token_id" else plain[len(prompt) + 5]  # the decay raises an eos
-    assert hf(model, prompt, max_new_tokens=12, eos_token_id=eos) != plain  # the setting changes the tokens
+    assert hf(model, prompt, max_new_tokens=12, eos_token_id=None) != plain  # the setting changes the tokens
     with pytest.raises(ValueError, match=rf"model.generation_config sets {field}=.*generation_config.{field} = None"):
         refdec.generate(model, prompt, max_new_tokens=12, eos_token_id=[])
     with pytest.raises(ValueError, match=field):  # batches too
@@ -316,10 +315,12 @@ def test_logits_settings_as_arguments_override_the_generation_config_like_model_
 
 
 @pytest.mark.parametrize("kind", ["suppress_tokens", "begin_suppress_tokens", "bad_words_ids", "min_new_tokens",
-                                  "min_length"])
+                                  "min_length", "forced_eos_token_id", "exponential_decay_length_penalty"])
 def test_token_bans_in_the_generation_config_apply_per_tree_path_like_model_generate(kind):
-    """suppress_tokens, begin_suppress_tokens, bad_words_ids, min_new_tokens and min_length: greedy
-    equals model.generate with drafts that run into the banned choices, single and batched."""
+    """suppress_tokens, begin_suppress_tokens, bad_words_ids, min_new_tokens, min_length,
+    forced_eos_token_id (the last new token) and exponential_decay_length_penalty (eos raised
+    after a start): greedy equals model.generate with drafts that run into the changed choices,
+    single and batched."""
     model = tiny_llama()
     prompts = repetitive_prompts(3, seed=43)
     changed = 0
@@ -327,9 +328,12 @@ def test_token_bans_in_the_generation_config_apply_per_tree_path_like_model_gene
         plain = hf(model, prompt, max_new_tokens=NEW, eos_token_id=None)
         new = plain[len(prompt):]
         eos = new[6]  # a token the model writes early: an eos to hold off
+        if kind == "forced_eos_token_id":  # decode to the last new token, which the setting forces
+            eos = next(t for t in range(3, 96) if t not in new)
         value = {"suppress_tokens": [new[2], new[9]], "begin_suppress_tokens": [new[0]],
                  "bad_words_ids": [[new[3], new[4]], [new[10]]], "min_new_tokens": 15,
-                 "min_length": len(prompt) + 15}[kind]
+                 "min_length": len(prompt) + 15, "forced_eos_token_id": [new[-1] + 1 if new[-1] + 1 < 96 else 3],
+                 "exponential_decay_length_penalty": (2, 1.8)}[kind]
         setattr(model.generation_config, kind, value)
         want = hf(model, prompt, max_new_tokens=NEW, eos_token_id=eos)
         setattr(model.generation_config, kind, None)
