@@ -30,6 +30,7 @@ import torch
 
 from refdec.budget import FixedBudget, make_budget
 from refdec.cache import cache_kwarg, compact, new_cache, set_prefill_window
+from refdec.compat import ensure_lossless_tree_verification
 from refdec.masks import build_tree_inputs, mask_spec_for
 from refdec.processors import PathLogitsProcessor, path_tokens
 from refdec.sampling import TargetSampler, random_seed
@@ -501,6 +502,7 @@ class SpeculativeDecoder:
         self.vocab_size = int(config.vocab_size)
         self.device = next(model.parameters()).device
         self._cache_kw = cache_kwarg(model)
+        ensure_lossless_tree_verification(model, self.mask_spec, self._cache_kw)  # unverified model types
         self._auto_budget = None  # the "auto" policy persists across calls (its feedback carries over)
         split = split_forward_fn(model)  # None: the model's own forward computes the logits
         self._backbone_forward, self._head = split if split is not None else (None, None)

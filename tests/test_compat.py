@@ -1,0 +1,69 @@
+"""The one-time tree-verification self-check for model types refdec has not verified."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import transformers as T
+
+import refdec
+import refdec.compat as compat
+import refdec.decoding as decoding
+import tiny_models
+from refdec.cache import cache_kwarg
+from refdec.compat import VERIFIED_MODEL_TYPES, check_tree_verification, model_type
+from refdec.masks import MaskSpec, mask_spec_for
+
+
+def slot_positioned_models():
+    """MPT (ALiBi over KV slots) and GPT-Neo with a local window cut by slot: not lossless under trees."""
+    torch.manual_seed(0)
+    mpt = T.MptForCausalLM(T.MptConfig(vocab_size=96, d_model=32, n_heads=4, n_layers=2, max_seq_len=64)).eval()
+    neo = T.GPTNeoForCausalLM(T.GPTNeoConfig(vocab_size=96, hidden_size=32, num_layers=2, num_heads=4, window_size=6,
+                                             attention_types=[[["global", "local"], 1]], max_position_embeddings=64,
+                                             bos_token_id=1, eos_token_id=2)).eval()
+    return [mpt, neo]
+
+
+@pytest.mark.parametrize("make", [tiny_models.tiny_llama, tiny_models.tiny_qwen2, tiny_models.tiny_gemma3,
+                                  tiny_models.tiny_gpt2])
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+def test_the_check_passes_models_whose_trees_are_lossless(make, dtype):
+    model = make().to(dtype)
+    check_tree_verification(model, mask_spec_for(model), cache_kwarg(model))
+
+
+def test_the_check_catches_models_that_take_positions_from_cache_slots():
+    for model in slot_positioned_models():
+        spec = MaskSpec(kind="single", window=None, additive=False, dtype=model.dtype)
+        with pytest.raises(ValueError, match=rf"model type '{model_type(model)}': verifying a draft tree gives other "
+                                             "logits than plain decoding"):
+            check_tree_verification(model, spec, cache_kwarg(model))
+
+
+def test_an_unverified_model_type_is_checked_when_a_decoder_is_made(monkeypatch):
+    """A model type outside VERIFIED_MODEL_TYPES: checked once; a lossless one decodes as
+    model.generate does, one that fails the check is refused (here MPT, with the name-based
+    refusal in mask_spec_for bypassed)."""
+    torch.manual_seed(0)
+    olmo = T.OlmoForCausalLM(T.OlmoConfig(vocab_size=96, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                                          num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128,
+                                          pad_token_id=0, bos_token_id=1, eos_token_id=2)).to(torch.float64).eval()
+    assert model_type(olmo) not in VERIFIED_MODEL_TYPES
+    calls = []
+    monkeypatch.setattr(compat, "check_tree_verification",
+                        lambda *a, **k: calls.append(1) or check_tree_verification(*a, **k))
+    prompt = [1, 5, 6, 7, 5, 6, 7, 5, 6]
+    with torch.no_grad():
+        want = olmo.generate(torch.tensor([prompt]), attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
+                             do_sample=False, max_new_tokens=16, eos_token_id=None, pad_token_id=0)[0].tolist()
+    for _ in range(2):
+        out = refdec.generate(olmo, prompt, max_new_tokens=16, eos_token_id=[], references=[want[3:]],
+                              max_draft_tokens=16)
+        assert out.sequences[0].tolist() == want
+    assert calls == [1]  # once per model object, not per call
+    mpt = slot_positioned_models()[0]
+    monkeypatch.setattr(decoding, "mask_spec_for",
+                        lambda model: MaskSpec(kind="single", window=None, additive=False, dtype=model.dtype))
+    with pytest.raises(ValueError, match="model type 'mpt': verifying a draft tree gives other logits"):
+        refdec.SpeculativeDecoder(mpt)
