@@ -218,6 +218,8 @@ def _run_batch(args, decoder, tokenizer, requests: list[dict], references: list[
     so an interrupted run keeps the completions it wrote."""
     prompts = [tokenizer(r["prompt"])["input_ids"] for r in requests]
     for request, ids in zip(requests, prompts):  # named by file and line, before any decoding
+        if not ids:
+            raise ValueError(f"{request['where']}: the prompt is empty (it tokenizes to no tokens)")
         if decoder.max_positions is not None and len(ids) > decoder.max_positions:
             raise ValueError(f"{request['where']}: the prompt has {len(ids)} tokens, more than the model's "
                              f"max_position_embeddings={decoder.max_positions}")

@@ -220,6 +220,9 @@ def _generation_config_processor(model, eos: set[int], settings: dict | None = N
     gen_config = getattr(model, "generation_config", None)
     merged = {name: getattr(gen_config, name, None) for name in _LOGITS_CONFIG_NOOPS}
     merged.update(settings)
+    for name, value in merged.items():  # arrays as model.generate takes them: token ids, a (start, factor) pair
+        if isinstance(value, (np.ndarray, torch.Tensor)):
+            merged[name] = value.tolist()
     if merged["min_new_tokens"] is not None:
         # model.generate sets min_length = prompt length + min_new_tokens whenever min_new_tokens is
         # set (0 included), so the configured min_length never applies then
@@ -594,7 +597,9 @@ class SpeculativeDecoder:
         _check_index_tokenizer(index, tokenizer)
         from refdec import batch as _batch
 
-        if _batch.is_batched_input(input_ids, attention_mask):
+        one_row_batch = (on_row_done is not None and isinstance(input_ids, (torch.Tensor, np.ndarray))
+                         and input_ids.ndim == 2)  # [1, L] with a callback: model.generate's batch form
+        if _batch.is_batched_input(input_ids, attention_mask) or one_row_batch:
             return self._generate_batch(input_ids, attention_mask, tokenizer=tokenizer, index=index,
                                         references=references, max_new_tokens=max_new_tokens,
                                         do_sample=do_sample, temperature=temperature, top_k=top_k, top_p=top_p,

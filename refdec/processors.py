@@ -67,12 +67,18 @@ class PathLogitsProcessor:
         if forced_eos_token_id is not None and _is_token_id(forced_eos_token_id):
             forced_eos_token_id = [forced_eos_token_id]
         self.forced_eos = sorted(_id_set(forced_eos_token_id, "forced_eos_token_id"))
+        if self.forced_eos and set(self.forced_eos) <= self.suppress_tokens:  # as GenerationConfig.validate
+            raise ValueError(f"every token of forced_eos_token_id {self.forced_eos} is also in suppress_tokens: the "
+                             f"last new token would have no choice left")
         if self.forced_eos and not _is_token_id(max_new_tokens):
             raise ValueError(f"forced_eos_token_id needs max_new_tokens (an int >= 0), got {max_new_tokens!r}")
         self.max_new_tokens = max_new_tokens
         self.length_decay = None  # (start, factor): eos logits rise after `start` new tokens
         if exponential_decay_length_penalty is not None:
             pair = exponential_decay_length_penalty
+            if isinstance(pair, (list, tuple)) and len(pair) == 2 and isinstance(pair[0], (float, np.floating)) \
+                    and float(pair[0]).is_integer():
+                pair = (int(pair[0]), pair[1])  # an integral start index given as a float (from an array)
             if not (isinstance(pair, (list, tuple)) and len(pair) == 2 and _is_token_id(pair[0])
                     and isinstance(pair[1], (int, float, np.floating)) and not isinstance(pair[1], bool)
                     and np.isfinite(pair[1])):

@@ -720,3 +720,34 @@ def test_min_new_tokens_overrides_min_length_as_in_model_generate():
                                   references=[plain[1:]])
             assert got.sequences[0].tolist() == want, (min_new_tokens, budget)
         assert (len(want) < 17) == (min_new_tokens is not None)  # the case at stake: min_length not applied
+
+
+def test_second_fuzz_round_inputs(llama, tmp_path, capsys, tiny_tokenizer):
+    """on_row_done with a [1, L] batch and an all-ones mask (a one-string tokenizer batch); settings
+    given as numpy arrays, as model.generate takes them; forced_eos_token_id all suppressed is refused
+    as GenerationConfig.validate refuses it; an empty --prompts-jsonl prompt names its line."""
+    import numpy as np
+
+    prompt = [1, 5, 6, 7, 5, 6]
+    calls = []
+    out = refdec.generate(llama, torch.tensor([prompt]), attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
+                          max_new_tokens=5, eos_token_id=[], on_row_done=lambda b, t, s: calls.append((b, list(t))))
+    assert calls == [(0, out.sequences[0, len(prompt):].tolist())]
+    plain = hf(llama, prompt, max_new_tokens=8, eos_token_id=None)
+    for settings in (dict(suppress_tokens=np.array([plain[len(prompt) + 2]])),
+                     dict(forced_eos_token_id=np.array([3, 4])),
+                     dict(exponential_decay_length_penalty=np.array([1, 2.0]))):
+        eos = plain[len(prompt) + 5]
+        want = hf(llama, prompt, max_new_tokens=8, eos_token_id=eos, **settings)
+        got = refdec.generate(llama, prompt, max_new_tokens=8, eos_token_id=eos, references=[plain[3:]],
+                              max_draft_tokens=8, **settings)
+        assert got.sequences[0].tolist() == want, settings
+    with pytest.raises(ValueError, match=r"every token of forced_eos_token_id \[2\] is also in suppress_tokens"):
+        refdec.generate(llama, prompt, max_new_tokens=4, forced_eos_token_id=2, suppress_tokens=[2])
+    from refdec.cli import main
+
+    llama.save_pretrained(tmp_path / "m")
+    tiny_tokenizer.save_pretrained(tmp_path / "m")
+    (tmp_path / "in.jsonl").write_text('{"prompt": "abc"}\n{"prompt": ""}\n', encoding="utf-8")
+    assert main(["generate", "--prompts-jsonl", str(tmp_path / "in.jsonl"), "--model", str(tmp_path / "m")]) == 2
+    assert "in.jsonl:2: the prompt is empty" in capsys.readouterr().err
