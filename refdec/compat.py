@@ -20,7 +20,8 @@ import weakref
 import numpy as np
 import torch
 
-__all__ = ["VERIFIED_MODEL_TYPES", "check_tree_verification", "ensure_lossless_tree_verification", "model_type"]
+__all__ = ["VERIFIED_MODEL_TYPES", "TreeVerificationError", "check_tree_verification",
+           "ensure_lossless_tree_verification", "model_type"]
 
 # Model types whose tree verification equals plain decoding in refdec's tests or in a
 # randomized comparison against model.generate (greedy, single prompts and batches).
@@ -35,6 +36,10 @@ VERIFIED_MODEL_TYPES = frozenset({
 _REL_TOLERANCE = {torch.float64: 1e-9, torch.float32: 1e-3, torch.bfloat16: 6e-2, torch.float16: 1e-2}
 
 
+class TreeVerificationError(ValueError):
+    """Tree verification would not give ``model`` plain decoding's tokens."""
+
+
 _CHECKED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # models that passed the check
 
 
@@ -43,7 +48,13 @@ def ensure_lossless_tree_verification(model, spec, cache_kw: str) -> None:
     VERIFIED_MODEL_TYPES (raises ValueError if it fails)."""
     if model_type(model) in VERIFIED_MODEL_TYPES or model in _CHECKED:
         return
-    check_tree_verification(model, spec, cache_kw)
+    try:
+        check_tree_verification(model, spec, cache_kw)
+    except TreeVerificationError:
+        raise
+    except Exception as exc:  # the forward itself fails on a tree's 4D mask or position_ids
+        raise TreeVerificationError(f"model type {model_type(model)!r}: verifying a draft tree fails "
+                                    f"({type(exc).__name__}: {exc}), so refdec cannot decode it") from exc
     _CHECKED[model] = True
 
 
@@ -95,7 +106,7 @@ def check_tree_verification(model, spec, cache_kw: str, prompt_len: int = 24) ->
     diff = float((got - want).abs().max())
     tolerance = _REL_TOLERANCE.get(model.dtype, 1e-2) * scale
     if not diff <= tolerance:
-        raise ValueError(
+        raise TreeVerificationError(
             f"model type {model_type(model)!r}: verifying a draft tree gives other logits than plain decoding "
             f"(max difference {diff:.3g}, logits up to {scale:.3g}), so refdec cannot decode it losslessly; it "
             "probably takes positions from the KV cache's slots rather than position_ids")

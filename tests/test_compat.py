@@ -67,3 +67,13 @@ def test_an_unverified_model_type_is_checked_when_a_decoder_is_made(monkeypatch)
                         lambda model: MaskSpec(kind="single", window=None, additive=False, dtype=model.dtype))
     with pytest.raises(ValueError, match="model type 'mpt': verifying a draft tree gives other logits"):
         refdec.SpeculativeDecoder(mpt)
+
+
+def test_a_model_whose_forward_fails_on_a_tree_is_refused_with_the_reason(monkeypatch):
+    """Bloom builds ALiBi from a 2D padding mask: on a 4D tree mask its forward raises. With the
+    name-based refusal bypassed, the self-check turns that into an error naming the model type."""
+    bloom = T.BloomForCausalLM(T.BloomConfig(vocab_size=96, hidden_size=32, n_layer=1, n_head=4)).eval()
+    monkeypatch.setattr(decoding, "mask_spec_for",
+                        lambda model: MaskSpec(kind="single", window=None, additive=False, dtype=model.dtype))
+    with pytest.raises(ValueError, match="model type 'bloom': verifying a draft tree fails"):
+        refdec.SpeculativeDecoder(bloom)
