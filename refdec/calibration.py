@@ -172,6 +172,7 @@ def measure(model, nodes=DEFAULT_NODES, *, cache_len: int = 512, repeats: int = 
     import torch
 
     from refdec.cache import cache_kwarg, compact, new_cache
+    from refdec.compat import text_config
     from refdec.masks import build_tree_inputs, mask_spec_for
     from refdec.tree import DraftTree
     from refdec.verify import split_forward_fn, tree_forward_fn
@@ -184,9 +185,7 @@ def measure(model, nodes=DEFAULT_NODES, *, cache_len: int = 512, repeats: int = 
         lazy_head = split is not None and device.type == "cpu"
     if lazy_head and split is None:
         raise ValueError("lazy_head=True needs a model with a plain linear LM head (refdec.verify.split_forward_fn)")
-    config = model.config.get_text_config(decoder=True) if hasattr(model.config, "get_text_config") \
-        else model.config
-    vocab = int(config.vocab_size)
+    vocab = int(text_config(model).vocab_size)
     rng = np.random.default_rng(0)
     prompt = torch.from_numpy(rng.integers(3, min(vocab, 30000), size=cache_len)).unsqueeze(0).to(device)
     nodes = tuple(sorted(set(int(n) for n in nodes)))

@@ -21,7 +21,7 @@ import numpy as np
 import torch
 
 __all__ = ["VERIFIED_MODEL_TYPES", "TreeVerificationError", "check_tree_verification",
-           "ensure_lossless_tree_verification", "model_type"]
+           "ensure_lossless_tree_verification", "model_type", "text_config"]
 
 # Model types whose tree verification equals plain decoding in refdec's tests or in a
 # randomized comparison against model.generate (greedy, single prompts and batches).
@@ -58,9 +58,14 @@ def ensure_lossless_tree_verification(model, spec, cache_kw: str) -> None:
     _CHECKED[model] = True
 
 
+def text_config(model):
+    """The config of ``model``'s text decoder (the model's own config for a text-only model)."""
+    config = model.config
+    return config.get_text_config(decoder=True) if hasattr(config, "get_text_config") else config
+
+
 def model_type(model) -> str:
-    config = model.config.get_text_config(decoder=True) if hasattr(model.config, "get_text_config") else model.config
-    return str(getattr(config, "model_type", ""))
+    return str(getattr(text_config(model), "model_type", ""))
 
 
 def check_tree_verification(model, spec, cache_kw: str, prompt_len: int = 24) -> None:
@@ -72,8 +77,7 @@ def check_tree_verification(model, spec, cache_kw: str, prompt_len: int = 24) ->
     from refdec.masks import build_tree_inputs
     from refdec.tree import DraftTree
 
-    config = model.config.get_text_config(decoder=True) if hasattr(model.config, "get_text_config") else model.config
-    vocab = int(config.vocab_size)
+    vocab = int(text_config(model).vocab_size)
     device = next(model.parameters()).device
     rng = np.random.default_rng(0)
     tokens = rng.integers(3, max(4, min(vocab, 1000)), size=prompt_len + 9).tolist()

@@ -30,7 +30,7 @@ import torch
 
 from refdec.budget import FixedBudget, make_budget
 from refdec.cache import cache_kwarg, compact, new_cache, set_prefill_window
-from refdec.compat import ensure_lossless_tree_verification
+from refdec.compat import ensure_lossless_tree_verification, text_config
 from refdec.masks import build_tree_inputs, mask_spec_for
 from refdec.processors import PathLogitsProcessor, path_tokens
 from refdec.sampling import TargetSampler, random_seed
@@ -151,16 +151,13 @@ def _normalize_prompt(input_ids) -> np.ndarray:
     return arr.astype(np.int64)
 
 
-def _normalize_eos(eos_token_id, model) -> set[int]:
+def _normalize_eos(eos_token_id, model, vocab: int) -> set[int]:
     """The eos ids as a set (None: the model's generation_config's); a given id outside the
-    model's vocabulary is an error (the model could never emit it)."""
+    model's vocabulary [0, ``vocab``) is an error (the model could never emit it)."""
     eos = _eos_ids(eos_token_id, model)
     if eos_token_id is None:
         return eos
-    config = model.config.get_text_config(decoder=True) if hasattr(model.config, "get_text_config") \
-        else model.config
-    vocab = getattr(config, "vocab_size", None)
-    outside = sorted(e for e in eos if vocab is not None and e >= vocab)
+    outside = sorted(e for e in eos if e >= vocab)
     if outside:
         raise ValueError(f"eos_token_id {outside[0]} is outside the model vocabulary [0, {vocab})")
     return eos
@@ -499,8 +496,7 @@ class SpeculativeDecoder:
         self.max_depth = int(max_depth)
         self.proposer_factory = proposer_factory or _default_proposer_factory
         self.mask_spec = mask_spec_for(model)
-        config = model.config.get_text_config(decoder=True) if hasattr(model.config, "get_text_config") \
-            else model.config
+        config = text_config(model)
         self.max_positions = getattr(config, "max_position_embeddings", None)
         self.vocab_size = int(config.vocab_size)
         self.device = next(model.parameters()).device
@@ -621,7 +617,7 @@ class SpeculativeDecoder:
         if not _is_int(max_new_tokens) or max_new_tokens < 0:
             raise ValueError(f"max_new_tokens must be an int >= 0, got {max_new_tokens!r}")
         _validate_sampling(do_sample, temperature, top_k, top_p, seed, min_p)
-        eos = _normalize_eos(eos_token_id, self.model)
+        eos = _normalize_eos(eos_token_id, self.model, self.vocab_size)
         processor = _generation_config_processor(self.model, eos, logits_settings, max_new_tokens)
         processor.check_vocab(self.vocab_size)
         stops = _normalize_stop_strings(stop_strings, tokenizer)
@@ -812,7 +808,7 @@ class SpeculativeDecoder:
             raise ValueError(f"max_new_tokens must be an int >= 0, got {max_new_tokens!r}")
         _validate_sampling(do_sample, temperature, top_k, top_p, None if isinstance(seed, (list, tuple)) else seed,
                            min_p)
-        eos = _normalize_eos(eos_token_id, self.model)
+        eos = _normalize_eos(eos_token_id, self.model, self.vocab_size)
         stops = _normalize_stop_strings(stop_strings, tokenizer)
         if index is not None:
             from refdec.index import CorpusIndex

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from refdec.compat import text_config
 from refdec.tree import DraftTree
 
 
@@ -79,9 +80,7 @@ class MaskSpec:
 
 def mask_spec_for(model) -> MaskSpec:
     """Inspect ``model.config`` to decide the mask format (raises for unsupported ones)."""
-    config = model.config
-    if hasattr(config, "get_text_config"):
-        config = config.get_text_config(decoder=True)
+    config = text_config(model)
     attn_impl = getattr(config, "_attn_implementation", None) or "sdpa"
     if attn_impl not in ("sdpa", "eager"):
         raise ValueError(

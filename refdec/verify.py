@@ -107,10 +107,9 @@ def split_forward_fn(model):
     import torch
 
     from refdec.cache import cache_kwarg
+    from refdec.compat import text_config
 
-    config = model.config
-    if hasattr(config, "get_text_config"):
-        config = config.get_text_config(decoder=True)
+    config = text_config(model)
     if getattr(config, "model_type", None) not in _PLAIN_HEAD_MODEL_TYPES:
         return None
     backbone = getattr(model, getattr(model, "base_model_prefix", ""), None)
