@@ -180,8 +180,8 @@ def _eos_ids(eos_token_id, model) -> set[int]:
 
 # Fields of a model's generation_config that make model.generate(do_sample=False) change the
 # logits, with their no-op values. refdec applies those that depend only on the sequence so far
-# per tree path (refdec.processors); a model carrying any other is an error
-# rather than a silent difference from model.generate.
+# and the position (_PATH_PROCESSED) per tree path (refdec.processors); a model carrying any
+# other is an error rather than a silent difference from model.generate.
 _LOGITS_CONFIG_NOOPS = {
     "repetition_penalty": (None, 1.0), "encoder_repetition_penalty": (None, 1.0),
     "no_repeat_ngram_size": (None, 0), "encoder_no_repeat_ngram_size": (None, 0), "bad_words_ids": (None, []),
@@ -196,9 +196,10 @@ _PATH_PROCESSED = ("sequence_bias", "repetition_penalty", "no_repeat_ngram_size"
 
 
 def _is_noop(value, noops) -> bool:
+    """``value`` (arrays already made lists) leaves the logits as they are."""
     if isinstance(value, (list, tuple, dict)) and len(value) == 0:
         return True  # an empty list / tuple / dict of banned ids, biases, ...
-    return any(value is v or (not isinstance(value, (list, tuple, dict)) and value == v) for v in noops)
+    return any(value == v for v in noops)
 
 
 def _generation_config_processor(model, eos: set[int], settings: dict | None = None,

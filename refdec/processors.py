@@ -26,7 +26,7 @@ class PathLogitsProcessor:
     """The logits settings of a ``generation_config`` that ``model.generate`` applies in greedy
     decoding, in transformers' arithmetic and order: ``sequence_bias`` (a dict {tuple of token
     ids: float bias}, or a list of [token id list, float] pairs: the bias is added to the last
-    token's logit where the sequence ends with the others), ``repetition_penalty (float > 0, None = off),
+    token's logit where the sequence ends with the others), ``repetition_penalty`` (float > 0, None = off),
     ``no_repeat_ngram_size`` (int, None or 0 = off), ``suppress_tokens`` and
     ``begin_suppress_tokens`` (token ids banned everywhere / at the first new position),
     ``bad_words_ids`` (token id lists: the last token is banned where the sequence ends with
@@ -64,7 +64,7 @@ class PathLogitsProcessor:
         # eos bans only while an eos exists (transformers adds the min-length processors only then)
         self.min_length = int(min_length) if min_length and self.eos else None
         self.min_new_tokens = int(min_new_tokens) if min_new_tokens and self.eos else None
-        if forced_eos_token_id is not None and _is_token_id(forced_eos_token_id):
+        if _is_token_id(forced_eos_token_id):
             forced_eos_token_id = [forced_eos_token_id]
         self.forced_eos = sorted(_id_set(forced_eos_token_id, "forced_eos_token_id"))
         if self.forced_eos and set(self.forced_eos) <= self.suppress_tokens:  # as GenerationConfig.validate
@@ -114,8 +114,7 @@ class PathLogitsProcessor:
                 or (self.min_new_tokens is not None and new_index < self.min_new_tokens)):
             banned |= self.eos
         for word in self.bad_words:
-            # transformers' sequence bias: the word's prefix must fit in the sequence
-            if len(word) == 1 or (len(word) - 1 <= len(sequence) and tuple(sequence[-(len(word) - 1):]) == word[:-1]):
+            if _completes(sequence, word):
                 banned.add(word[-1])
         _ban(scores, banned)
         if self.forced_eos and new_index == self.max_new_tokens - 1:  # the last new token: an eos
@@ -157,7 +156,7 @@ class PathLogitsProcessor:
             if len(word) == 1:
                 bias[word[0]] = value
         for word, value in self.sequence_bias:
-            if len(word) > 1 and len(word) - 1 <= len(sequence) and tuple(sequence[-(len(word) - 1):]) == word[:-1]:
+            if len(word) > 1 and _completes(sequence, word):
                 bias[word[-1]] += value
         return scores + bias
 
@@ -166,6 +165,13 @@ class PathLogitsProcessor:
         ``sampler`` (refdec.sampling.TargetSampler) samples it at ``position``, or argmax."""
         scores = self(logits_row, sequence, prompt_len)
         return sampler.sample(scores, position) if sampler.do_sample else int(scores.argmax())
+
+
+def _completes(sequence: list[int], word: tuple[int, ...]) -> bool:
+    """Whether ``sequence`` ends with ``word`` without its last token (always, for a one-token
+    word; never where the prefix does not fit), as transformers matches bad words and biases."""
+    prefix_len = len(word) - 1
+    return prefix_len == 0 or (prefix_len <= len(sequence) and tuple(sequence[-prefix_len:]) == word[:-1])
 
 
 def _ban(scores: torch.Tensor, banned: set[int]) -> None:
