@@ -14,24 +14,20 @@ DESCRIPTION = ("Lossless speculative decoding for Hugging Face causal LMs: gener
 def read_text_file(path: str) -> str:
     """A UTF-8 text file named on the command line, line endings kept as they are (CRLF stays
     CRLF); FileNotFoundError names a missing one, ValueError one that is not UTF-8."""
-    file = Path(path)
-    if file.is_dir():
-        raise ValueError(f"{path} is a directory, not a file")
-    if not file.is_file():
-        raise FileNotFoundError(f"no such file: {path}")
+    check_input_file(path)
     try:
-        return file.read_bytes().decode("utf-8")
+        return Path(path).read_bytes().decode("utf-8")
     except UnicodeDecodeError as exc:
         raise ValueError(f"{path} is not UTF-8 text ({exc.reason} at byte {exc.start})") from None
 
 
-def check_input_file(path: str, flag: str) -> None:
-    """Before any work: ``path`` (given as ``flag``) must be an existing file."""
-    file = Path(path)
-    if file.is_dir():
-        raise ValueError(f"{flag} {path} is a directory, not a file")
-    if not file.is_file():
-        raise FileNotFoundError(f"{flag} {path}: no such file")
+def check_input_file(path: str, flag: str | None = None) -> None:
+    """``path`` (given as ``flag``, when named) must be an existing file."""
+    named = f"{flag} {path}" if flag else path
+    if Path(path).is_dir():
+        raise ValueError(f"{named} is a directory, not a file")
+    if not Path(path).is_file():
+        raise FileNotFoundError(f"{named}: no such file")
 
 
 def jsonl_lines(text: str) -> list[str]:
