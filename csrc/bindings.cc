@@ -50,6 +50,12 @@ py::tuple draft_to_numpy(const DraftResult& r) {
   return py::make_tuple(to_numpy(r.token_ids), to_numpy(r.parents), to_numpy(r.scores), to_numpy(r.source_ids));
 }
 
+// A view argument that pybind11 let through as None (a null pointer).
+const AutomatonView* non_null(const AutomatonView* view) {
+  if (view == nullptr) throw std::invalid_argument("view must be an automaton, not None");
+  return view;
+}
+
 void check_state(const AutomatonView& v, int64_t state) {
   if (state < 0 || state >= v.num_states())
     throw std::invalid_argument("state must be in [0, " + std::to_string(v.num_states()) + "), got " +
@@ -222,10 +228,7 @@ PYBIND11_MODULE(_C, m) {
 
   // ---- matcher ----
   py::class_<Matcher>(m, "Matcher")
-      .def(py::init([](const AutomatonView* view) {
-             if (view == nullptr) throw std::invalid_argument("view must be an automaton, not None");
-             return std::make_unique<Matcher>(view);
-           }),
+      .def(py::init([](const AutomatonView* view) { return std::make_unique<Matcher>(non_null(view)); }),
            py::arg("view"), py::keep_alive<1, 2>())
       .def("reset", &Matcher::reset)
       .def("advance",
@@ -280,8 +283,7 @@ PYBIND11_MODULE(_C, m) {
       .def(
           "add_matcher_source",
           [](ProposerCore& p, const AutomatonView* view, float weight, float half_len, int32_t source_id) {
-            if (view == nullptr) throw std::invalid_argument("view must be an automaton, not None");
-            p.add_matcher_source(view, weight, half_len, source_id);
+            p.add_matcher_source(non_null(view), weight, half_len, source_id);
           },
           py::arg("view"), py::arg("weight"), py::arg("half_len"), py::arg("source_id"), py::keep_alive<1, 2>())
       .def("feed",
