@@ -327,6 +327,7 @@ PYBIND11_MODULE(_C, m) {
               else if (key == "copy_hazard_power") c.copy_hazard_power = v.cast<float>();
               else if (key == "copy_hazard_scale") c.copy_hazard_scale = v.cast<float>();
               else if (key == "confirm_run") c.confirm_run = v.cast<int32_t>();
+              else if (key == "start_run") c.start_run = v.cast<int32_t>();
               else if (key == "max_candidates") c.max_candidates = v.cast<int32_t>();
               else if (key == "max_backoff") c.max_backoff = v.cast<int32_t>();
               else if (key == "max_scan") c.max_scan = v.cast<int32_t>();

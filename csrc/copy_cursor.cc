@@ -108,6 +108,14 @@ void CopyCursor::reset() {
   set_anchor(view->num_documents() > 0 ? view->document_begin(0) : -1);
   if (anchor_ >= view->num_tokens()) anchor_ = -1;
   candidates_.clear();
+  // The output is expected to start copying at the top of the reference.
+  if (params_.start_run > 0 && anchor_ >= 0) {
+    align_ = anchor_;
+    align_end_ = view->document_end(anchor_);
+    run_ = params_.start_run;
+    const int32_t match = std::min(run_, params_.match_cap);
+    candidates_.push_back({align_, align_end_, match, log_odds(align_, match)});
+  }
   add_structural();
   normalise();
 }

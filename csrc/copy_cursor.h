@@ -78,6 +78,10 @@ struct CursorParams {
   float copy_hazard_scale = 1.0f;
   // Aligned tokens in a row after which the alignment becomes the anchor.
   int32_t confirm_run = 8;
+  // Before the first output token the alignment is the start of the first
+  // document, with this many aligned tokens as its evidence (an edit rewrites
+  // the file from its top); 0 = no alignment: the start is only the anchor.
+  int32_t start_run = 16;
   // Candidates kept (the best one is the alignment).
   int32_t max_candidates = 3;
   // Suffix lengths tried on a re-synchronisation: the match state and up to

@@ -107,6 +107,10 @@ class CursorParams:
     weight is below ``unigram_below``, the ``unigram_k`` most frequent
     reference tokens are added too, each copied from its occurrence nearest the
     anchor, with weight ``unigram_weight * (its share of the reference)``.
+    Before the first output token the alignment is the top of the first
+    reference with ``start_run`` aligned tokens of evidence (an edit rewrites the
+    file from its top: the first step drafts one full-depth copy; 0 = the top is
+    only the anchor).
     Substitutions (a reference token written as another while the copy goes on
     right after it: re-indentation, a rename) are learnt, the latest
     ``max_substitutions`` kept; a cursor chain copying such a token forks into
@@ -129,6 +133,7 @@ class CursorParams:
     copy_hazard_power: float = 1.0
     copy_hazard_scale: float = 1.0
     confirm_run: int = 8
+    start_run: int = 16
     max_candidates: int = 3
     max_backoff: int = 6
     unigram_k: int = 16

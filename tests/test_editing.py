@@ -196,13 +196,32 @@ def test_the_tree_respects_the_budget_and_depth_with_the_cursor(budget):
 
 
 def test_cursor_params_are_passed_through_and_bad_ones_rejected():
-    # confirm_run: an alignment of that many tokens becomes the anchor.
+    # confirm_run: an alignment of that many tokens becomes the anchor (start_run=0: the output's
+    # first tokens are the only evidence of the alignment).
     for confirm_run, anchor in ((4, 5), (8, 0)):
-        proposer = Proposer(references=[arr(ORIGINAL)], cursor=CursorParams(confirm_run=confirm_run))
+        params = CursorParams(confirm_run=confirm_run, start_run=0)
+        proposer = Proposer(references=[arr(ORIGINAL)], cursor=params)
         feed(proposer, ORIGINAL[:5])
         assert proposer.cursor_state() == {"align": 5, "run": 5, "anchor": anchor}
     with pytest.raises(ValueError, match="cursor"):
         Proposer(references=[arr(ORIGINAL)], cursor="yes")
+
+
+@pytest.mark.parametrize("prompt", [PROMPT, [900] + ORIGINAL + [901, 902]])
+def test_the_first_step_drafts_the_top_of_the_reference_at_full_depth(prompt):
+    # An edit rewrites the file from its top: before any output the alignment is the
+    # reference's first token (start_run aligned tokens of evidence), so the first tree is one
+    # copy as deep as the budget, not a short chain beside root alternatives (the prompt that
+    # holds the file too offers its own continuations of the fence).
+    truth = ORIGINAL[:64]
+    start = Proposer(references=[arr(ORIGINAL)], max_depth=64, cursor=True)
+    start.start(arr(prompt))
+    assert start.cursor_state() == {"align": 0, "run": 16, "anchor": 0}
+    assert accepted_length(start.propose(64), truth, 0) == 64
+    no_start = Proposer(references=[arr(ORIGINAL)], max_depth=64, cursor=CursorParams(start_run=0))
+    no_start.start(arr(prompt))
+    assert no_start.cursor_state()["align"] == -1
+    assert accepted_length(no_start.propose(64), truth, 0) < 64
 
 
 @pytest.mark.parametrize("kwargs, message", [
@@ -423,7 +442,7 @@ def test_a_fixed_copy_keeps_its_weight_times_the_survival_to_its_depth():
     # L / (L + 2), w = the aligned candidate's weight, f(d) =
     # ((s + e) / (s + e + d)) ** p with e = its run.
     p, s = 1.0, 1.0
-    params = CursorParams(depth_decay=1.0, hazard_power=0.0, copy_hazard_power=p, copy_hazard_scale=s)
+    params = CursorParams(depth_decay=1.0, hazard_power=0.0, copy_hazard_power=p, copy_hazard_scale=s, start_run=0)
     proposer = Proposer(references=[arr(ORIGINAL)], max_depth=64, cursor=params)
     feed(proposer, ORIGINAL[:20])
     run = proposer.cursor_state()["run"]
