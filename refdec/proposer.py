@@ -110,7 +110,9 @@ class CursorParams:
     Before the first output token the alignment is the top of the first
     reference with ``start_run`` aligned tokens of evidence (an edit rewrites the
     file from its top: the first step drafts one full-depth copy; 0 = the top is
-    only the anchor).
+    only the anchor), when the prompt frames the reference that way
+    (:func:`frames_reference`: it shows the file's first tokens right after its
+    own closing tokens, the fence; a prompt that only quotes a document gets 0).
     Substitutions (a reference token written as another while the copy goes on
     right after it: re-indentation, a rename) are learnt, the latest
     ``max_substitutions`` kept; a cursor chain copying such a token forks into
@@ -188,6 +190,21 @@ def _make_tree(token_ids, parents, scores, source_ids, source_names) -> DraftTre
     object.__setattr__(tree, "source_ids", source_ids)
     object.__setattr__(tree, "source_names", source_names)
     return tree
+
+
+def frames_reference(prompt: np.ndarray, reference: np.ndarray, head: int = 8, tail: int = 2) -> bool:
+    """Whether ``prompt`` (int32 [L]) holds the first ``head`` tokens of ``reference`` (int32 [R])
+    right after its own last ``tail`` tokens: an edit prompt that shows the original file after a
+    fence and ends with the same fence, so the output is about to rewrite the reference from its
+    top (refdec's edit templates all do). A prompt that merely quotes a document does not."""
+    head = min(head, len(reference))
+    if head == 0 or len(prompt) < tail + head:
+        return False
+    ending = prompt[len(prompt) - tail:]
+    for i in np.flatnonzero(prompt[tail:len(prompt) - head + 1] == reference[0]) + tail:
+        if np.array_equal(prompt[i:i + head], reference[:head]) and np.array_equal(prompt[i - tail:i], ending):
+            return True
+    return False
 
 
 class Proposer:
@@ -276,7 +293,11 @@ class Proposer:
             p = self.params["reference"]
             core.add_matcher_source(sam, p.weight, p.half_len, 1)
             if self.cursor is not None and sam.num_tokens > 0:
-                core.set_cursor(1, dataclasses.asdict(self.cursor))
+                cursor = self.cursor
+                first = next(ref for ref in self._references if len(ref))
+                if cursor.start_run > 0 and not frames_reference(prompt, first):
+                    cursor = dataclasses.replace(cursor, start_run=0)
+                core.set_cursor(1, dataclasses.asdict(cursor))
         if self.index is not None:
             p = self.params["corpus"]
             core.add_matcher_source(self.index._frozen_index(), p.weight, p.half_len, 2)

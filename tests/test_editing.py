@@ -207,21 +207,45 @@ def test_cursor_params_are_passed_through_and_bad_ones_rejected():
         Proposer(references=[arr(ORIGINAL)], cursor="yes")
 
 
-@pytest.mark.parametrize("prompt", [PROMPT, [900] + ORIGINAL + [901, 902]])
-def test_the_first_step_drafts_the_top_of_the_reference_at_full_depth(prompt):
+FENCE = [900, 901]
+EDIT_PROMPT = [1, 2] + FENCE + ORIGINAL + FENCE + [3, 4] + FENCE  # the file after a fence; ends with the fence
+
+
+def test_the_first_step_drafts_the_top_of_the_reference_at_full_depth_in_an_edit_prompt():
     # An edit rewrites the file from its top: before any output the alignment is the
     # reference's first token (start_run aligned tokens of evidence), so the first tree is one
-    # copy as deep as the budget, not a short chain beside root alternatives (the prompt that
-    # holds the file too offers its own continuations of the fence).
+    # copy as deep as the budget, not a short chain beside root alternatives (the context
+    # source offers its own continuations of the fence).
     truth = ORIGINAL[:64]
     start = Proposer(references=[arr(ORIGINAL)], max_depth=64, cursor=True)
-    start.start(arr(prompt))
+    start.start(arr(EDIT_PROMPT))
     assert start.cursor_state() == {"align": 0, "run": 16, "anchor": 0}
     assert accepted_length(start.propose(64), truth, 0) == 64
     no_start = Proposer(references=[arr(ORIGINAL)], max_depth=64, cursor=CursorParams(start_run=0))
-    no_start.start(arr(prompt))
+    no_start.start(arr(EDIT_PROMPT))
     assert no_start.cursor_state()["align"] == -1
     assert accepted_length(no_start.propose(64), truth, 0) < 64
+
+
+@pytest.mark.parametrize("prompt", [PROMPT, [1, 2] + FENCE + ORIGINAL + FENCE + [3, 4], [5] + ORIGINAL + [6, 7]])
+def test_a_prompt_that_does_not_frame_the_reference_as_the_file_rewritten_gets_no_start_alignment(prompt):
+    # A reference that is only text to draft from (a quoted document, retrieval) is not where
+    # the output starts: the top stays a weak anchor and the first tree is not spent on it.
+    proposer = Proposer(references=[arr(ORIGINAL)], max_depth=64, cursor=True)
+    proposer.start(arr(prompt))
+    assert proposer.cursor_state() == {"align": -1, "run": 0, "anchor": 0}
+    assert accepted_length(proposer.propose(64), ORIGINAL[:64], 0) < 64
+
+
+def test_frames_reference_finds_the_file_after_the_prompt_s_closing_tokens():
+    from refdec.proposer import frames_reference
+
+    assert frames_reference(arr(EDIT_PROMPT), arr(ORIGINAL))
+    assert frames_reference(arr(EDIT_PROMPT), arr(ORIGINAL[:3]))  # a reference shorter than the head
+    assert not frames_reference(arr(EDIT_PROMPT), arr(ORIGINAL[1:]))  # not its top
+    assert not frames_reference(arr(EDIT_PROMPT[:-1]), arr(ORIGINAL))  # ends otherwise
+    assert not frames_reference(arr(FENCE), arr(ORIGINAL))  # too short to hold it
+    assert not frames_reference(arr(EDIT_PROMPT), arr([]))
 
 
 @pytest.mark.parametrize("kwargs, message", [
