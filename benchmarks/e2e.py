@@ -12,6 +12,8 @@ Methods:
     hf-pld         model.generate(do_sample=False, prompt_lookup_num_tokens=10)
     refdec-auto    refdec, max_draft_tokens="auto" (the cost-curve budget, refdec.budget.AutoBudget)
     refdec-chain   the same proposer cut to its best path (one chain, no tree), "auto" budget
+    refdec-auto-nostart  refdec-auto without the copy cursor's start alignment (editing:
+                   CursorParams(start_run=0), the first step's copy of the file's top as before)
     refdec-N       refdec with a fixed budget of N nodes (e.g. refdec-16, refdec-64); refdec-0 is
                    plain decoding through refdec's loop (its verifier head: no drafts at all)
     peer-pld       HF's prompt-lookup algorithm (2..1-gram, first occurrence, 10-token chain,
@@ -132,12 +134,13 @@ def peer_factory(method: str):
     return make
 
 
-def proposer_factory(editing: bool, chain: bool):
+def proposer_factory(editing: bool, chain: bool, start: bool = True):
+    """``start=False``: the copy cursor without its start alignment (CursorParams.start_run=0)."""
     def make(index, references, max_depth):
-        from refdec.proposer import Proposer
+        from refdec.proposer import CursorParams, Proposer
 
-        inner = Proposer(index=index, references=references or None, max_depth=max_depth,
-                         cursor=True if editing else None)
+        cursor = (CursorParams() if start else CursorParams(start_run=0)) if editing else None
+        inner = Proposer(index=index, references=references or None, max_depth=max_depth, cursor=cursor)
         return ChainProposer(inner) if chain else inner
 
     return make
@@ -164,7 +167,7 @@ class Runner:
         key = (method, workload)
         if key not in self.decoders:
             factory = (peer_factory(base) if base.startswith("peer-")
-                       else proposer_factory(editing, base == "refdec-chain"))
+                       else proposer_factory(editing, base == "refdec-chain", start=base != "refdec-auto-nostart"))
             self.decoders[key] = SpeculativeDecoder(self.model, self.tokenizer, index=index,
                                                     proposer_factory=factory)
         return self.decoders[key]
@@ -200,7 +203,7 @@ class Runner:
             if self.stdlib_index is None:  # loaded once (~5 s), outside any timing
                 self.stdlib_index = workloads.corpus_index("stdlib")
             index = self.stdlib_index
-        if base in ("refdec-auto", "refdec-chain", "peer-arctic"):
+        if base in ("refdec-auto", "refdec-auto-nostart", "refdec-chain", "peer-arctic"):
             budget = "auto"
         elif base == "peer-pld":
             budget = 10  # prompt_lookup_num_tokens=10, as hf-pld
