@@ -113,8 +113,7 @@ void CopyCursor::reset() {
     align_ = anchor_;
     align_end_ = view->document_end(anchor_);
     run_ = params_.start_run;
-    const int32_t match = std::min(run_, params_.match_cap);
-    candidates_.push_back({align_, align_end_, match, log_odds(align_, match)});
+    add_alignment();
   }
   add_structural();
   normalise();
@@ -168,6 +167,12 @@ void CopyCursor::add_structural() {
   add_candidate(anchor_);
   // The diagonal stays inside the anchor's document.
   if (since_ > 0 && anchor_ + since_ < occ_->view()->document_end(anchor_)) add_candidate(anchor_ + since_);
+}
+
+void CopyCursor::add_alignment() {
+  if (align_ < 0 || align_ >= align_end_) return;
+  const int32_t match = std::min(run_, params_.match_cap);
+  candidates_.push_back({align_, align_end_, match, log_odds(align_, match)});
 }
 
 void CopyCursor::add_candidate(int64_t pos) {
@@ -251,9 +256,7 @@ void CopyCursor::advance(int32_t token, int32_t match_state, int32_t match_len) 
     ++align_;
     if (run_ < std::numeric_limits<int32_t>::max()) ++run_;
     if (run_ >= params_.confirm_run) set_anchor(align_);
-    if (align_ < align_end_)
-      candidates_.push_back({align_, align_end_, std::min(run_, params_.match_cap),
-                             log_odds(align_, std::min(run_, params_.match_cap))});
+    add_alignment();
     add_structural();
     normalise();
     return;

@@ -160,6 +160,8 @@ class CopyCursor {
   void add_candidate(int64_t pos);
   // Adds the anchor and the diagonal.
   void add_structural();
+  // Adds the alignment (its aligned run, capped, as the match) while it is inside its document.
+  void add_alignment();
   // Sets the anchor (resets since_).
   void set_anchor(int64_t pos) {
     anchor_ = pos;
