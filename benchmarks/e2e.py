@@ -162,7 +162,7 @@ class Runner:
     def decoder(self, method: str, base: str, workload: str, index, editing: bool):
         """One SpeculativeDecoder per (method, workload): "auto" learns within a workload.
         ``base``: the method without its ``+corpus`` suffix (it picks the proposer)."""
-        from refdec.decoding import SpeculativeDecoder
+        from refdec import SpeculativeDecoder
 
         key = (method, workload)
         if key not in self.decoders:
@@ -347,7 +347,7 @@ def main(argv=None) -> int:
     import torch
 
     torch.set_num_threads(args.threads)
-    from refdec.budget import auto_cost_curve
+    from refdec.calibration import auto_cost_curve
     from refdec.models import load_default
 
     workload_names = [w for w in args.workloads.split(",") if w]

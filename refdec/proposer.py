@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
+from typing import Protocol, runtime_checkable
 
 import numpy as np
 
@@ -36,7 +37,26 @@ from refdec import _C
 from refdec.index import ContextIndex, CorpusIndex, _as_tokens
 from refdec.tree import DraftTree
 
-__all__ = ["CursorParams", "Proposer", "SourceParams"]
+__all__ = ["CursorParams", "Drafter", "Proposer", "SourceParams"]
+
+
+@runtime_checkable
+class Drafter(Protocol):
+    """What a decoding loop asks of any drafter, one per request: refdec's own loop
+    (refdec.decode), the vLLM adapter (refdec.vllm) and the benchmarks' baselines.
+    :class:`Proposer` is refdec's."""
+
+    def start(self, prompt_ids: np.ndarray) -> None:
+        """A new request: ``prompt_ids`` int32 [prompt_len]."""
+
+    def propose(self, max_nodes: int) -> DraftTree:
+        """A draft tree of at most ``max_nodes`` nodes continuing the sequence (may be empty)."""
+
+    def accept(self, tokens: np.ndarray) -> None:
+        """The tokens emitted since the last call (accepted + bonus): int32 [k]."""
+
+    def last_match_lengths(self) -> dict[str, int]:
+        """Current match length per source name (the budget's hint)."""
 
 
 _INT32_MAX = 2**31 - 1

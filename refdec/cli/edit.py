@@ -22,11 +22,8 @@ import sys
 import time
 from pathlib import Path
 
-
-def _draft_tokens(value: str):
-    from refdec.cli_generate import _draft_tokens as parse
-
-    return parse(value)
+from refdec.cli.common import check_output_path, draft_tokens, read_text_file, set_threads
+from refdec.edit_prompt import TEMPLATES, build_edit_prompt
 
 
 def register(subparsers) -> None:
@@ -49,7 +46,7 @@ def register(subparsers) -> None:
                         "with {original}, {instruction}, {path}, {fence}")
     p.add_argument("--max-new-tokens", type=int, default=None, metavar="N",
                    help="generation limit (default: twice the file's tokens + 64)")
-    p.add_argument("--max-draft-tokens", type=_draft_tokens, default="auto", metavar="N|auto",
+    p.add_argument("--max-draft-tokens", type=draft_tokens, default="auto", metavar="N|auto",
                    help="draft tree size per pass: an integer (0 = plain decoding) or 'auto' (default)")
     p.add_argument("--compare", action="store_true",
                    help="also decode without drafts (about doubles the run time), check the outputs are identical "
@@ -63,14 +60,10 @@ def register(subparsers) -> None:
 
 
 def _read(path: str) -> str:
-    from refdec.cli import read_text_file
-
     return read_text_file(path)
 
 
 def _template(value: str | None) -> str | None:
-    from refdec.edit_prompt import TEMPLATES
-
     if value is None or value in TEMPLATES:
         return value
     if not Path(value).exists():
@@ -117,15 +110,13 @@ class _FenceStreamer:
 
 
 def _proposer_factory(index, references, max_depth):
-    from refdec.proposer import Proposer
+    from refdec.proposer import Proposer  # not at the top: `refdec --help` stays fast
 
     return Proposer(index=index, references=references or None, max_depth=max_depth, cursor=True)
 
 
 def run(args) -> int:
-    import refdec
-    from refdec.cli import check_output_path, set_threads
-    from refdec.edit_prompt import build_edit_prompt
+    import refdec  # not at the top: `refdec --help` stays fast (torch, transformers)
     from refdec.models import load_default, load_model
 
     set_threads(args.threads)
