@@ -65,7 +65,7 @@ def _to_numpy(tokens, name: str) -> np.ndarray:
     else:
         raise ValueError(f"{name} must be a list of ints, a 1-D integer array or tensor, got {type(tokens).__name__}")
     if arr.ndim != 1:
-        raise ValueError(f"{name} must be 1-D, got shape {tuple(arr.shape)}")
+        raise ValueError(f"{name} must be a 1-D sequence of token ids, got shape {tuple(arr.shape)}")
     return arr
 
 
