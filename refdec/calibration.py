@@ -29,6 +29,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import sys
 import time
 from pathlib import Path
 
@@ -144,21 +145,34 @@ def load_cached(model) -> CostCurve | None:
         return None
 
 
-def calibrate(model, *, force: bool = False, **measure_kwargs) -> CostCurve:
-    """The model's cost curve: read from the calibration cache, or measured and saved."""
+def calibrate(model, *, force: bool = False, announce: bool = True, **measure_kwargs) -> CostCurve:
+    """The model's cost curve: read from the calibration cache, or measured and saved.
+
+    Measuring takes a few seconds to half a minute; with ``announce`` it says so on stderr,
+    one line: what is measured, for which (dtype, device, threads), how long it took and
+    where the curve is kept. ``refdec calibrate`` runs this ahead of time."""
     if not force:
         cached = load_cached(model)
         if cached is not None:
             return cached
-    curve = measure(model, **measure_kwargs)
     path = calibration_path(model)
+    device = next(model.parameters()).device
+    if announce:
+        print(f"refdec: measuring this model's verification cost against draft size, once for "
+              f"{str(model.dtype).replace('torch.', '')} on {device.type} with {torch.get_num_threads()} threads "
+              f"(cached for later runs) ...", end="", file=sys.stderr, flush=True)
+    t0 = time.perf_counter()
+    curve = measure(model, **measure_kwargs)
     path.parent.mkdir(parents=True, exist_ok=True)
     atomic_write(path, [json.dumps(curve.to_json(), indent=1).encode()])
+    if announce:
+        print(f" {time.perf_counter() - t0:.1f} s ({path})", file=sys.stderr, flush=True)
     return curve
 
 
 def model_parameters(model) -> int:
     return sum(p.numel() for p in model.parameters())
+
 
 # Models smaller than this are not calibrated ("auto" uses DEFAULT_CPU_CURVE): tiny test models.
 CALIBRATE_MIN_PARAMETERS = 20_000_000

@@ -16,6 +16,7 @@ PACKAGE = Path(__file__).resolve().parents[1] / "refdec"
 # module -> names a function may import: the CLI's handlers (torch and transformers stay out of
 # `refdec --help`), and packages refdec does not require (the default model's, vLLM)
 FUNCTION_IMPORTS_ALLOWED = {
+    "refdec.cli.calibrate": {"refdec.calibration", "refdec.models"},
     "refdec.cli.common": {"torch"},
     "refdec.cli.edit": {"refdec", "refdec.models", "refdec.proposer"},
     "refdec.cli.generate": {"refdec", "refdec.models", "refdec.index", "transformers"},

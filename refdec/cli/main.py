@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from refdec.cli import edit, generate, index
+from refdec.cli import calibrate, edit, generate, index
 
 DESCRIPTION = ("Lossless speculative decoding for Hugging Face causal LMs: generate text, edit files many "
                "tokens per pass, build corpus indexes. The output is exactly what plain decoding gives.")
@@ -14,10 +14,11 @@ DESCRIPTION = ("Lossless speculative decoding for Hugging Face causal LMs: gener
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="refdec", description=DESCRIPTION)
     parser.add_argument("--version", action="version", version=f"refdec {_version()}")
-    commands = parser.add_subparsers(dest="command", metavar="{index,generate,edit}")
+    commands = parser.add_subparsers(dest="command", metavar="{index,generate,edit,calibrate}")
     index.register(commands)
     generate.register(commands)
     edit.register(commands)
+    calibrate.register(commands)
     _set_parser_defaults(commands)
     return parser
 

@@ -158,7 +158,6 @@ class SpeculativeDecoder:
         new_tokens, row_stats)`` (batches only): called as each row finishes, with its index
         in the batch, its new tokens (list of int) and its DecodingStats.
         """
-        started = time.perf_counter()
         if on_row_done is not None and not callable(on_row_done):
             raise ValueError(f"on_row_done must be callable or None, got {type(on_row_done).__name__}")
         if max_batch_size is not None and (not is_int(max_batch_size) or max_batch_size < 1):
@@ -207,7 +206,10 @@ class SpeculativeDecoder:
             pad_token_id = self._pad_token_id(pad_token_id, eos)
             prompts, padded = normalize_batch(input_ids, attention_mask, self.vocab_size)
             refs_per_row = [normalize_references(r, tokenizer) for r in split_references(references, len(prompts))]
-        budgets = self._budgets(max_draft_tokens, single, len(prompts))
+        calibrating = time.perf_counter()
+        budgets = self._budgets(max_draft_tokens, single, len(prompts))  # "auto": the cost curve, measured once
+        started = time.perf_counter()  # the call's clock runs from here: calibration is not decoding
+        calibration_seconds = started - calibrating
         for b, prompt in enumerate(prompts):
             if self.max_positions is not None and prompt.shape[0] > self.max_positions:
                 name = "prompt" if single else f"prompt {b}"
@@ -248,6 +250,7 @@ class SpeculativeDecoder:
                            do_sample=do_sample, joint_budget=self.joint_batch_budget)
         if streamer is not None:
             streamer.end()
+        stats.calibration_seconds = calibration_seconds
         return self._output(requests, stats, padded, pad_token_id, single, started)
 
     def _budgets(self, max_draft_tokens, single: bool, n_rows: int) -> list[Budget]:

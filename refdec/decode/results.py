@@ -25,7 +25,10 @@ class DecodingStats:
     (model forward, including the LM head of the rows the walk visits and the
     greedy argmax), ``accept`` (the acceptance walk, which for sampling includes
     drawing the token of each row on the path; KV compaction, proposer update,
-    stops, streaming).
+    stops, streaming). ``wall_seconds`` runs from the end of validation to the end of
+    the call; ``calibration_seconds`` (``max_draft_tokens="auto"``: measuring the
+    model's cost curve the first time, reading it afterwards) comes before and is not
+    part of it.
     """
 
     new_tokens: int = 0
@@ -46,6 +49,7 @@ class DecodingStats:
     retrieve_seconds: float = 0.0
     rows: list = field(default_factory=list)  # batched calls: one DecodingStats per batch row
     head_rows: int = 0  # tree rows the LM head ran on (lazy head: about the accepted path; else every row)
+    calibration_seconds: float = 0.0  # "auto": finding the model's cost curve (measured once, then read); not in wall
 
     @property
     def tokens_per_pass(self) -> float:
