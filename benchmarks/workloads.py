@@ -72,16 +72,12 @@ class Workload:
 
 # ---------------------------------------------------------------- templates
 
-def edit_prompt(before: str, message: str, path: str = "") -> str:
-    """The edit prompt: the original file, the requested change, then the header
-    after which the model writes the updated file. ``refdec edit`` uses the same
-    shape."""
-    name = f" {path}" if path else ""
-    return (
-        f"Original file{name}:\n```\n{before}```\n\n"
-        f"Change: {message.strip()}\n\n"
-        f"The same file{name} after the change:\n```\n"
-    )
+def edit_prompt_text(row: dict) -> str:
+    """The prompt ``refdec edit`` ships (``refdec.edit_prompt``, its default template) for an
+    edit pair: the original file, the commit message as the instruction, the file's path."""
+    from refdec.edit_prompt import build_edit_prompt
+
+    return build_edit_prompt(row["before"], row["message"], path=row["path"]).text
 
 
 def chat_prompt(question: str) -> str:
@@ -115,8 +111,7 @@ def edits_model_path(case: Case) -> Path:
 def load_edits(limit: int | None = None) -> Workload:
     rows = data.edit_rows()
     rows = rows[:limit] if limit else rows
-    prompts = tokens.token_ids([edit_prompt(r["before"], r["message"], r["path"]) for r in rows],
-                               tag="edits-prompt", bos=True)
+    prompts = tokens.token_ids([edit_prompt_text(r) for r in rows], tag="edits-prompt", bos=True)
     befores = tokens.token_ids([r["before"] for r in rows], tag="edits-before")
     afters = tokens.token_ids([r["after"] for r in rows], tag="edits-after")
     cases = [Case(prompt=prompt, references=[before], output=after, name=f"{r['path']}@{r['commit'][:8]}")

@@ -90,6 +90,36 @@ def test_held_out_split_is_a_deterministic_partition():
     assert data.held_out_split(docs) == (corpus, held_out)
 
 
+# ---------------------------------------------------------------- workloads on the shared data
+
+@pytest.fixture(scope="module")
+def shared_data_and_tokenizer():
+    if not (data.data_dir() / "edits-click.jsonl").exists():
+        pytest.skip(f"no shared data at {data.data_dir()} (set REFDEC_DATA)")
+    from benchmarks import tokens
+
+    try:
+        tokens.tokenizer()
+    except Exception as exc:  # the default model's tokenizer is not installed / converted here
+        pytest.skip(f"default tokenizer unavailable: {exc}")
+    return tokens
+
+
+def test_edits_workload_measures_the_prompt_refdec_edit_ships(shared_data_and_tokenizer):
+    from refdec.edit_prompt import build_edit_prompt
+
+    from benchmarks import workloads
+
+    tokens = shared_data_and_tokenizer
+    rows = data.edit_rows()[:3]
+    cases = workloads.load_edits(3).cases
+    for row, case in zip(rows, cases):
+        prompt = build_edit_prompt(row["before"], row["message"], path=row["path"]).text  # refdec edit's default
+        assert case.prompt.tolist() == tokens.encode(prompt, bos=True).tolist()
+        assert case.references[0].tolist() == tokens.encode(row["before"], bos=False).tolist()
+        assert case.output.tolist() == tokens.encode(row["after"], bos=False).tolist()
+
+
 # ---------------------------------------------------------------- the result writer
 
 def test_write_result_adds_the_run_record(tmp_path):
