@@ -15,14 +15,14 @@ reader (:func:`iter_python_sources`) with one skip rule: every ``*.py`` file und
 root, sorted by relative path, read as bytes and decoded as UTF-8 (no newline
 translation), except
 
-* anything under ``site-packages/`` or ``dist-packages/`` (installed packages,
-  not the standard library);
+* anything in a ``site-packages`` or ``dist-packages`` folder below the root
+  (installed packages, not the standard library);
 * files that are not UTF-8 or cannot be read (returned by name as skipped);
 * with ``tests=False``, the test suites: ``test/``, ``idlelib/idle_test/`` and
   every ``tests/`` folder.
 
 The drafting corpus of the simulator and the end-to-end runs (``corpora.py``)
-is ``tests=False``; the index and memory benchmarks measure ``tests=True``
+is ``tests=False``; the index, memory and retrieval benchmarks read ``tests=True``
 (more text to build from).
 """
 

@@ -342,7 +342,7 @@ def main(argv=None) -> int:
     parser.add_argument("--baseline-tokens", type=int, default=2_000_000,
                         help="tokens of the corpus prefix on which baselines and refdec are compared")
     parser.add_argument("--no-baselines", action="store_true")
-    parser.add_argument("--threads", type=int, default=1, help="torch threads, if torch gets imported")
+    parser.add_argument("--threads", type=int, default=1, help="torch threads (refdec imports torch)")
     args = parser.parse_args(argv)
     if args.quick:
         args.max_files = args.max_files or 200
@@ -354,11 +354,10 @@ def main(argv=None) -> int:
     documents, skipped = data.read_stdlib(tests=True)
     if args.max_files:
         documents = documents[: args.max_files]
-    tokenizer = tokens.tokenizer()
-    if "torch" in sys.modules:
-        import torch
+    import torch
 
-        torch.set_num_threads(args.threads)
+    torch.set_num_threads(args.threads)
+    tokenizer = tokens.tokenizer()
     t0 = time.perf_counter()
     arrays = tokens.token_ids([doc.text for doc in documents], tag="stdlib")
     tokenize_or_cache_s = time.perf_counter() - t0

@@ -81,7 +81,10 @@ def main(argv=None) -> int:
             ap.error(f"--chunks values are 'none', N or N-allkeys, got {c!r}")
         decoders[c] = SpeculativeDecoder(model, prefill_chunk=None if size == "none" else int(size))
         if variant == "allkeys":
-            decoders[c]._sliding_layers = []  # ablation (a private attribute): sliding layers see every key
+            # the ablation sets a private attribute; were it gone, the run would time the default unawares
+            if not hasattr(decoders[c], "_sliding_layers"):
+                ap.error(f"--chunks {c}: this refdec's SpeculativeDecoder has no _sliding_layers to ablate")
+            decoders[c]._sliding_layers = []  # sliding layers see every earlier key
     prompts = prompts_of_lengths(lengths, decoders[chunks[0]].vocab_size)
     if args.batch > 1:
         text = prompts_of_lengths([max(lengths) * args.batch], decoders[chunks[0]].vocab_size)

@@ -85,7 +85,10 @@ def main(argv=None) -> int:
                     dec = SpeculativeDecoder(model, tok, proposer_factory=factory(editing))
                     dec.lazy_head = variant == "lazy-head"
                     if variant == "model":
-                        dec._head = None  # the model's own forward (prefill too); a private attribute
+                        # a private attribute; were it gone, "model" would time the lazy head unawares
+                        if not hasattr(dec, "_head"):
+                            raise SystemExit("variant 'model': this refdec's SpeculativeDecoder has no _head")
+                        dec._head = None  # the model's own forward (prefill too)
                     out = dec.generate(case.prompt.tolist(), references=refs, max_new_tokens=args.max_new_tokens,
                                        max_draft_tokens=budget)
                     results[variant].append({**split_ms(out.stats), "head_rows": out.stats.head_rows})
