@@ -4,7 +4,7 @@ Every benchmark writes its result with :func:`write_result`, which adds
 
     git_commit  the checkout's HEAD (None outside a git checkout)
     git_dirty   True when tracked files differ from HEAD (the numbers are not HEAD's alone)
-    command     the command line, as ``python -m benchmarks.<name> ARGS``
+    command     the command line, as ``python -m benchmarks.<name> ARGS`` (shell-quoted)
     argv        the arguments alone (list of str)
     machine     python, platform, processor, cpu_count, affinity, torch_threads
                 (torch.get_num_threads() if the run imported torch, else None),
@@ -18,6 +18,7 @@ from __future__ import annotations
 import json
 import os
 import platform
+import shlex
 import subprocess
 import sys
 import time
@@ -89,11 +90,11 @@ def write_result(path: Path | str, payload: dict, *, argv: Sequence[str] | None 
     clash = [key for key in RUN_KEYS if key in payload]
     if clash:
         raise ValueError(f"payload must not hold the run record's keys {clash}: write_result adds them")
-    args = list(sys.argv[1:] if argv is None else argv)
-    module = sys.modules["__main__"].__spec__.name if getattr(sys.modules["__main__"], "__spec__", None) else None
-    command = " ".join(["python", "-m", module] if module else ["python", sys.argv[0]]) + "".join(
-        f" {arg}" for arg in args)
-    record = {"git_commit": git_commit(), "git_dirty": git_dirty(), "command": command, "argv": args, "machine": machine_info()}
+    args = [str(arg) for arg in (sys.argv[1:] if argv is None else argv)]
+    main_spec = getattr(sys.modules.get("__main__"), "__spec__", None)  # None when run as a file
+    launcher = ["python", "-m", main_spec.name] if main_spec else ["python", sys.argv[0]]
+    record = {"git_commit": git_commit(), "git_dirty": git_dirty(), "command": shlex.join(launcher + args),
+              "argv": args, "machine": machine_info()}
     return write_json(path, {**payload, **record})
 
 

@@ -1,9 +1,9 @@
 """Token ids of the benchmarks' texts, with the default model's tokenizer, cached on disk.
 
-The cache lives in ``paths.CACHE_DIR`` (benchmarks/cache/): one ``.tokens.npy`` (int32, every text's ids end to end) and one ``.offsets.npy``
-(int64, len(texts) + 1) per call, keyed by a tag, the tokenizer's fingerprint and a
-digest of the texts and the special-token flag, so a rerun skips tokenisation and a
-change of tokenizer or text re-tokenises.
+The cache lives in ``paths.CACHE_DIR`` (benchmarks/cache/): one ``.tokens.npy`` (int32, every
+text's ids end to end) and one ``.offsets.npy`` (int64, len(texts) + 1) per call, keyed by a
+tag, the tokenizer's fingerprint and a digest of the texts and the special-token flag, so a
+rerun skips tokenisation and a change of tokenizer or text re-tokenises.
 """
 
 from __future__ import annotations
