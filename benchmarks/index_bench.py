@@ -37,7 +37,7 @@ import time
 
 import numpy as np
 
-from benchmarks import data, report, tokens
+from benchmarks import data, report, simulate, tokens
 from benchmarks.paths import BENCH_DIR, REPO_DIR
 from benchmarks.report import markdown_table, percentile_us
 
@@ -49,23 +49,9 @@ def peak_rss_mb() -> float:
 
 
 def accepted_length(tree, truth: np.ndarray) -> int:
-    """Tokens a verifier would accept: the longest root-to-node path equal to ``truth``'s prefix."""
-    n = len(tree)
-    if n == 0 or len(truth) == 0:
-        return 0
-    parents, tokens = tree.parents, tree.token_ids
-    depth = np.zeros(n, dtype=np.int64)
-    ok = np.zeros(n, dtype=bool)
-    best = 0
-    for node_idx in range(n):
-        parent = parents[node_idx]
-        d = 1 if parent < 0 else depth[parent] + 1
-        depth[node_idx] = d
-        good = (parent < 0 or ok[parent]) and d <= len(truth) and tokens[node_idx] == truth[d - 1]
-        ok[node_idx] = good
-        if good and d > best:
-            best = int(d)
-    return best
+    """Tokens a verifier would accept: the longest root-to-node path equal to ``truth``'s prefix
+    (``truth``: int32 array of shape (m,)); the simulator's accounting."""
+    return simulate.accepted_length(tree, truth[:len(tree)].tolist(), 0)  # no path is longer than the tree
 
 
 def replay_prompts(held_out: list[np.ndarray], prompt_len: int, steps: int):
