@@ -1,10 +1,10 @@
 """End-to-end speed on the real model: refdec against transformers' greedy and
 prompt-lookup decoding, side by side in one run, methods alternated per prompt.
 
-    python benchmarks/e2e.py [--workloads edits,summarization,rag,humaneval,mtbench] [--limit N]
+    python -m benchmarks.e2e [--workloads edits,summarization,rag,humaneval,mtbench] [--limit N]
         [--max-new-tokens 128] [--methods hf-greedy,hf-pld,refdec-auto,...] [--threads 2]
         [--quick] [--json OUT]
-    python benchmarks/e2e.py --sample [--temperature 0.7] [--top-p P] [--top-k K] [--seed 0] ...
+    python -m benchmarks.e2e --sample [--temperature 0.7] [--top-p P] [--top-k K] [--seed 0] ...
 
 Methods:
     hf-greedy      model.generate(do_sample=False)
@@ -44,21 +44,15 @@ from __future__ import annotations
 
 import argparse
 import json
-import platform
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from benchmarks import baselines, corpora, report, workloads
 
-import workloads  # noqa: E402
-
-OUT_DIR = Path(__file__).resolve().parent / "out"
 DEFAULT_WORKLOADS = ("edits", "summarization", "rag", "humaneval", "mtbench")
 DEFAULT_METHODS = ("hf-greedy", "hf-pld", "refdec-auto", "refdec-chain", "refdec-16", "refdec-64")
 
@@ -91,7 +85,7 @@ class ChainProposer(WrappedProposer):
     each node: nodes come best-first, so the first child is the most probable one."""
 
     def propose(self, max_nodes):
-        from refdec.tree import DraftTree
+        from refdec import DraftTree
 
         tree = self.inner.propose(max_nodes)
         if len(tree) == 0:
@@ -120,8 +114,6 @@ class PeerProposer(WrappedProposer):
 
 
 def peer_factory(method: str):
-    import baselines
-
     def make(index, references, max_depth):
         if method == "peer-pld":  # transformers' PromptLookupCandidateGenerator rule
             return PeerProposer(baselines.PromptLookup(max_ngram=2, occurrence="first"), "pld")
@@ -137,7 +129,8 @@ def peer_factory(method: str):
 def proposer_factory(editing: bool, chain: bool, start: bool = True):
     """``start=False``: the copy cursor without its start alignment (CursorParams.start_run=0)."""
     def make(index, references, max_depth):
-        from refdec.proposer import CursorParams, Proposer
+        from refdec import Proposer
+        from refdec.proposer import CursorParams
 
         cursor = (CursorParams() if start else CursorParams(start_run=0)) if editing else None
         inner = Proposer(index=index, references=references or None, max_depth=max_depth, cursor=cursor)
@@ -201,7 +194,7 @@ class Runner:
             if corpus != "stdlib":
                 raise ValueError(f"unknown corpus suffix in method {method!r}; expected '+stdlib'")
             if self.stdlib_index is None:  # loaded once (~5 s), outside any timing
-                self.stdlib_index = workloads.corpus_index("stdlib")
+                self.stdlib_index = corpora.corpus_index("stdlib")
             index = self.stdlib_index
         if base in ("refdec-auto", "refdec-auto-nostart", "refdec-chain", "peer-arctic"):
             budget = "auto"
@@ -302,14 +295,6 @@ def _identical_cell(identical) -> str:
     return "yes" if identical else "**NO**"
 
 
-def _git_commit() -> str | None:
-    try:
-        return subprocess.check_output(["git", "rev-parse", "HEAD"], cwd=Path(__file__).parent,
-                                       text=True).strip()
-    except Exception:  # pragma: no cover
-        return None
-
-
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--workloads", default=",".join(DEFAULT_WORKLOADS))
@@ -340,7 +325,7 @@ def main(argv=None) -> int:
         baseline = data.get("baseline", "hf-greedy")
         data["summary"] = summarize(data["records"], data["methods"], data["workloads"], baseline)
         data["markdown"] = markdown(data["summary"], data["methods"], data["workloads"], baseline)
-        path.write_text(json.dumps(data, indent=1, default=str) + "\n")
+        report.write_json(path, data)
         print(data["markdown"])
         return 1 if data.get("mismatches") else 0
 
@@ -400,7 +385,7 @@ def main(argv=None) -> int:
     rotation = 0
     for wl_name in workload_names:
         wl = workloads.load_workload(wl_name, limits[wl_name], require_output=False)
-        index = workloads.corpus_index(wl.corpus) if wl.corpus else None
+        index = corpora.corpus_index(wl.corpus) if wl.corpus else None
         editing = wl_name.startswith("edits")
         wl_methods = [m for m in methods if m not in only or wl_name in only[m]]
         for case in wl.cases:
@@ -437,19 +422,17 @@ def main(argv=None) -> int:
     table = markdown(summary, methods, workload_names, baseline)
     print()
     print(table)
-    auto_chosen = {f"{m}/{w}": d._auto_budget.chosen for (m, w), d in runner.decoders.items()
-                   if d._auto_budget is not None}
+    # diagnostics from the decoder's "auto" policy (a private attribute: absent, it is left out)
+    auto_chosen = {f"{m}/{w}": budget.chosen for (m, w), d in runner.decoders.items()
+                   if (budget := getattr(d, "_auto_budget", None)) is not None}
     payload = {
         "args": vars(args), "methods": methods, "baseline": baseline, "identity_reference": identity_ref,
         "workloads": workload_names, "limits": limits,
         "cost_curve": curve.to_json(), "records": records, "summary": summary, "markdown": table,
-        "mismatches": mismatches, "auto_chosen_nodes": auto_chosen, "git_commit": _git_commit(),
-        "machine": {"platform": platform.platform(), "torch_threads": args.threads},
+        "mismatches": mismatches, "auto_chosen_nodes": auto_chosen,
         "seconds": time.time() - started,
     }
-    OUT_DIR.mkdir(parents=True, exist_ok=True)
-    path = Path(args.json) if args.json else OUT_DIR / f"e2e-{time.strftime('%Y%m%d-%H%M%S')}.json"
-    path.write_text(json.dumps(payload, indent=1, default=str) + "\n")
+    path = report.write_result(report.result_path(args.json, "e2e"), payload, argv=argv)
     print(f"\nwrote {path}")
     if mismatches:
         print(f"!!!!! {len(mismatches)} OUTPUT MISMATCHES: {mismatches}", file=sys.stderr)

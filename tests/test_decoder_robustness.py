@@ -220,8 +220,7 @@ def test_a_raising_streamer_propagates_and_leaves_the_decoder_usable(model, max_
 
 
 def test_hundreds_of_generate_calls_on_one_decoder_do_not_grow_memory():
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
-    import long_run
+    from benchmarks import long_run
 
     decoder, prompts = long_run.make_setup(seed=1)
     long_run.run_calls(decoder, prompts, 0, 60)  # warm-up: allocator pools, lazy imports, calibration
