@@ -14,9 +14,7 @@
 from __future__ import annotations
 
 import gc
-import sys
 import tracemalloc
-from pathlib import Path
 
 import numpy as np
 import pytest
