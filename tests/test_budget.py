@@ -1,14 +1,15 @@
-"""The "auto" draft budget: the verified prefix follows the cost curve and the calibrated scores."""
+"""Specifies refdec.budget, the draft-size policies: ``FixedBudget`` verifies what it asked for;
+``AutoBudget`` ("auto") verifies the prefix of the drafted tree that maximises expected tokens per
+second under the model's cost curve, learns each node cell's acceptance from what was verified,
+and prices a batch's rows together (``batch_prefix_sizes``)."""
 
 from __future__ import annotations
-
-import json
 
 import numpy as np
 import pytest
 
-from refdec.budget import AutoBudget, FixedBudget, make_budget, node_depths
-from refdec.calibration import CostCurve, flat_curve
+from refdec.budget import AutoBudget, FixedBudget, batch_prefix_sizes, make_budget, node_depths
+from refdec.cost_curve import CostCurve, flat_curve
 from refdec.tree import DraftTree
 
 # A steep CPU-like curve: every node adds 10% of a one-token forward.
@@ -28,6 +29,12 @@ def sure_chain(n, score=0.97):
 def unsure_bush(n, score=0.01):
     """n children of the root, each unlikely."""
     return DraftTree(np.arange(10, 10 + n), np.full(n, -1), np.full(n, score, np.float32))
+
+
+def half_sure_chain(n):
+    """A chain whose scores fall with depth: worth a few nodes on a steep curve, not all."""
+    tree = DraftTree.chain(np.arange(10, 10 + n))
+    return DraftTree(tree.token_ids, tree.parents, (0.9 ** np.arange(1, n + 1)).astype(np.float32))
 
 
 def test_flat_curve_verifies_the_whole_tree():
@@ -100,20 +107,6 @@ def test_node_depths():
     assert node_depths(np.array([-1, 0, 1, -1, 3, 0], dtype=np.int32)).tolist() == [1, 2, 3, 1, 2, 2]
 
 
-def test_cost_curve_interpolates_and_extrapolates():
-    curve = CostCurve((0, 10, 20), (1.0, 2.0, 4.0))
-    assert curve(5) == pytest.approx(1.5)
-    assert curve(30) == pytest.approx(6.0)
-    assert curve.table(3).shape == (4,)
-    assert CostCurve.from_json(json.loads(json.dumps(curve.to_json()))) == curve
-
-
-@pytest.mark.parametrize("nodes,seconds", [((0, 0), (1, 1)), ((1,), (0,)), ((0, 1), (1,))])
-def test_cost_curve_rejects_bad_points(nodes, seconds):
-    with pytest.raises(ValueError):
-        CostCurve(nodes, seconds)
-
-
 def test_make_budget():
     assert isinstance(make_budget(16), FixedBudget)
     assert isinstance(make_budget("auto"), AutoBudget)
@@ -123,33 +116,23 @@ def test_make_budget():
         make_budget("big")
 
 
-def test_tiny_model_auto_does_not_calibrate(monkeypatch, tmp_path):
-    from refdec import calibration
-
-    monkeypatch.setattr(calibration, "measure", lambda *a, **k: pytest.fail("tiny models must not calibrate"))
-
-    class Tiny:
-        def parameters(self):
-            return iter([np.zeros(10)]) if False else iter([_P()])
-
-    class _P:
-        def numel(self):
-            return 1000
-
-    assert calibration.auto_cost_curve(Tiny()) is calibration.DEFAULT_CPU_CURVE
-
-
-# ---------------------------------------------------------------- batch-aware "auto"
-
-def half_sure_chain(n):
-    """A chain whose scores fall with depth: worth a few nodes on a steep curve, not all."""
-    tree = DraftTree.chain(np.arange(10, 10 + n))
-    return DraftTree(tree.token_ids, tree.parents, (0.9 ** np.arange(1, n + 1)).astype(np.float32))
+def test_auto_budget_with_a_lazy_head_verifies_larger_trees_for_the_same_acceptance():
+    """A lazy head makes unaccepted nodes cheap (only the backbone pays for them), so the
+    budget keeps more of a tree than under a curve where every node pays its head row."""
+    lazy = CostCurve((0, 16, 64), (0.030, 0.055, 0.120), None, 0.016, 4)
+    # the same model with the head on every row (4 ms a row)
+    full = CostCurve((0, 16, 64), (0.046, 0.055 + 0.004 * 17, 0.120 + 0.004 * 65))
+    tree = DraftTree.chain(np.arange(3, 67))
+    sizes = []
+    for curve in (lazy, full):
+        budget = AutoBudget(curve, prior_weight=1e9)
+        budget._first_prior[:] = 0.6  # every first-depth node: 60%, decaying with depth
+        budget._update_rates()
+        sizes.append(len(budget.select(tree)))
+    assert sizes[0] > sizes[1] > 0, sizes
 
 
 def test_batch_prefix_of_one_row_is_the_single_row_choice():
-    from refdec.budget import batch_prefix_sizes
-
     for curve in (STEEP, CPU, flat_curve(), LAZY):
         for tree in (sure_chain(64), unsure_bush(20), half_sure_chain(40)):
             budget = AutoBudget(curve, max_nodes=64)
@@ -159,8 +142,6 @@ def test_batch_prefix_of_one_row_is_the_single_row_choice():
 def test_batch_prefix_prices_the_padded_batch_forward():
     """Eight rows pay for 8 * (1 + n) rows: they verify fewer nodes than one row would, all the same
     number (clipped to each row's own tree), and on a flat curve everything."""
-    from refdec.budget import batch_prefix_sizes
-
     curve = CostCurve((0, 64, 512), (1.0, 3.0, 17.0))
     one = AutoBudget(curve, max_nodes=64)
     single = one.best_prefix(one.expected_accepted(half_sure_chain(48)))
