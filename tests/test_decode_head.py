@@ -57,7 +57,7 @@ def test_hooked_head_falls_back_to_the_model_forward():
 def test_plain_head_pads_a_single_row_and_matches_linear():
     model = tiny_models.tiny_llama()
     _, head = split_forward_fn(model)
-    h = torch.randn(1, model.config.hidden_size, dtype=torch.float64)
+    h = torch.randn(1, model.config.hidden_size, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
     torch.testing.assert_close(head.logits(h), torch.nn.functional.linear(h, model.lm_head.weight),
                                rtol=1e-10, atol=1e-10)
     assert head.logits(h).shape == (1, model.config.vocab_size)
@@ -100,8 +100,9 @@ def test_lazy_rows_equal_the_model_logits_and_compute_chunks_along_the_best_path
 
 def test_lazy_row_logits_chunk_rows_and_store_keep_its_single_walk_behaviour():
     tree = DraftTree(np.array([20, 21, 22, 23, 24, 25]), np.array([-1, 0, -1, 1, 2, 1]), np.ones(6, np.float32))
-    hidden = torch.randn(7, 5, dtype=torch.float64)
-    head = PlainHead(torch.randn(30, 5, dtype=torch.float64), None)
+    gen = torch.Generator().manual_seed(0)
+    hidden = torch.randn(7, 5, dtype=torch.float64, generator=gen)
+    head = PlainHead(torch.randn(30, 5, dtype=torch.float64, generator=gen), None)
     lazy = LazyRowLogits(tree, hidden, head, chunk=3)
     assert lazy.chunk_rows(0, 3) == [0, 1, 2] and lazy.chunk_rows(0, 1) == [0]
     assert not lazy.has(0)
