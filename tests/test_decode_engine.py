@@ -10,12 +10,14 @@ Tiny float64 models (tiny_models.py); repetitive prompts, so drafts are partly a
 
 from __future__ import annotations
 
+import time
+
 import pytest
 import torch
 
 import refdec
 import refdec.budget
-from tiny_models import (FAMILIES, batch_row, cached_model, lookup_factory, mixed_batch, repetitive_prompts,
+from tiny_models import (FAMILIES, FakeClock, batch_row, cached_model, lookup_factory, mixed_batch, repetitive_prompts,
                          tiers)
 
 NEW = 40
@@ -147,3 +149,59 @@ def test_auto_budget_gives_each_row_its_own_policy(monkeypatch, llama):
         assert batch_row(out, b, len(p)) == hf_greedy(model, p)
 
 
+class TickingDrafter:
+    """A drafter (lookup_factory's) whose propose and accept each take one second of ``clock``."""
+
+    def __init__(self, drafter, clock: FakeClock, calls: dict) -> None:
+        self.drafter, self.clock, self.calls = drafter, clock, calls
+
+    def start(self, prompt_ids):
+        self.drafter.start(prompt_ids)
+
+    def last_match_lengths(self):
+        return self.drafter.last_match_lengths()
+
+    def propose(self, max_nodes):
+        self.clock.tick()
+        self.calls["propose"] += 1
+        return self.drafter.propose(max_nodes)
+
+    def accept(self, tokens):
+        self.clock.tick()
+        self.calls["accept"] += 1
+        self.drafter.accept(tokens)
+
+
+@pytest.mark.parametrize("lazy_head", [True, False])
+def test_the_stats_give_each_phase_its_own_time(monkeypatch, llama, lazy_head):
+    """With a clock that moves one second per model forward, LM-head call, drafter proposal and
+    drafter update: the prompts' forward (and the lazy head's row for the first token) is prefill
+    time, every verification forward and head call forward time, the proposals propose time, the
+    updates with emitted tokens (the prefill's first token's included) accept time; preparing the
+    trees takes none."""
+    clock = FakeClock()
+    monkeypatch.setattr(time, "perf_counter", clock)
+    calls = {"propose": 0, "accept": 0}
+    drafter_factory = lookup_factory("tree")
+    decoder = refdec.SpeculativeDecoder(llama, proposer_factory=lambda *args: TickingDrafter(
+        drafter_factory(*args), clock, calls))
+    decoder.lazy_head = lazy_head
+    head_calls = []
+    if lazy_head:
+        head = decoder.runner.head
+        monkeypatch.setattr(head, "logits", lambda hidden, logits=head.logits: (
+            clock.tick(), head_calls.append(1), logits(hidden))[-1])
+    hook = llama.get_input_embeddings().register_forward_hook(clock.tick)
+    try:
+        prompts = repetitive_prompts(3, seed=47)
+        out = decoder.generate(prompts, max_new_tokens=12, eos_token_id=[], max_draft_tokens=8)
+    finally:
+        hook.remove()
+    stats = out.stats
+    prefill = 1 + lazy_head  # one forward for the group (and the head on its last rows)
+    assert stats.prefill_seconds == prefill and [r.prefill_seconds for r in stats.rows] == [prefill] * 3
+    assert stats.forward_seconds == (stats.forward_passes - 1) + (len(head_calls) - lazy_head)
+    assert stats.propose_seconds == calls["propose"] > 0 and stats.accept_seconds == calls["accept"] > 0
+    assert stats.prepare_seconds == 0
+    assert stats.wall_seconds == clock.now and max(r.wall_seconds for r in stats.rows) == clock.now
+    assert lazy_head == (len(head_calls) > 0)

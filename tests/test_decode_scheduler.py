@@ -4,12 +4,14 @@ batch's); every row's output is the same as decoded alone, greedy or sampled wit
 
 from __future__ import annotations
 
+import time
+
 import numpy as np
 import pytest
 
 import refdec
 import refdec.decode.batch as batch
-from tiny_models import batch_row, cached_model, hf_greedy, mixed_batch, repetitive_prompts, tiers
+from tiny_models import FakeClock, batch_row, cached_model, hf_greedy, mixed_batch, repetitive_prompts, tiers
 
 NEW = 40
 
@@ -90,16 +92,23 @@ def test_continuous_batching_with_few_new_tokens(llama, max_new_tokens):
         assert out.stats.rows[b].stop_reason == "max_new_tokens"
 
 
-def test_continuous_batching_stats_count_every_groups_prefill(llama):
+def test_continuous_batching_stats_count_every_groups_prefill(monkeypatch, llama):
     """One row at a time: every row is its own group, so the batch's passes and prefill time
-    are the sums of the rows' (each row's passes include its prefill)."""
-    model = llama
+    are the sums of the rows' (each row's passes include its prefill). With a clock that moves
+    one second per model forward: each row's prefill is its own group's one forward, and each
+    row's wall time stops at its own last token."""
+    clock = FakeClock()
+    monkeypatch.setattr(time, "perf_counter", clock)
     prompts = repetitive_prompts(3, seed=21)
-    out = refdec.generate(model, prompts, max_new_tokens=12, eos_token_id=[], max_draft_tokens=4,
-                          max_batch_size=1)
+    hook = llama.get_input_embeddings().register_forward_hook(clock.tick)
+    try:
+        out = refdec.generate(llama, prompts, max_new_tokens=12, eos_token_id=[], max_draft_tokens=4,
+                              max_batch_size=1)
+    finally:
+        hook.remove()
     rows = out.stats.rows
     assert out.stats.forward_passes == sum(r.forward_passes for r in rows)
-    assert out.stats.prefill_seconds == pytest.approx(sum(r.prefill_seconds for r in rows))
-    assert all(r.prefill_seconds > 0 for r in rows)
+    assert out.stats.prefill_seconds == sum(r.prefill_seconds for r in rows) == 3
+    assert [r.prefill_seconds for r in rows] == [1, 1, 1]
     ends = [r.wall_seconds for r in rows]  # each row's clock stops at its own last token
-    assert ends == sorted(ends) and ends[-1] <= out.stats.wall_seconds
+    assert ends == np.cumsum([r.forward_passes for r in rows]).tolist() and ends[-1] == out.stats.wall_seconds

@@ -88,8 +88,7 @@ def test_batched_lazy_head_equals_the_full_head_and_single_rows(tiny_model_cache
     assert outs[True].stats.head_rows == sum(r.head_rows for r in lazy_rows)
     assert outs[True].stats.head_rows < outs[False].stats.head_rows
     assert all(lz.head_rows < full.head_rows for lz, full in zip(lazy_rows, full_rows))
-    # the head runs in the forward time, not the accept time
-    assert outs[True].stats.forward_seconds > 0 and outs[True].stats.accept_seconds >= 0
+    # the head's time counts as forward time, not accept time: test_decode_engine.py (a fake clock)
 
 
 def test_batched_lazy_head_runs_no_full_forward(monkeypatch):
@@ -99,4 +98,6 @@ def test_batched_lazy_head_runs_no_full_forward(monkeypatch):
     monkeypatch.setattr(decoder.runner, "logits", lambda *a, **k: pytest.fail("the full forward ran"))
     prompts = tiny_models.repetitive_prompts(3, seed=2)
     out = decoder.generate(prompts, max_new_tokens=12, eos_token_id=[], max_draft_tokens=8)
-    assert out.stats.new_tokens == 36 and out.stats.head_rows > 0
+    assert out.stats.new_tokens == 36
+    # the head ran on at least one row per batch row and verification step (the walk's first row)
+    assert out.stats.head_rows >= sum(r.forward_passes - 1 for r in out.stats.rows) > 0

@@ -151,6 +151,20 @@ def mixed_batch() -> list[list[int]]:
     return prompts
 
 
+class FakeClock:
+    """``time.perf_counter`` where time passes only when :meth:`tick` is called."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+    def tick(self, module=None, args=None, output=None) -> None:
+        """One second (also usable as a forward hook)."""
+        self.now += 1.0
+
+
 class RecordingStreamer(BaseStreamer):
     """A transformers streamer that records what it is given."""
 
