@@ -5,6 +5,7 @@ curve without a measurement."""
 from __future__ import annotations
 
 import pytest
+import torch
 
 import tiny_models
 from refdec.calibration import measure
@@ -38,3 +39,34 @@ def test_measure_times_the_backbone_and_one_head_chunk():
         measure(model, nodes=(0,), cache_len=16, repeats=1, warmup=0, lazy_head=True)
 
 
+def test_calibrate_measures_once_per_model_key_and_reads_the_cache_after(monkeypatch, tmp_path, llama):
+    """The curve is saved as JSON under cache_dir()/calibration/, keyed by the model's config, dtype,
+    device and thread count; later calls read it, force=True measures again, and an unreadable
+    file is measured over."""
+    from refdec import calibration
+    from refdec.cost_curve import CostCurve
+
+    measured = []
+
+    def fake_measure(model, **kwargs):
+        measured.append(kwargs)
+        return CostCurve((0, 8), (1.0, 1.0 + len(measured)), head_chunk_seconds=0.5)
+
+    monkeypatch.setattr(calibration, "cache_dir", lambda: tmp_path)
+    monkeypatch.setattr(calibration, "measure", fake_measure)
+    path = calibration.calibration_path(llama)
+    assert path.parent == tmp_path / "calibration" and path.name.startswith("llama-float64-cpu-t1-")
+    first = calibration.calibrate(llama, repeats=2)
+    assert path.is_file() and measured == [{"repeats": 2}]
+    assert calibration.calibrate(llama) == first and len(measured) == 1  # read back, not measured
+    assert calibration.load_cached(llama) == first
+    again = calibration.calibrate(llama, force=True)
+    assert len(measured) == 2 and again != first and calibration.load_cached(llama) == again
+    path.write_text("{not json")
+    assert calibration.load_cached(llama) is None
+    assert calibration.calibrate(llama) != again and len(measured) == 3
+    torch.set_num_threads(2)
+    try:  # another thread count: another key
+        assert calibration.calibration_path(llama) != path
+    finally:
+        torch.set_num_threads(1)

@@ -8,10 +8,12 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from transformers import DynamicCache
 from transformers.cache_utils import DynamicSlidingWindowLayer
 
 from drawn_trees import FORK_PARENTS
-from refdec.decode.cache import GrowingLayer, compact, new_cache, set_prefill_window
+from refdec.decode.cache import (GrowingLayer, append_rows, compact, gather_slots, new_cache, select_rows,
+                                 set_prefill_window)
 from refdec.decode.masks import build_tree_inputs
 from refdec.decode.model_support import mask_spec_for
 from refdec.tree import DraftTree
@@ -67,3 +69,90 @@ def test_set_prefill_window_validates_and_skips_missing_layers():
     with pytest.raises(ValueError, match="window"):
         set_prefill_window(cache, [0], 0)
 
+
+# ---------------------------------------------------------------- the row API, on labelled entries
+
+
+def labelled_cache(preallocate: bool, labels: list[list[int]]):
+    """A two-layer cache of ``len(labels)`` batch rows whose entry at (row b, slot s) holds the label
+    ``labels[b][s]`` (labels >= 1; + 1000 in layer 1; every head and dim alike; values = -keys)."""
+    cache = new_cache(preallocate)
+    append(cache, labels)
+    return cache
+
+
+def append(cache, labels: list[list[int]]) -> None:
+    """One update of every layer with new slots labelled ``labels`` (one list per batch row)."""
+    base = torch.tensor(labels, dtype=torch.float64)[:, None, :, None].expand(-1, 2, -1, 3)  # [B, H, S, D]
+    for layer_idx in range(2):
+        cache.update(base + 1000 * layer_idx, -(base + 1000 * layer_idx), layer_idx)
+
+
+def labels_of(cache) -> list[list[int]]:
+    """The labels of every row's slots (0: a hole), checked to agree across layers, heads, dims and
+    values."""
+    first = cache.layers[0].keys
+    assert torch.equal(first, first[:, :1, :, :1].expand_as(first))
+    for layer_idx, layer in enumerate(cache.layers):
+        assert layer.keys.shape == layer.values.shape == first.shape
+        assert torch.equal(layer.values, -layer.keys)
+        assert torch.equal(layer.keys, torch.where(first > 0, first + 1000 * layer_idx, 0.0))
+    assert cache.get_seq_length() == first.shape[2]
+    return first[:, 0, :, 0].long().tolist()
+
+
+@pytest.mark.parametrize("preallocate", [True, False])
+def test_compact_keeps_the_prefix_then_the_chosen_entries_in_order(preallocate):
+    cache = labelled_cache(preallocate, [list(range(1, 11))])
+    compact(cache, 4, torch.tensor([1, 3, 4]), 3)  # entries 4 + (1, 3, 4): labels 6, 8, 9
+    assert labels_of(cache) == [[1, 2, 3, 4, 6, 8, 9]]
+    compact(cache, 2, torch.tensor([1, 2]), 2)  # moving left onto entries it reads: 3 <- 3, then 6
+    assert labels_of(cache) == [[1, 2, 4, 6]]
+    compact(cache, 3, None, 0)  # a chain prefix: a plain cut
+    assert labels_of(cache) == [[1, 2, 4]]
+    append(cache, [[42]])  # the next entries follow the kept ones
+    assert labels_of(cache) == [[1, 2, 4, 42]]
+
+
+@pytest.mark.parametrize("preallocate", [True, False])
+def test_gather_slots_moves_each_rows_own_slots_and_cuts_the_cache(preallocate):
+    cache = labelled_cache(preallocate, [list(range(1, 9)), list(range(101, 109))])
+    # row 0 keeps slots 5, 6 at 2, 3 (its last pair repeated as padding); row 1 keeps 4, 5, 7 at 1, 2, 3
+    src = torch.tensor([[5, 6, 6], [4, 5, 7]])
+    dst = torch.tensor([[2, 3, 3], [1, 2, 3]])
+    gather_slots(cache, torch.arange(2)[:, None], src, dst, 4)
+    assert labels_of(cache) == [[1, 2, 6, 7], [101, 105, 106, 108]]
+    append(cache, [[9], [109]])
+    assert labels_of(cache) == [[1, 2, 6, 7, 9], [101, 105, 106, 108, 109]]
+
+
+@pytest.mark.parametrize("preallocate", [True, False])
+@pytest.mark.parametrize("running_slots, joining_slots", [(3, 5), (5, 3), (4, 4)])
+def test_append_rows_puts_the_joining_rows_after_the_running_ones_padded_to_the_longer(preallocate, running_slots,
+                                                                                       joining_slots):
+    running = [list(range(1, 1 + running_slots))]
+    joining = [list(range(101, 101 + joining_slots)), list(range(201, 201 + joining_slots))]
+    cache = labelled_cache(preallocate, running)
+    n = max(running_slots, joining_slots)
+    assert append_rows(cache, labelled_cache(preallocate, joining)) == n
+    assert labels_of(cache) == [row + [0] * (n - len(row)) for row in running + joining]  # 0: holes at the end
+    append(cache, [[7], [107], [207]])  # every row's next entry goes to slot n
+    assert [row[n:] for row in labels_of(cache)] == [[7], [107], [207]]
+
+
+@pytest.mark.parametrize("preallocate", [True, False])
+def test_select_rows_keeps_the_chosen_rows_and_a_slot_range_renumbered_from_zero(preallocate):
+    cache = labelled_cache(preallocate, [list(range(1, 7)), list(range(101, 107)), list(range(201, 207))])
+    select_rows(cache, torch.tensor([2, 0]), 1, 4)
+    assert labels_of(cache) == [[202, 203, 204], [2, 3, 4]]
+    append(cache, [[9], [19]])
+    assert labels_of(cache) == [[202, 203, 204, 9], [2, 3, 4, 19]]
+
+
+def test_a_cache_layer_that_may_evict_entries_is_refused_naming_it():
+    cache = DynamicCache()
+    cache.layers.append(DynamicSlidingWindowLayer(sliding_window=4))
+    append(cache, [[1, 2]])
+    with pytest.raises(TypeError, match=r"cache layer 0 is DynamicSlidingWindowLayer; tree verification needs full "
+                                        r"layers"):
+        compact(cache, 1, None, 0)

@@ -4,14 +4,156 @@ to one form; every malformed input is a ValueError naming it."""
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
+import numpy as np
 import pytest
 import torch
 
 import refdec
-from refdec.decode.inputs import split_references
+from refdec.decode.inputs import (eos_ids, is_batched_input, normalize_batch, normalize_prompt, normalize_references,
+                                  row_seeds, split_references)
 from tiny_models import batch_row, hf_greedy, mixed_batch, repetitive_prompts
 
 NEW = 40
+VOCAB = 96
+
+
+# ---------------------------------------------------------------- the functions
+
+
+@pytest.mark.parametrize("input_ids, batched", [
+    ([1, 5, 6], False), (torch.tensor([1, 5, 6]), False), (torch.tensor([[1, 5, 6]]), False),
+    ([], False), ([[1, 5], [6]], True), ([torch.tensor([[1, 5]])], True), (np.array([[1, 5], [6, 7]]), True),
+])
+def test_a_list_of_prompts_or_a_matrix_of_several_rows_is_a_batch(input_ids, batched):
+    assert is_batched_input(input_ids) is batched
+
+
+def test_one_row_with_padding_in_its_mask_is_a_batch_and_one_without_is_a_prompt():
+    ids = torch.tensor([[0, 5, 6]])
+    assert is_batched_input(ids, torch.tensor([[0, 1, 1]]))
+    assert not is_batched_input(ids, torch.tensor([[1, 1, 1]]))
+    assert not is_batched_input(ids, [[1, 1, 1]])
+
+
+@pytest.mark.parametrize("input_ids", [[1, 5, 6], (1, 5, 6), np.array([1, 5, 6], dtype=np.int32),
+                                       torch.tensor([1, 5, 6]), torch.tensor([[1, 5, 6]])])
+def test_a_prompt_becomes_an_int64_vector(input_ids):
+    prompt = normalize_prompt(input_ids, VOCAB)
+    assert prompt.dtype == np.int64 and prompt.tolist() == [1, 5, 6]
+
+
+@pytest.mark.parametrize("input_ids, message", [
+    (torch.tensor([[1, 2], [3, 4]]), r"input_ids has 2 rows where one sequence was expected \(shape \[1, L\]\)"),
+    (np.zeros((1, 1, 2), dtype=np.int64), r"input_ids must have shape \[1, L\] or \[L\], got shape \(1, 1, 2\)"),
+    (np.zeros(0, dtype=np.int64), r"input_ids is empty: each prompt needs at least one token \(refdec adds no BOS"),
+    ([5, 96], r"input_ids holds token id 96, outside the model vocabulary \[0, 96\)"),
+    ([5, -1], r"input_ids holds token id -1, outside the model vocabulary"),
+    ("hello", r"input_ids must be a sequence of token ids, got str \(tokenize the text first\)"),
+])
+def test_a_malformed_prompt_is_an_error_naming_input_ids(input_ids, message):
+    with pytest.raises(ValueError, match=message):
+        normalize_prompt(input_ids, VOCAB)
+
+
+def test_a_list_of_prompts_is_kept_as_rows_and_a_padded_matrix_loses_its_padding():
+    rows, padded = normalize_batch([[1, 5], torch.tensor([[6, 7, 8]]), np.array([9])], None, VOCAB)
+    assert [r.tolist() for r in rows] == [[1, 5], [6, 7, 8], [9]] and padded is None
+    assert all(r.dtype == np.int64 for r in rows)
+    ids = np.array([[0, 0, 5], [0, 6, 7], [8, 9, 10]], dtype=np.int32)
+    rows, padded = normalize_batch(ids, torch.tensor([[0, 0, 1], [0, 1, 1], [1, 1, 1]]), VOCAB)
+    assert [r.tolist() for r in rows] == [[5], [6, 7], [8, 9, 10]]
+    assert padded.dtype == np.int64 and padded.tolist() == ids.tolist()
+    rows, _ = normalize_batch(torch.tensor([[0, 5], [6, 7]]), None, VOCAB)  # no mask: every column is a token
+    assert [r.tolist() for r in rows] == [[0, 5], [6, 7]]
+
+
+@pytest.mark.parametrize("input_ids, mask, message", [
+    ([[1, 5], [6]], [[1, 1], [0, 1]],
+     r"attention_mask is for a padded \[B, L\] input_ids; a list of prompts needs none"),
+    (torch.tensor([[1.0, 2.0], [3.0, 4.0]]), None, r"input_ids must hold integer token ids, got dtype torch.float32"),
+    (np.array([[1.0, 2.0], [3.0, 4.0]]), None, r"input_ids must hold integer token ids, got dtype float64"),
+    (np.zeros((2, 1, 2), dtype=np.int64), None, r"batched input_ids must have shape \[B, L\], got \(2, 1, 2\)"),
+    (torch.tensor([[5, 6, 7], [5, 6, 7]]), torch.ones(2, 2), r"attention_mask has shape \(2, 2\), input_ids \(2, 3\)"),
+    (torch.tensor([[5, 6], [5, 6]]), torch.tensor([[1, 2], [1, 1]]),
+     r"attention_mask must hold 0 \(padding\) and 1 \(token\) only"),
+    (torch.tensor([[5, 6], [5, 6]]), torch.tensor([[1, 1], [1, 0]]),
+     r"attention_mask row 1 is not left-padded \(a 0 after a 1\); pad on the left"),
+    ([], None, r"input_ids holds no prompt"),
+    ([[5, 6], []], None, r"prompt 1 is empty: each prompt needs at least one token"),
+    (torch.tensor([[0, 0], [5, 6]]), torch.tensor([[0, 0], [1, 1]]), r"prompt 0 is empty"),
+    ([[5, 6], [7, "x"]], None, r"input_ids\[1\] must be a list of ints; found 'x'"),
+    ([[5, 6], [7, 96]], None, r"prompt 1 holds token id 96, outside the model vocabulary \[0, 96\)"),
+])
+def test_a_malformed_batch_is_an_error_naming_the_row_or_the_mask(input_ids, mask, message):
+    with pytest.raises(ValueError, match=message):
+        normalize_batch(input_ids, mask, VOCAB)
+
+
+class BosTokenizer:
+    """Characters as ids 3.., with a BOS (1) first unless add_special_tokens=False."""
+
+    def __call__(self, text, add_special_tokens=True):
+        return {"input_ids": [1] * add_special_tokens + [3 + ord(c) - ord("a") for c in text]}
+
+
+def test_references_become_int32_token_arrays_and_text_is_tokenized_without_special_tokens():
+    refs = normalize_references([[5, 6], (7,), np.array([[8, 9]]), torch.tensor([10]), "ab"], BosTokenizer())
+    assert [r.tolist() for r in refs] == [[5, 6], [7], [8, 9], [10], [3, 4]]
+    assert all(r.dtype == np.int32 for r in refs)
+    assert normalize_references(None, None) == [] and normalize_references([], None) == []
+
+
+@pytest.mark.parametrize("references, message", [
+    ("text", r"references must be a list of str or of token-id lists, got str"),
+    ({"a": [1]}, r"references must be a list of str or of token-id lists, got dict"),
+    (["text"], r"references\[0\] is a str; text references need tokenizer=..."),
+    ([[1], 5], r"references\[1\] must be a str or a list of token ids, got int"),
+    ([[1], [2, -1]], r"references\[1\] must be token ids in \[0, 2\*\*31\); references\[1\]\[1\] = -1"),
+])
+def test_a_malformed_reference_is_an_error_naming_its_index(references, message):
+    with pytest.raises(ValueError, match=message):
+        normalize_references(references, None)
+
+
+def test_references_are_shared_by_every_row_unless_given_one_list_per_row():
+    assert split_references(None, 2) == [None, None]
+    assert split_references([[5, 6], [7]], 3) == [[[5, 6], [7]]] * 3  # token-id documents: shared
+    assert split_references(["doc a", "doc b"], 2) == [["doc a", "doc b"]] * 2  # text documents: shared
+    assert split_references([["doc a"], None], 2) == [["doc a"], None]  # a list (or None) per row
+
+
+def test_row_b_gets_seed_plus_b_or_the_bth_listed_seed():
+    assert row_seeds(7, 3) == [7, 8, 9]
+    assert row_seeds([4, 0, 4], 3) == [4, 0, 4]
+    drawn = row_seeds(None, 3)
+    assert drawn == [drawn[0], drawn[0] + 1, drawn[0] + 2] and drawn[0] >= 0
+    for bad in ([1, 2], [1, -2, 3], [1, 2.0, 3], (1, True, 3)):
+        with pytest.raises(ValueError, match=r"seed must be an int >= 0 or a list of 3 ints >= 0, got"):
+            row_seeds(bad, 3)
+
+
+def test_eos_ids_come_from_the_argument_or_else_the_generation_config():
+    model = SimpleNamespace(generation_config=SimpleNamespace(eos_token_id=[2, 95]))
+    assert eos_ids(None, model, VOCAB) == {2, 95}
+    assert eos_ids(7, model, VOCAB) == {7} and eos_ids([3, 4], model, VOCAB) == {3, 4}
+    assert eos_ids(torch.tensor([5, 6]), model, VOCAB) == {5, 6} and eos_ids([], model, VOCAB) == set()
+    model.generation_config.eos_token_id = 2
+    assert eos_ids(None, model, VOCAB) == {2}
+    model.generation_config.eos_token_id = None
+    assert eos_ids(None, model, VOCAB) == set()
+    # an id outside the vocabulary is an error when given, and kept (never emitted) from the config
+    with pytest.raises(ValueError, match=r"eos_token_id 96 is outside the model vocabulary \[0, 96\)"):
+        eos_ids([2, 96], model, VOCAB)
+    model.generation_config.eos_token_id = [2, 200]
+    assert eos_ids(None, model, VOCAB) == {2, 200}
+    for bad in ("x", -1, [2, -1], True, [2.0]):
+        with pytest.raises(ValueError, match=r"eos_token_id must be an int >= 0 or a list of them, got"):
+            eos_ids(bad, model, VOCAB)
+
+
+# ---------------------------------------------------------------- through generate
 
 
 @pytest.mark.parametrize("input_ids", [[1, 5, 6, 7], torch.tensor([1, 5, 6, 7]), torch.tensor([[1, 5, 6, 7]])])

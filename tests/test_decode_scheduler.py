@@ -11,9 +11,21 @@ import pytest
 
 import refdec
 import refdec.decode.batch as batch
+from refdec.decode.scheduler import Scheduler
 from tiny_models import FakeClock, batch_row, cached_model, hf_greedy, mixed_batch, repetitive_prompts, tiers
 
 NEW = 40
+
+
+def test_waiting_requests_join_in_order_as_far_as_capacity_allows():
+    scheduler = Scheduler(["a", "b", "c", "d", "e"], capacity=3)
+    assert scheduler and scheduler.next_group(0) == ["a", "b", "c"]
+    assert scheduler.next_group(3) == []  # full
+    assert scheduler.next_group(2) == ["d"]  # one row finished: one joins
+    assert scheduler.next_group(0) == ["e"] and not scheduler
+    assert scheduler.next_group(0) == []
+    one = Scheduler(["a", "b"], capacity=1)
+    assert one.next_group(0) == ["a"] and one.next_group(1) == [] and one.next_group(0) == ["b"]
 
 
 # fast: two rows at a time on Gemma 3 with the lazy head and on Llama without; full: every family x setting

@@ -126,3 +126,16 @@ def test_greedy_decoding_warns_about_sampling_arguments_it_does_not_read(llama):
         refdec.generate(llama, [1, 5, 6], max_new_tokens=2, temperature=0.5, seed=3)
 
 
+def test_an_index_built_with_another_tokenizer_is_refused(llama, tiny_tokenizer):
+    """Its drafts would be ids that mean other text; with the index's own tokenizer it is accepted."""
+    from refdec.index import CorpusIndex
+    from tiny_models import byte_tokenizer
+
+    index = CorpusIndex.build(["abc abc abd"], tokenizer=byte_tokenizer(), show_progress=False)
+    message = (r"index was built with another tokenizer \(fingerprint [0-9a-f]{12}\.\.\., the tokenizer given has "
+               r"[0-9a-f]{12}\.\.\.\): its drafts would be other text")
+    with pytest.raises(ValueError, match=message):
+        refdec.generate(llama, [1, 5, 6], tokenizer=tiny_tokenizer, index=index, max_new_tokens=2)
+    own = CorpusIndex.build(["abc abc abd"], tokenizer=tiny_tokenizer, show_progress=False)
+    assert refdec.generate(llama, [1, 5, 6], tokenizer=tiny_tokenizer, index=own, max_new_tokens=2,
+                           eos_token_id=[]).stats.new_tokens == 2
