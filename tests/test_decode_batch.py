@@ -1,18 +1,77 @@
 """Specifies refdec.decode.batch (RunningBatch): the rows of a batch share one KV cache and one
-forward per step but keep their slots apart; a finished row leaves the batch (its cache row
-dropped, later forwards carry fewer rows) and the left-padding holes every remaining row has are
-cut, with no change to any remaining row's output."""
+forward per step but keep their slots apart: after a step each row keeps its root and accepted
+nodes right after its own entries; a finished row leaves the batch (its cache row dropped, later
+forwards carry fewer rows) and the left-padding holes every remaining row has are cut, with no
+change to any remaining row's output; a joining group's rows are appended."""
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import numpy as np
 import pytest
+import torch
 
 import refdec
 import refdec.decode.batch as batch
+from kv_labels import append, labelled_cache, labels_of
+from refdec.decode.batch import RunningBatch
 from tiny_models import batch_row, hf_greedy, repetitive_prompts
 
 NEW = 40
+
+
+def running(labels, valid, done=None):
+    """A RunningBatch over a labelled cache (0 = a hole); ``valid`` bool [B, S]; positions count the
+    valid slots; each request a stand-in with ``done``."""
+    valid = np.array(valid, dtype=bool)
+    key_pos = np.where(valid, np.cumsum(valid, axis=1) - 1, -1)
+    lengths = np.array([int(np.flatnonzero(row)[-1]) + 1 for row in valid], dtype=np.int64)
+    requests = [SimpleNamespace(done=False) for _ in labels] if done is None else \
+        [SimpleNamespace(done=d) for d in done]
+    return RunningBatch(torch.device("cpu"), requests, labelled_cache(True, labels), lengths, valid, key_pos)
+
+
+def test_after_a_step_each_row_keeps_its_root_and_accepted_nodes_after_its_own_entries():
+    # row 0: 3 entries; row 1 lags: 2 entries and a hole. The step's 4 query slots (3..6) hold each
+    # row's root and 3 draft nodes; row 0 accepts nodes 0 and 2, row 1 none.
+    batch_ = running([[1, 2, 3], [101, 102, 0]], [[1, 1, 1], [1, 1, 0]])
+    append(batch_.cache, [[10, 11, 12, 13], [110, 111, 112, 113]])
+    batch_.keep_accepted(np.array([3, 2]), [np.array([0, 2]), np.array([], dtype=np.int64)])
+    rows = labels_of(batch_.cache)  # row 1's slots past its entries are holes (stale labels)
+    assert rows[0] == [1, 2, 3, 10, 11, 13] and rows[1][:3] == [101, 102, 110]
+    assert batch_.lengths.tolist() == [6, 3] and batch_.slots == 6
+    assert batch_.valid.tolist() == [[True] * 6, [True] * 3 + [False] * 3]
+    assert batch_.key_pos.tolist() == [[0, 1, 2, 3, 4, 5], [0, 1, 2, -1, -1, -1]]
+
+
+def test_finished_rows_leave_and_the_holes_every_remaining_row_has_are_cut():
+    # row 0 (the longest prompt) finishes; rows 1 and 2 both start with a hole: slot 0 is cut
+    batch_ = running([[1, 2, 3, 4, 5], [0, 0, 103, 104, 0], [0, 202, 203, 204, 205]],
+                     [[1, 1, 1, 1, 1], [0, 0, 1, 1, 0], [0, 1, 1, 1, 1]], done=[True, False, False])
+    batch_.drop_finished()
+    assert len(batch_) == 2 and labels_of(batch_.cache) == [[0, 103, 104, 0], [202, 203, 204, 205]]
+    assert batch_.lengths.tolist() == [3, 4] and batch_.slots == 4
+    assert batch_.valid.tolist() == [[False, True, True, False], [True, True, True, True]]
+    assert batch_.key_pos.tolist() == [[-1, 0, 1, -1], [0, 1, 2, 3]]
+    for request in batch_.requests:
+        request.done = True
+    batch_.drop_finished()
+    assert len(batch_) == 0 and batch_.cache is None
+
+
+def test_a_joining_group_is_appended_after_the_running_rows():
+    batch_ = running([[1, 2, 3]], [[1, 1, 1]])
+    joining = running([[0, 102, 103, 104, 105], [201, 202, 203, 204, 205]], [[0, 1, 1, 1, 1], [1] * 5])
+    batch_.join(joining)
+    assert len(batch_) == 3 and labels_of(batch_.cache) == [[1, 2, 3, 0, 0], [0, 102, 103, 104, 105],
+                                                            [201, 202, 203, 204, 205]]
+    assert batch_.lengths.tolist() == [3, 5, 5]
+    assert batch_.valid.tolist() == [[1, 1, 1, 0, 0], [0, 1, 1, 1, 1], [1] * 5]
+    assert batch_.key_pos.tolist() == [[0, 1, 2, -1, -1], [-1, 0, 1, 2, 3], [0, 1, 2, 3, 4]]
+    empty = RunningBatch.empty(torch.device("cpu"))
+    empty.join(joining)  # an empty batch takes the group as it is
+    assert empty.requests is joining.requests and empty.cache is joining.cache
 
 
 @pytest.mark.parametrize("lazy_head", [True, False])
