@@ -54,9 +54,9 @@ def _to_numpy(tokens, name: str) -> np.ndarray:
             raise ValueError(f"{name} must hold integer token ids, got a tensor of dtype {tokens.dtype}")
         tokens = tokens.detach().cpu().numpy()
     if isinstance(tokens, (list, tuple)):
-        bad = next((t for t in tokens if not is_int(t)), None)
-        if bad is not None:
-            raise ValueError(f"{name} must be a list of ints; found {bad!r}")
+        bad = [t for t in tokens if not is_int(t)][:1]
+        if bad:
+            raise ValueError(f"{name} must be a list of ints; found {bad[0]!r}")
         arr = np.asarray(tokens, dtype=np.int64) if tokens else np.zeros(0, dtype=np.int64)
     elif isinstance(tokens, np.ndarray):
         arr = tokens

@@ -1,15 +1,36 @@
-"""Shared fixtures: tiny random float64 models (see tiny_models.py), one thread."""
+"""Shared fixtures (tiny random float64 models, see tiny_models.py; one thread) and the test tiers.
+
+Tiers (pyproject.toml markers):
+
+* fast: everything unmarked, ``python -m pytest -m "not slow"`` (the README's command);
+* ``full``: the heavy equivalence matrix (every model family x draft shape, chi-square runs,
+  long loops). Deselected unless the ``-m`` expression names ``full`` (``python -m pytest -m
+  full`` runs them) or a test is named by node id (``tests/x.py::test_y``);
+* ``slow``: the real default model (``python -m pytest -m slow``).
+"""
 
 from __future__ import annotations
+
+import re
 
 import pytest
 import torch
 
-from tiny_models import MODEL_BUILDERS, cached_model
+from tiny_models import cached_model, char_tokenizer, family_params, tiny_llama
 
 torch.set_num_threads(1)
 
-FAMILIES = sorted(MODEL_BUILDERS)
+
+def pytest_collection_modifyitems(config, items):
+    """Deselects the ``full`` tier unless ``-m`` names it or node ids were given."""
+    if re.search(r"\bfull\b", config.getoption("markexpr") or "") or any("::" in arg for arg in config.args):
+        return
+    keep, full = [], []
+    for item in items:
+        (full if item.get_closest_marker("full") else keep).append(item)
+    if full:
+        config.hook.pytest_deselected(items=full)
+        items[:] = keep
 
 
 @pytest.fixture(scope="session")
@@ -17,15 +38,44 @@ def tiny_model_cache():
     return {}
 
 
-@pytest.fixture(params=FAMILIES)
+@pytest.fixture(params=family_params())
 def family_model(request, tiny_model_cache):
-    """(family name, model) for every tiny model family, built once per session."""
+    """(family name, model) for every tiny model family, built once per session (GPT-2 and
+    Qwen2 in the full tier)."""
     return request.param, cached_model(tiny_model_cache, request.param)
+
+
+@pytest.fixture(params=family_params(("gemma3", "gpt2", "llama")))
+def batch_family_model(request, tiny_model_cache):
+    """(family name, model) for the batch tests, whose masks differ: Gemma 3 (a dict of masks,
+    sliding window 8), GPT-2 (absolute position embeddings; full tier) and Llama (rotary, one mask)."""
+    return request.param, cached_model(tiny_model_cache, request.param)
+
+
+@pytest.fixture
+def llama(tiny_model_cache):
+    """The tiny Llama (seed 0), built once per session. A test that changes its generation_config
+    restores it; one that needs other settings builds its own (tiny_models.tiny_llama())."""
+    return cached_model(tiny_model_cache, "llama")
 
 
 @pytest.fixture(scope="session")
 def tiny_tokenizer():
     """A character-level tokenizer over the tiny vocabulary (for stop strings and text references)."""
-    from tiny_models import char_tokenizer
-
     return char_tokenizer()
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(tmp_path_factory):
+    """``tiny_model_dir(seed)``: a folder holding the tiny Llama of that seed and the character
+    tokenizer, saved like a real model directory (for the CLI's --model); saved once per session."""
+    saved = {}
+
+    def directory(seed: int = 0):
+        if seed not in saved:
+            saved[seed] = tmp_path_factory.mktemp(f"tiny-llama-{seed}")
+            tiny_llama(seed=seed).save_pretrained(saved[seed])
+            char_tokenizer().save_pretrained(saved[seed])
+        return saved[seed]
+
+    return directory

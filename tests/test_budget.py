@@ -1,14 +1,15 @@
-"""The "auto" draft budget: the verified prefix follows the cost curve and the calibrated scores."""
+"""Specifies refdec.budget, the draft-size policies: ``FixedBudget`` verifies what it asked for;
+``AutoBudget`` ("auto") verifies the prefix of the drafted tree that maximises expected tokens per
+second under the model's cost curve, learns each node cell's acceptance from what was verified,
+and prices a batch's rows together (``batch_prefix_sizes``)."""
 
 from __future__ import annotations
-
-import json
 
 import numpy as np
 import pytest
 
-from refdec.budget import AutoBudget, FixedBudget, make_budget, node_depths
-from refdec.calibration import CostCurve, flat_curve
+from refdec.budget import AutoBudget, FixedBudget, batch_prefix_sizes, make_budget, node_depths
+from refdec.cost_curve import CostCurve, flat_curve
 from refdec.tree import DraftTree
 
 # A steep CPU-like curve: every node adds 10% of a one-token forward.
@@ -17,6 +18,11 @@ STEEP = CostCurve((0, 64), (1.0, 7.4))
 CPU = CostCurve((0, 1, 16, 64), (0.100, 0.105, 0.280, 0.500))
 # The lazy-head form of a CPU curve: backbone seconds per tree size + one head chunk of 4 rows.
 LAZY = CostCurve((0, 4, 16, 64), (0.030, 0.041, 0.057, 0.119), head_chunk_seconds=0.018)
+
+
+# A linear curve, 1 + 0.3 n seconds for n nodes, without and with a lazy head (1 s a chunk of 4 rows).
+LINEAR = CostCurve((0, 10), (1.0, 4.0))
+LINEAR_LAZY = CostCurve((0, 10), (1.0, 4.0), head_chunk_seconds=1.0)
 
 
 def sure_chain(n, score=0.97):
@@ -28,6 +34,25 @@ def sure_chain(n, score=0.97):
 def unsure_bush(n, score=0.01):
     """n children of the root, each unlikely."""
     return DraftTree(np.arange(10, 10 + n), np.full(n, -1), np.full(n, score, np.float32))
+
+
+def half_sure_chain(n):
+    """A chain whose scores fall with depth: worth a few nodes on a steep curve, not all."""
+    tree = DraftTree.chain(np.arange(10, 10 + n))
+    return DraftTree(tree.token_ids, tree.parents, (0.9 ** np.arange(1, n + 1)).astype(np.float32))
+
+
+class KnownAcceptance:
+    """An AutoBudget stand-in for batch_prefix_sizes: its cost curve and, for its row's tree, the
+    expected accepted lengths E(0..len(tree)) given as literals."""
+
+    def __init__(self, cost: CostCurve, expected: list[float]) -> None:
+        self.cost = cost
+        self.expected = np.asarray(expected, dtype=np.float64)
+
+    def expected_accepted(self, tree: DraftTree, cells=None) -> np.ndarray:
+        assert len(self.expected) == len(tree) + 1
+        return self.expected
 
 
 def test_flat_curve_verifies_the_whole_tree():
@@ -100,20 +125,6 @@ def test_node_depths():
     assert node_depths(np.array([-1, 0, 1, -1, 3, 0], dtype=np.int32)).tolist() == [1, 2, 3, 1, 2, 2]
 
 
-def test_cost_curve_interpolates_and_extrapolates():
-    curve = CostCurve((0, 10, 20), (1.0, 2.0, 4.0))
-    assert curve(5) == pytest.approx(1.5)
-    assert curve(30) == pytest.approx(6.0)
-    assert curve.table(3).shape == (4,)
-    assert CostCurve.from_json(json.loads(json.dumps(curve.to_json()))) == curve
-
-
-@pytest.mark.parametrize("nodes,seconds", [((0, 0), (1, 1)), ((1,), (0,)), ((0, 1), (1,))])
-def test_cost_curve_rejects_bad_points(nodes, seconds):
-    with pytest.raises(ValueError):
-        CostCurve(nodes, seconds)
-
-
 def test_make_budget():
     assert isinstance(make_budget(16), FixedBudget)
     assert isinstance(make_budget("auto"), AutoBudget)
@@ -123,33 +134,35 @@ def test_make_budget():
         make_budget("big")
 
 
-def test_tiny_model_auto_does_not_calibrate(monkeypatch, tmp_path):
-    from refdec import calibration
+def test_best_prefix_of_a_hand_computed_case():
+    """E = 0, .6, .9, 1.1 (nodes accepted with .6, .3, .2). Value (1 + E(n)) / cost(n):
 
-    monkeypatch.setattr(calibration, "measure", lambda *a, **k: pytest.fail("tiny models must not calibrate"))
+        n               0      1      2      3
+        1 + E(n)        1.0    1.6    1.9    2.1
+        LINEAR          1.0    1.3    1.6    1.9     value 1.000  1.231* 1.188  1.105
+        LINEAR_LAZY     2.0    2.3    2.6    2.9     value 0.500  0.696  0.731* 0.724
 
-    class Tiny:
-        def parameters(self):
-            return iter([np.zeros(10)]) if False else iter([_P()])
-
-    class _P:
-        def numel(self):
-            return 1000
-
-    assert calibration.auto_cost_curve(Tiny()) is calibration.DEFAULT_CPU_CURVE
+    A lazy head costs one chunk (1 s) whatever n (E + 2.5 <= 4 rows): a fixed cost that makes a
+    deeper prefix pay."""
+    expected = np.array([0.0, 0.6, 0.9, 1.1])
+    assert AutoBudget(LINEAR, max_nodes=64).best_prefix(expected) == 1
+    assert AutoBudget(LINEAR_LAZY, max_nodes=64).best_prefix(expected) == 2
+    assert AutoBudget(LINEAR, max_nodes=2).best_prefix(np.array([0.0, 0.6, 1.5, 2.4])) == 2  # capped at max_nodes
 
 
-# ---------------------------------------------------------------- batch-aware "auto"
-
-def half_sure_chain(n):
-    """A chain whose scores fall with depth: worth a few nodes on a steep curve, not all."""
-    tree = DraftTree.chain(np.arange(10, 10 + n))
-    return DraftTree(tree.token_ids, tree.parents, (0.9 ** np.arange(1, n + 1)).astype(np.float32))
+def test_auto_budget_with_a_lazy_head_verifies_larger_trees_for_the_same_acceptance():
+    """A lazy head makes unaccepted nodes cheap (only the backbone pays for them), so the
+    budget keeps more of a tree than under a curve where every node pays its head row."""
+    lazy = CostCurve((0, 16, 64), (0.030, 0.055, 0.120), None, 0.016, 4)
+    # the same model with the head on every row (4 ms a row)
+    full = CostCurve((0, 16, 64), (0.046, 0.055 + 0.004 * 17, 0.120 + 0.004 * 65))
+    # every first-depth node scores 0.6 (its cell's prior acceptance), decaying with depth
+    tree = DraftTree(np.arange(3, 67), np.arange(-1, 63), np.full(64, 0.6, np.float32))
+    sizes = [len(AutoBudget(curve, prior_weight=1e9).select(tree)) for curve in (lazy, full)]
+    assert sizes[0] > sizes[1] > 0, sizes
 
 
 def test_batch_prefix_of_one_row_is_the_single_row_choice():
-    from refdec.budget import batch_prefix_sizes
-
     for curve in (STEEP, CPU, flat_curve(), LAZY):
         for tree in (sure_chain(64), unsure_bush(20), half_sure_chain(40)):
             budget = AutoBudget(curve, max_nodes=64)
@@ -159,8 +172,6 @@ def test_batch_prefix_of_one_row_is_the_single_row_choice():
 def test_batch_prefix_prices_the_padded_batch_forward():
     """Eight rows pay for 8 * (1 + n) rows: they verify fewer nodes than one row would, all the same
     number (clipped to each row's own tree), and on a flat curve everything."""
-    from refdec.budget import batch_prefix_sizes
-
     curve = CostCurve((0, 64, 512), (1.0, 3.0, 17.0))
     one = AutoBudget(curve, max_nodes=64)
     single = one.best_prefix(one.expected_accepted(half_sure_chain(48)))
@@ -179,16 +190,30 @@ def test_batch_prefix_prices_the_padded_batch_forward():
         batch_prefix_sizes(budgets, trees, [budgets[0].cells(trees[0])])
 
 
-def test_batch_prefix_on_a_lazy_head_curve_adds_each_rows_head_chunks():
-    """Two rows: each adds its own head chunks, and the backbone is priced at 2 * (1 + n) rows."""
-    from refdec.budget import batch_prefix_sizes
+def test_batch_prefix_of_a_hand_computed_case_prices_the_rows_backbone_together_and_each_rows_head():
+    """Two rows, each a chain with E = 0, .6, .9, 1.1, on LINEAR_LAZY: the backbone runs
+    2 * (1 + n) rows (2n + 1 nodes: 1 + 0.3 (2n + 1) s) and each row's walk one head chunk (1 s):
 
-    budgets = [AutoBudget(LAZY, max_nodes=64) for _ in range(2)]
-    trees = [half_sure_chain(40), half_sure_chain(40)]
-    n = batch_prefix_sizes(budgets, trees)[0]
-    e = budgets[0].expected_accepted(trees[0])
-    value = lambda k: 2 * (1 + e[k]) / (LAZY.table(81)[2 * (1 + k) - 1] + 2 * LAZY.head_seconds(e[k]))
-    assert all(value(n) >= value(k) for k in range(41))
+        n                          0      1      2      3
+        sum_b (1 + E_b(n))         2.0    3.2    3.8    4.2
+        backbone + 2 heads         3.3    3.9    4.5    5.1     value 0.606  0.821  0.844* 0.824
+
+    Priced as one row (backbone 1 + 0.3 n) it would take 3; with one head for the batch, or none, 1.
+
+    A row whose tree is shorter holds its E flat past its end (it verifies its whole tree): rows
+    E = 0, .6, 1.5, 1.7 and E = 0, .8 (one node; 1.7 + 2.5 rows make 1.05 head chunks):
+
+        n                          0      1      2      3
+        sum_b (1 + E_b(n))         2.0    3.4    4.3    4.5
+        backbone + heads           3.3    3.9    4.5    5.15    value 0.606  0.872  0.956* 0.874
+
+    so the rows take 2 and 1 nodes (with the short row's E taken as 0 past its end, n = 1)."""
+    chain = sure_chain(3)
+    rows = [KnownAcceptance(LINEAR_LAZY, [0.0, 0.6, 0.9, 1.1]) for _ in range(2)]
+    assert batch_prefix_sizes(rows, [chain, chain]) == [2, 2]
+    long, short = KnownAcceptance(LINEAR_LAZY, [0.0, 0.6, 1.5, 1.7]), KnownAcceptance(LINEAR_LAZY, [0.0, 0.8])
+    assert batch_prefix_sizes([long, short], [chain, sure_chain(1)]) == [2, 1]
+    assert batch_prefix_sizes([], []) == []
 
 
 def test_take_prefix_clamps_validates_and_passes_empty_trees():
@@ -208,7 +233,11 @@ def test_take_prefix_counts_skips_and_explores():
     assert len(budget.take_prefix(tree, 0)) == 3  # second skip explores the top 3
     verified = budget.take_prefix(tree, 5)
     assert len(verified) == 5 and budget.chosen == [0, 3, 5]
-    before = budget._prop.sum()
+    before = np.diff(budget.expected_accepted(tree))  # each node's estimated acceptance
     budget.observe(verified, np.array([0, 1], dtype=np.int64))  # the cells of the 5 verified nodes learn
-    assert budget._prop.sum() == pytest.approx(before * budget.decay + 5)
+    after = np.diff(budget.expected_accepted(tree))
+    assert (after[:2] > before[:2]).all()  # nodes 0, 1 accepted: their cells' rates rise
+    assert (after[2:5] < before[2:5]).all()  # nodes 2-4 verified and rejected: theirs fall
     assert budget.steps == 3
+    budget.observe(verified, np.array([0], dtype=np.int64))  # observed once: a second call changes nothing
+    assert np.array_equal(np.diff(budget.expected_accepted(tree)), after)

@@ -1,4 +1,4 @@
-"""The ``refdec index build`` / ``refdec index info`` commands, run in-process.
+"""Specifies refdec.cli.index, the ``refdec index build`` / ``refdec index info`` commands, run in-process.
 
 A tiny byte-level BPE tokenizer is trained offline on a few strings and saved
 to a temporary directory, so no test reaches a model hub.
@@ -7,6 +7,7 @@ to a temporary directory, so no test reaches a model hub.
 from __future__ import annotations
 
 import json
+import os
 import re
 from pathlib import Path
 
@@ -215,6 +216,44 @@ def test_help_texts_describe_the_commands(capsys):
     usage = capsys.readouterr().out
     for option in ("--tokenizer", "--out", "--glob", "--jsonl-field", "--no-progress", "--verify"):
         assert option in usage, option
+
+
+def test_cli_build_dedup_reports_the_dropped_documents_and_writes_signatures(capsys, tmp_path):
+    from refdec.index import CorpusIndex
+    from refdec.retrieval import signature_path
+
+    make_tiny_tokenizer(tmp_path)
+    src = tmp_path / "src"
+    src.mkdir()
+    body = "".join(f"def f{i}(x):\n    return x + {i}\n" for i in range(40))
+    (src / "a.py").write_text(body)
+    (src / "a_copy.py").write_text(body)
+    (src / "a_edited.py").write_text(body.replace("x + 7\n", "x + 8\n"))
+    (src / "b.py").write_text("import os\nprint('hello world')\n" * 5)
+    out = tmp_path / "corpus.idx"
+    code = main(["index", "build", str(src), "--tokenizer", str(tmp_path / "tok"), "--out", str(out),
+                 "--dedup", "0.9", "--no-progress"])
+    printed = capsys.readouterr().out
+    assert code == 0
+    assert "2 documents," in printed and "2 near-duplicate documents dropped (Jaccard >= 0.9)" in printed
+    assert os.path.exists(signature_path(out)) and "signatures in" in printed
+    assert CorpusIndex.load(out).signatures is not None
+
+    code = main(["index", "info", str(out)])
+    assert code == 0 and signature_path(out) in capsys.readouterr().out
+
+    plain = tmp_path / "plain.idx"
+    code = main(["index", "build", str(src), "--tokenizer", str(tmp_path / "tok"), "--out", str(plain),
+                 "--no-signatures", "--no-progress"])
+    printed = capsys.readouterr().out
+    assert code == 0 and "4 documents," in printed and "dropped" not in printed
+    assert not os.path.exists(signature_path(plain))
+
+
+def test_cli_dedup_threshold_out_of_range_is_an_argument_error(capsys, tmp_path):
+    with pytest.raises(SystemExit):
+        main(["index", "build", str(tmp_path), "--out", str(tmp_path / "x.idx"), "--dedup", "1.5"])
+    assert "(0, 1]" in capsys.readouterr().err
 
 
 @pytest.mark.slow

@@ -14,7 +14,7 @@ import refdec
 import refdec.decode.decoder as decoder_module
 from refdec import calibration
 from refdec.cli import main
-from tiny_models import char_tokenizer, repetitive_prompts, tiny_llama
+from tiny_models import repetitive_prompts, tiny_llama
 
 
 def test_calibration_is_reported_apart_and_not_in_the_wall_time(monkeypatch):
@@ -48,22 +48,14 @@ def test_measuring_the_curve_is_announced_on_stderr_once(monkeypatch, tmp_path, 
     assert capsys.readouterr().err == ""
 
 
-@pytest.fixture(scope="module")
-def tiny_model_dir(tmp_path_factory):
-    directory = tmp_path_factory.mktemp("tiny-model")
-    tiny_llama(seed=3).save_pretrained(directory)
-    char_tokenizer().save_pretrained(directory)
-    return directory
-
-
 def test_refdec_calibrate_measures_then_reads_the_cached_curve(monkeypatch, tmp_path, capsys, tiny_model_dir):
     monkeypatch.setenv("REFDEC_CACHE", str(tmp_path))
-    assert main(["calibrate", "--model", str(tiny_model_dir), "--threads", "1"]) == 0
+    assert main(["calibrate", "--model", str(tiny_model_dir()), "--threads", "1"]) == 0
     first = capsys.readouterr()
     assert "[refdec calibrate] measured" in first.err and "measuring this model's" in first.err
     assert "ms per verification forward" in first.out and first.out.count("\n") >= 5
     assert list(tmp_path.glob("calibration/*-t1-*.json"))
-    assert main(["calibrate", "--model", str(tiny_model_dir), "--threads", "1"]) == 0
+    assert main(["calibrate", "--model", str(tiny_model_dir()), "--threads", "1"]) == 0
     second = capsys.readouterr()
     assert "[refdec calibrate] cached" in second.err and "measuring" not in second.err
     assert second.out == first.out
@@ -80,7 +72,7 @@ def test_edit_compare_warms_both_methods_up_before_timing_them(monkeypatch, tmp_
     monkeypatch.setattr(refdec, "generate", recording)
     src = tmp_path / "m.py"
     src.write_text("def f(x):\n    return x + 1\n")
-    assert main(["edit", str(src), "--instruction", "rename f", "--model", str(tiny_model_dir), "--max-new-tokens",
+    assert main(["edit", str(src), "--instruction", "rename f", "--model", str(tiny_model_dir()), "--max-new-tokens",
                  "12", "--compare", "--diff"]) == 0
     err = capsys.readouterr().err
     assert "warm-up before timing" in err and "outputs identical: True" in err

@@ -194,7 +194,7 @@ class ReadmeRun:
 
 
 @pytest.fixture(scope="module")
-def tiny_model_dir(tmp_path_factory):
+def readme_model_dir(tmp_path_factory):
     directory = tmp_path_factory.mktemp("tiny-default-model")
     model = tiny_llama(seed=3)
     model.config.max_position_embeddings = 4096  # the README's edit prompt, one token a character
@@ -231,8 +231,8 @@ def _prepare_requests(run: ReadmeRun, block: Block) -> None:
         (run.folder / "requests.jsonl").write_text(json.dumps(example) + "\n")
 
 
-def test_every_readme_block_runs_on_a_stand_in_model(tmp_path, monkeypatch, tiny_model_dir):
-    run = ReadmeRun(tmp_path, monkeypatch, tiny_model_dir)
+def test_every_readme_block_runs_on_a_stand_in_model(tmp_path, monkeypatch, readme_model_dir):
+    run = ReadmeRun(tmp_path, monkeypatch, readme_model_dir)
     blocks = readme_blocks()
     assert len(blocks) >= 8, "README.md has fewer code blocks than expected: is the fence syntax intact?"
     for block in blocks:

@@ -233,7 +233,7 @@ def test_batched_hashing_gives_the_same_signatures_and_dedup_result(corpus, monk
     assert np.array_equal(deduplicate(docs, 0.9, signatures=whole_sigs)[0], whole[0])
 
 
-@settings(max_examples=25, deadline=None)
+@settings(max_examples=25, deadline=None, derandomize=True)
 @given(
     seed=st.integers(0, 2**32 - 1),
     copies=st.lists(st.tuples(st.integers(0, 19), st.sampled_from([0.0, 0.01, 0.05, 0.2])), max_size=15),

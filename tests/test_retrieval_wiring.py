@@ -6,7 +6,8 @@
 * ``generate(..., retrieve=k)`` adds the k documents most similar to the prompt
   to the per-request references: output unchanged (greedy equality), drafts
   from the retrieved documents;
-* ``refdec index build --dedup`` / ``refdec generate --retrieve``.
+* ``refdec index build --dedup`` and ``refdec generate --retrieve``: tests/test_cli_index.py and
+  tests/test_cli_generate.py.
 """
 
 from __future__ import annotations
@@ -15,13 +16,12 @@ import os
 
 import numpy as np
 import pytest
-import torch
 
 import refdec
 from refdec.index import CorpusIndex
 from refdec.proposer import Proposer
 from refdec.retrieval import DocumentSignatures, signature_path
-from tiny_models import VOCAB, tiny_llama
+from tiny_models import VOCAB, hf_greedy, tiny_llama
 
 
 def _documents(count: int = 6, length: int = 300, seed: int = 0) -> list[np.ndarray]:
@@ -105,13 +105,6 @@ def test_add_documents_extends_the_signatures_one_row_per_document():
 # --------------------------------------------------------------------------- generate(retrieve=k)
 
 
-def _hf_greedy(model, prompt, max_new_tokens):
-    with torch.no_grad():
-        out = model.generate(torch.tensor([prompt]), do_sample=False, max_new_tokens=max_new_tokens,
-                             eos_token_id=None, pad_token_id=0, attention_mask=None)
-    return out[0].tolist()
-
-
 def test_retrieve_k_gives_greedy_output_and_the_retrieved_document_feeds_drafts(model):
     docs = _documents(6, seed=5)
     index = CorpusIndex.build(docs, vocab_size=VOCAB, signatures=True, show_progress=False)
@@ -124,7 +117,7 @@ def test_retrieve_k_gives_greedy_output_and_the_retrieved_document_feeds_drafts(
     decoder = refdec.SpeculativeDecoder(model, index=index, proposer_factory=factory)
     for j in (1, 4):
         prompt = [1] + docs[j][30:90].tolist()  # a slice of document j
-        want = _hf_greedy(model, prompt, 24)
+        want = hf_greedy(model, prompt, 24)
         plain = decoder.generate(prompt, max_new_tokens=24, eos_token_id=[], max_draft_tokens=16)
         out = decoder.generate(prompt, max_new_tokens=24, eos_token_id=[], max_draft_tokens=16, retrieve=2)
         assert plain.sequences[0].tolist() == want
@@ -147,7 +140,7 @@ def test_retrieve_through_the_module_level_generate(model):
     index = CorpusIndex.build(docs, vocab_size=VOCAB, signatures=True, show_progress=False)
     prompt = [1] + docs[2][10:50].tolist()
     out = refdec.generate(model, prompt, index=index, max_new_tokens=12, eos_token_id=[], retrieve=1)
-    assert out.sequences[0].tolist() == _hf_greedy(model, prompt, 12)
+    assert out.sequences[0].tolist() == hf_greedy(model, prompt, 12)
     assert out.stats.retrieved_documents == [2]
 
 
@@ -163,53 +156,3 @@ def test_retrieve_without_index_or_without_signatures_or_negative_is_a_clear_err
             decoder.generate([1, 5, 6], index=unsigned, max_new_tokens=2, retrieve=bad)
     # retrieve=0 (the default) needs no signatures
     assert decoder.generate([1, 5, 6], index=unsigned, max_new_tokens=2, retrieve=0).stats.new_tokens == 2
-
-
-# --------------------------------------------------------------------------- CLI
-
-
-def test_cli_build_dedup_reports_the_dropped_documents_and_writes_signatures(capsys, tmp_path):
-    from refdec.cli import main
-    from test_cli_index import make_tiny_tokenizer
-
-    make_tiny_tokenizer(tmp_path)
-    src = tmp_path / "src"
-    src.mkdir()
-    body = "".join(f"def f{i}(x):\n    return x + {i}\n" for i in range(40))
-    (src / "a.py").write_text(body)
-    (src / "a_copy.py").write_text(body)
-    (src / "a_edited.py").write_text(body.replace("x + 7\n", "x + 8\n"))
-    (src / "b.py").write_text("import os\nprint('hello world')\n" * 5)
-    out = tmp_path / "corpus.idx"
-    code = main(["index", "build", str(src), "--tokenizer", str(tmp_path / "tok"), "--out", str(out),
-                 "--dedup", "0.9", "--no-progress"])
-    printed = capsys.readouterr().out
-    assert code == 0
-    assert "2 documents," in printed and "2 near-duplicate documents dropped (Jaccard >= 0.9)" in printed
-    assert os.path.exists(signature_path(out)) and "signatures in" in printed
-    assert CorpusIndex.load(out).signatures is not None
-
-    code = main(["index", "info", str(out)])
-    assert code == 0 and signature_path(out) in capsys.readouterr().out
-
-    plain = tmp_path / "plain.idx"
-    code = main(["index", "build", str(src), "--tokenizer", str(tmp_path / "tok"), "--out", str(plain),
-                 "--no-signatures", "--no-progress"])
-    printed = capsys.readouterr().out
-    assert code == 0 and "4 documents," in printed and "dropped" not in printed
-    assert not os.path.exists(signature_path(plain))
-
-
-def test_cli_dedup_threshold_out_of_range_is_an_argument_error(capsys, tmp_path):
-    from refdec.cli import main
-
-    with pytest.raises(SystemExit):
-        main(["index", "build", str(tmp_path), "--out", str(tmp_path / "x.idx"), "--dedup", "1.5"])
-    assert "(0, 1]" in capsys.readouterr().err
-
-
-def test_cli_generate_retrieve_without_index_is_an_error_before_loading_a_model(capsys):
-    from refdec.cli import main
-
-    code = main(["generate", "--prompt", "x", "--retrieve", "2", "--model", "/nonexistent"])
-    assert code != 0 and "--retrieve 2 needs --index" in capsys.readouterr().err

@@ -1,16 +1,23 @@
-"""Tiny random float64 models and a pure-Python draft proposer for tests.
+"""Tiny random float64 models, a pure-Python draft proposer and the helpers the tests share.
 
 Models are built from configs (no hub): small vocab, a few layers, so a forward
 takes a millisecond. Random models give near-uniform next-token distributions,
 so the output projection is scaled up (``_sharpen``) to make greedy decoding
 fall into loops on repetitive prompts: then drafts copied from the context are
 partly accepted and partly rejected, and the tests check both happen.
+
+Tiers: a property checked on every model family runs on ``FAST_FAMILIES`` (Gemma 3:
+sliding-window layers and a dict of masks; Llama: rotary positions and one mask) in the
+fast tier and on the others (GPT-2: absolute position embeddings; Qwen2) in the ``full``
+tier (``family_params``; tests/conftest.py deselects ``full`` unless ``-m`` names it).
 """
 
 from __future__ import annotations
 
 import numpy as np
+import pytest
 import torch
+from transformers.generation.streamers import BaseStreamer
 
 from refdec.tree import DraftTree
 
@@ -78,6 +85,13 @@ def tiny_gpt2(seed: int = 0, scale: float = 3.0):
 
 
 MODEL_BUILDERS = {"llama": tiny_llama, "qwen2": tiny_qwen2, "gemma3": tiny_gemma3, "gpt2": tiny_gpt2}
+FAMILIES = sorted(MODEL_BUILDERS)
+FAST_FAMILIES = ("gemma3", "llama")
+
+
+def family_params(families=FAMILIES) -> list:
+    """pytest parameters over model family names: those outside FAST_FAMILIES marked ``full``."""
+    return [name if name in FAST_FAMILIES else pytest.param(name, marks=pytest.mark.full) for name in families]
 
 
 def cached_model(cache: dict, name: str):
@@ -103,6 +117,69 @@ def repetitive_prompts(count: int, seed: int = 0, vocab: int = VOCAB, low: int =
         out += span[: int(rng.integers(1, len(span)))]
         prompts.append(out)
     return prompts
+
+
+def tiers(cases: list[tuple], fast: list[tuple]) -> list:
+    """pytest parameters for ``cases`` (tuples of argument values), those not in ``fast`` marked ``full``."""
+    return [pytest.param(*case, marks=() if case in fast else pytest.mark.full) for case in cases]
+
+
+def hf_greedy(model, prompt, max_new_tokens: int = 40, eos_token_id=None, **kwargs) -> list[int]:
+    """``model.generate(do_sample=False)`` on one prompt (a list of ids): the prompt and the new
+    tokens as one list (``kwargs``: more of generate's arguments, e.g. logits settings)."""
+    with torch.no_grad():
+        return model.generate(torch.tensor([prompt]), do_sample=False, max_new_tokens=max_new_tokens,
+                              eos_token_id=eos_token_id, pad_token_id=0, **kwargs)[0].tolist()
+
+
+def batch_row(out, b: int, prompt_len: int, pad: int = 0) -> list[int]:
+    """Row ``b`` of a batched ``generate`` output without its left and right padding (prompt + new
+    tokens); asserts that only padding follows the row's end."""
+    new = out.stats.rows[b].new_tokens
+    seq = out.sequences[b].tolist()
+    head = out.sequences.shape[1] - max(r.new_tokens for r in out.stats.rows)  # the padded prompt width
+    assert all(t == pad for t in seq[head + new:]), "right padding after the row's end"
+    return seq[head - prompt_len: head + new]
+
+
+def mixed_batch() -> list[list[int]]:
+    """Prompts of different lengths: repetitive ones (drafts accepted) and random ones (drafts rejected)."""
+    rng = np.random.default_rng(7)
+    prompts = repetitive_prompts(4, seed=11)
+    prompts.insert(2, [1] + rng.integers(3, VOCAB, size=5).tolist())  # short, nothing to copy
+    prompts.append([1] + rng.integers(3, VOCAB, size=23).tolist())
+    return prompts
+
+
+class FakeClock:
+    """``time.perf_counter`` where time passes only when :meth:`tick` is called."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+    def tick(self, module=None, args=None, output=None) -> None:
+        """One second (also usable as a forward hook)."""
+        self.now += 1.0
+
+
+class RecordingStreamer(BaseStreamer):
+    """A transformers streamer that records what it is given."""
+
+    def __init__(self):
+        self.puts: list[list[int]] = []
+        self.first_shape = None
+        self.ended = 0
+
+    def put(self, value):
+        if self.first_shape is None:
+            self.first_shape = tuple(value.shape)
+        self.puts.append(value.reshape(-1).tolist())
+
+    def end(self):
+        self.ended += 1
 
 
 class PromptLookupProposer:

@@ -1,5 +1,7 @@
-"""Sampling is lossless: same seed → the same tokens as non-speculative sampling,
-and the sampled distribution is the model's (processed) softmax."""
+"""Specifies refdec.decode.sampling: sampling is lossless. The draw at an output position depends
+only on (seed, position) (Gumbel-max with counter-based noise), so speculative sampling gives the
+tokens of non-speculative sampling with the same seed, for single prompts and every batch row;
+the processed logits equal transformers' warpers, and the draws follow their softmax."""
 
 from __future__ import annotations
 
@@ -12,7 +14,10 @@ from transformers import (LogitsProcessorList, MinPLogitsWarper, TemperatureLogi
 import refdec
 import refdec.decode.sampling as sampling
 from refdec.decode.sampling import gumbel_at, gumbel_row, kept_tokens, process_logits
-from tiny_models import lookup_factory, repetitive_prompts, tiny_llama
+from tiny_models import batch_row, cached_model, lookup_factory, mixed_batch, repetitive_prompts, tiny_llama
+
+NEW = 40
+
 
 SETTINGS = [
     dict(temperature=1.0),
@@ -47,9 +52,20 @@ def chi_square_p_value(counts: np.ndarray, probs: np.ndarray, min_expected: floa
                                          torch.tensor(stat / 2, dtype=torch.float64)))
 
 
-@pytest.mark.parametrize("setting", SETTINGS, ids=lambda s: "-".join(f"{k}{v}" for k, v in s.items()))
-def test_same_seed_gives_the_tokens_of_plain_sampling(family_model, setting):
-    name, model = family_model
+def setting_id(setting: dict) -> str:
+    return "-".join(f"{k}{v}" for k, v in setting.items())
+
+
+# fast: top-k + top-p on Llama; full: every family x setting (min-p's kept tokens: test_kept_tokens_...)
+FAST_SAMPLING = [("llama", 3)]
+
+
+@pytest.mark.parametrize("name, setting", [
+    pytest.param(name, setting, id=f"{name}-{setting_id(setting)}",
+                 marks=() if (name, i) in FAST_SAMPLING else pytest.mark.full)
+    for name in ("gemma3", "gpt2", "llama", "qwen2") for i, setting in enumerate(SETTINGS)])
+def test_same_seed_gives_the_tokens_of_plain_sampling(tiny_model_cache, name, setting):
+    model = cached_model(tiny_model_cache, name)
     accepted = rejected = 0
     for i, prompt in enumerate(repetitive_prompts(6, seed=21)):
         seed = 1000 + i
@@ -73,6 +89,32 @@ def test_same_seed_gives_the_tokens_of_plain_sampling(family_model, setting):
             accepted += out.stats.accepted_tokens
             rejected += out.stats.proposed_tokens - out.stats.accepted_tokens
     assert accepted > 20 and rejected > 20, (accepted, rejected)
+
+
+@pytest.mark.parametrize("setting", [dict(temperature=1.0), dict(temperature=0.7, top_k=8, top_p=0.9)])
+def test_sampling_rows_equal_single_row_runs_with_their_seed(llama, setting):
+    model = llama
+    prompts = mixed_batch()
+    refs = []
+    for b, p in enumerate(prompts):  # per-row references holding the row's own sampled continuation
+        plain = refdec.generate(model, p, max_new_tokens=NEW, do_sample=True, seed=50 + b, eos_token_id=[],
+                                  max_draft_tokens=0, **setting)
+        cont = plain.sequences[0].tolist()[len(p) - 3:]
+        for j in range(7, len(cont), 9):
+            cont[j] = (cont[j] + 1) % 96
+        refs.append([cont])
+    out = refdec.generate(model, prompts, references=refs, max_new_tokens=NEW, do_sample=True, seed=50,
+                          eos_token_id=[], max_draft_tokens=16, **setting)
+    listed = refdec.generate(model, prompts, max_new_tokens=NEW, do_sample=True, seed=[50 + b for b in range(6)],
+                             eos_token_id=[], max_draft_tokens=16, **setting)
+    for b, p in enumerate(prompts):
+        single = refdec.generate(model, p, max_new_tokens=NEW, do_sample=True, seed=50 + b, eos_token_id=[],
+                                   max_draft_tokens=0, **setting).sequences[0].tolist()
+        assert batch_row(out, b, len(p)) == single
+        assert batch_row(listed, b, len(p)) == single
+        assert out.stats.rows[b].seed == 50 + b
+    assert sum(r.accepted_tokens for r in out.stats.rows) > 20
+    assert sum(r.proposed_tokens - r.accepted_tokens for r in out.stats.rows) > 5
 
 
 def test_different_seeds_give_different_samples():
@@ -150,16 +192,18 @@ def test_gumbel_noise_is_standard_gumbel():
     assert abs(float(g.mean()) - 0.5772156649) < 0.01
 
 
-@pytest.mark.parametrize("setting", SETTINGS, ids=lambda s: "-".join(f"{k}{v}" for k, v in s.items()))
-def test_first_token_distribution_over_seeds_is_the_processed_softmax(setting):
-    """Chi-square over 3000 fixed seeds: plain and speculative sampling draw from softmax(process(logits))."""
+# fast: top-k over 1000 seeds; full: every setting over 3000 seeds
+@pytest.mark.parametrize("setting, n", [
+    pytest.param(SETTINGS[1], 1000, id=f"{setting_id(SETTINGS[1])}-1000"),
+    *(pytest.param(setting, 3000, id=f"{setting_id(setting)}-3000", marks=pytest.mark.full) for setting in SETTINGS)])
+def test_first_token_distribution_over_seeds_is_the_processed_softmax(setting, n):
+    """Chi-square over n fixed seeds: plain and speculative sampling draw from softmax(process(logits))."""
     model = tiny_llama(seed=4, scale=6.0)  # a peaked distribution (top token ~0.12)
     prompt = [1, 5, 9, 12, 5, 9]
     with torch.no_grad():
         logits = model(input_ids=torch.tensor([prompt])).logits[0, -1:].to(torch.float64)
     probs = torch.softmax(process_logits(logits, setting["temperature"], setting.get("top_k"),
                                          setting.get("top_p"), setting.get("min_p")), dim=-1)[0].numpy()
-    n = 3000
     counts = np.zeros(probs.shape[0])
     decoder = refdec.SpeculativeDecoder(model)
     for s in range(n):

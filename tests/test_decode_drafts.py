@@ -1,20 +1,11 @@
-"""The decoder against awkward inputs and long use.
-
-* drafts holding token ids the model has no embedding for (an index or
-  references over a larger vocabulary) never reach the model;
-* references longer than the model's window only draft (never fed); a prompt
-  longer than the window is a clear error;
-* bad ``max_draft_tokens`` values are a ValueError naming the argument;
-* a streamer that raises: the exception propagates, and the same
-  SpeculativeDecoder decodes correctly afterwards;
-* hundreds of consecutive ``generate`` calls on one decoder do not grow memory
-  (the 10,000-call version is benchmarks/long_run.py).
+"""Specifies where drafts come from and what of them reaches the model (refdec.decode.drafts and
+the engine): references, text references and a corpus index drive long accepted runs with the
+output still exactly ``model.generate``'s; draft nodes holding ids outside the model's
+vocabulary (negative or too large) are dropped with their subtrees; references only draft, never
+feed the model, so they may be longer than its window.
 """
 
 from __future__ import annotations
-
-import gc
-import tracemalloc
 
 import numpy as np
 import pytest
@@ -23,20 +14,17 @@ import torch
 import refdec
 from refdec.decode.drafts import drop_out_of_vocab
 from refdec.index import CorpusIndex
+from refdec.proposer import Proposer
 from refdec.tree import DraftTree
-from tiny_models import VOCAB, repetitive_prompts, tiny_gemma3, tiny_llama
+from tiny_models import (FAMILIES, VOCAB, cached_model, hf_greedy, lookup_factory, repetitive_prompts, tiers,
+                         tiny_gemma3, tiny_llama)
+
+NEW = 40
 
 
 @pytest.fixture(scope="module")
 def model():
     return tiny_llama(seed=4)
-
-
-def _hf_greedy(model, prompt, max_new_tokens):
-    with torch.no_grad():
-        out = model.generate(torch.tensor([prompt]), do_sample=False, max_new_tokens=max_new_tokens,
-                             eos_token_id=None, pad_token_id=0, attention_mask=None)
-    return out[0].tolist()
 
 
 class _FedIds:
@@ -54,9 +42,6 @@ class _FedIds:
 
     def __exit__(self, *exc):
         self.handle.remove()
-
-
-# --------------------------------------------------------------------------- vocabulary
 
 
 # A tree with out-of-vocabulary nodes (vocab 96):
@@ -93,7 +78,7 @@ def test_an_index_over_a_larger_vocabulary_never_feeds_an_unknown_token_to_the_m
     for prompt in prompts:
         with _FedIds(model) as fed:
             out = decoder.generate(prompt, max_new_tokens=16, eos_token_id=[], max_draft_tokens=32)
-        assert out.sequences[0].tolist() == _hf_greedy(model, prompt, 16)
+        assert out.sequences[0].tolist() == hf_greedy(model, prompt, 16)
         assert max(int(ids.max()) for ids in fed.calls) < VOCAB
     # the drafts really did hold such ids before the filter
     proposer = Proposer(index=index, backoff=0)
@@ -127,7 +112,7 @@ def test_negative_draft_ids_from_a_corrupt_index_never_reach_the_model(model, tm
     with _FedIds(model) as fed:
         out = refdec.SpeculativeDecoder(model, index=index).generate(prompt, max_new_tokens=16, eos_token_id=[],
                                                                       max_draft_tokens=16)
-    assert out.sequences[0].tolist() == _hf_greedy(model, prompt, 16)
+    assert out.sequences[0].tolist() == hf_greedy(model, prompt, 16)
     assert min(int(ids.min()) for ids in fed.calls) >= 0
 
 
@@ -137,11 +122,8 @@ def test_references_with_unknown_token_ids_only_draft(model):
     with _FedIds(model) as fed:
         out = refdec.SpeculativeDecoder(model).generate(prompt, references=[reference], max_new_tokens=12,
                                                           eos_token_id=[], max_draft_tokens=16)
-    assert out.sequences[0].tolist() == _hf_greedy(model, prompt, 12)
+    assert out.sequences[0].tolist() == hf_greedy(model, prompt, 12)
     assert max(int(ids.max()) for ids in fed.calls) < VOCAB
-
-
-# --------------------------------------------------------------------------- the model's window
 
 
 @pytest.mark.parametrize("builder", [tiny_llama, tiny_gemma3], ids=["llama", "gemma3-window8"])
@@ -149,7 +131,7 @@ def test_references_longer_than_the_window_only_draft_and_are_never_fed(builder)
     model = builder(seed=5)
     window = model.config.max_position_embeddings  # 512
     prompt = repetitive_prompts(1, seed=23)[0]
-    want = _hf_greedy(model, prompt, 24)
+    want = hf_greedy(model, prompt, 24)
     rng = np.random.default_rng(0)
     # 3 x window tokens: noise around the true continuation, so drafts from it are accepted
     reference = rng.integers(3, VOCAB, size=3 * window).tolist()
@@ -164,75 +146,63 @@ def test_references_longer_than_the_window_only_draft_and_are_never_fed(builder)
     assert sum(ids.shape[-1] for ids in fed.calls) < window
 
 
-def test_a_prompt_longer_than_the_window_is_a_clear_error(model):
-    window = model.config.max_position_embeddings
-    decoder = refdec.SpeculativeDecoder(model)
-    with pytest.raises(ValueError, match=rf"{window + 1} tokens.*max_position_embeddings={window}"):
-        decoder.generate([3] * (window + 1), max_new_tokens=4)
-    # at the window exactly: one token is emitted (it is never fed back), stop reason says why
-    out = decoder.generate([3] * window, max_new_tokens=4, eos_token_id=[])
-    assert out.stats.new_tokens == 1 and out.stats.stop_reason == "max_position_embeddings"
+@pytest.mark.parametrize("family, kind", tiers([(family, kind) for family in FAMILIES for kind in ("cxx", "tree")],
+                                               fast=[("gemma3", "cxx"), ("llama", "tree")]))
+def test_references_holding_the_continuation_are_accepted_in_long_runs(tiny_model_cache, family, kind):
+    """A reference that contains the true greedy continuation (a few tokens corrupted) gives long
+    accepted runs from the reference source; the output is still exactly generate's."""
+    model = cached_model(tiny_model_cache, family)
+    for prompt in repetitive_prompts(4, seed=8):
+        want = hf_greedy(model, prompt)
+        reference = want[len(prompt) - 3:]  # the last prompt tokens, then the continuation
+        for j in range(15, len(reference), 16):
+            reference[j] = (reference[j] + 1) % 96
+        out = refdec.generate(model, prompt, references=[reference], max_new_tokens=NEW, eos_token_id=[],
+                                max_draft_tokens=64, proposer_factory=None if kind == "cxx" else lookup_factory(kind))
+        assert out.sequences[0].tolist() == want
+        assert out.stats.tokens_per_pass > 2.0
+        assert out.stats.accepted_by_source.get("reference", 0) > 10
+        assert out.stats.proposed_tokens > out.stats.accepted_tokens
 
 
-# --------------------------------------------------------------------------- arguments
+def test_drafts_from_a_corpus_index_built_from_token_lists(family_model):
+    """A CorpusIndex over (corrupted) greedy outputs of some prompts drives drafts for them."""
+    name, model = family_model
+    prompts = repetitive_prompts(6, seed=13)
+    documents = []
+    for prompt in prompts[:4]:
+        doc = hf_greedy(model, prompt)[len(prompt) - 4:]
+        for j in range(11, len(doc), 13):
+            doc[j] = (doc[j] + 7) % 96
+        documents.append(doc)
+    index = CorpusIndex.build(documents, vocab_size=96, show_progress=False)
+    decoder = refdec.SpeculativeDecoder(model, index=index)
+    from_corpus = 0
+    for prompt in prompts:
+        out = decoder.generate(prompt, max_new_tokens=NEW, eos_token_id=[], max_draft_tokens=32)
+        assert out.sequences[0].tolist() == hf_greedy(model, prompt)
+        from_corpus += out.stats.accepted_by_source.get("corpus", 0)
+    assert from_corpus > 20
 
 
-@pytest.mark.parametrize("bad", [-1, -64, 1.5, 8.0, "many", "", None, True, [4], object()])
-def test_bad_max_draft_tokens_is_a_value_error_naming_it(model, bad):
-    with pytest.raises(ValueError, match="max_draft_tokens"):
-        refdec.SpeculativeDecoder(model).generate([1, 5, 6, 5, 6], max_new_tokens=3, max_draft_tokens=bad)
+def _editing_factory(index, references, max_depth):
+    return Proposer(index=index, references=references or None, max_depth=max_depth, cursor=True)
 
 
-# --------------------------------------------------------------------------- streamer errors
-
-
-class _FailingStreamer:
-    def __init__(self, fail_at: int, in_end: bool = False) -> None:
-        self.puts = 0
-        self.fail_at, self.in_end = fail_at, in_end
-
-    def put(self, value) -> None:
-        self.puts += 1
-        if not self.in_end and self.puts == self.fail_at:
-            raise RuntimeError("streamer broke")
-
-    def end(self) -> None:
-        if self.in_end:
-            raise RuntimeError("streamer broke at end")
-
-
-@pytest.mark.parametrize("max_draft", ["auto", 16])
-@pytest.mark.parametrize("fail", [(1, False), (2, False), (4, False), (0, True)], ids=["prompt", "first", "mid", "end"])
-def test_a_raising_streamer_propagates_and_leaves_the_decoder_usable(model, max_draft, fail):
-    prompts = repetitive_prompts(3, seed=24)
-    decoder = refdec.SpeculativeDecoder(model)
-    with pytest.raises(RuntimeError, match="streamer broke"):
-        decoder.generate(prompts[0], max_new_tokens=20, eos_token_id=[], max_draft_tokens=max_draft,
-                         streamer=_FailingStreamer(*fail))
-    for prompt in prompts:  # the same decoder, the same and other prompts
-        out = decoder.generate(prompt, max_new_tokens=20, eos_token_id=[], max_draft_tokens=max_draft)
-        assert out.sequences[0].tolist() == _hf_greedy(model, prompt, 20)
-
-
-# --------------------------------------------------------------------------- long use
-
-
-def test_hundreds_of_generate_calls_on_one_decoder_do_not_grow_memory():
-    from benchmarks import long_run
-
-    decoder, prompts = long_run.make_setup(seed=1)
-    long_run.run_calls(decoder, prompts, 0, 60)  # warm-up: allocator pools, lazy imports, calibration
-    gc.collect()
-    rss_warm = long_run.rss_bytes()
-    tracemalloc.start()
-    try:
-        heap_warm = tracemalloc.get_traced_memory()[0]
-        long_run.run_calls(decoder, prompts, 60, 300)
-        gc.collect()
-        heap_growth = tracemalloc.get_traced_memory()[0] - heap_warm
-    finally:
-        tracemalloc.stop()
-    rss_growth = long_run.rss_bytes() - rss_warm
-    # measured: ~0.4 MiB RSS, ~90 KiB Python heap over 300 calls (noise; 10,000 calls: benchmarks/long_run.py)
-    assert rss_growth < 24 * 2**20, rss_growth
-    assert heap_growth < 2 * 2**20, heap_growth
+@pytest.mark.parametrize("family", ["llama", "gemma3"])
+def test_greedy_with_an_edited_reference_equals_plain_greedy(family, tiny_model_cache):
+    """The reference is the true greedy continuation with edits (a substitution,
+    an insertion, a deletion): drafts are accepted in long runs and rejected at
+    the edits, and the output is exactly model.generate's."""
+    model = cached_model(tiny_model_cache, family)
+    accepted = rejected = 0
+    for prompt in repetitive_prompts(4, seed=21):
+        want = hf_greedy(model, prompt, max_new_tokens=48)
+        cont = want[len(prompt):]
+        reference = cont[:10] + [(cont[10] + 1) % 96] + cont[11:20] + [5, 6, 7] + cont[20:30] + cont[33:]
+        out = refdec.generate(model, prompt, references=[reference], max_new_tokens=48, eos_token_id=[],
+                              max_draft_tokens=64, proposer_factory=_editing_factory)
+        assert out.sequences[0].tolist() == want
+        accepted += out.stats.accepted_tokens
+        rejected += out.stats.proposed_tokens - out.stats.accepted_tokens
+    assert accepted > 60 and rejected > 10, (accepted, rejected)

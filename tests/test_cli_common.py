@@ -1,0 +1,34 @@
+"""Specifies refdec.cli.common, the readers the commands share: text files keep their line endings
+and a non-UTF-8 file is named; a JSON-lines file splits on its line breaks only."""
+
+from __future__ import annotations
+
+import pytest
+
+
+def test_cli_text_files_keep_crlf_and_name_a_non_utf8_file(tmp_path):
+    from refdec.cli.common import read_text_file
+
+    (tmp_path / "crlf.py").write_bytes(b"a = 1\r\nb = 2\r\n")
+    assert read_text_file(str(tmp_path / "crlf.py")) == "a = 1\r\nb = 2\r\n"  # was converted to LF
+    (tmp_path / "latin1.txt").write_bytes("caf\xe9".encode("latin-1"))
+    with pytest.raises(ValueError, match=r"latin1.txt is not UTF-8 text"):
+        read_text_file(str(tmp_path / "latin1.txt"))
+
+
+def test_jsonl_records_holding_unicode_line_separators_are_one_line_each(tmp_path):
+    """json.dumps(ensure_ascii=False) writes U+2028 / U+2029 raw inside strings; str.splitlines split
+    such a record in two (a valid --prompts-jsonl file was rejected, an index record dropped)."""
+    import json
+
+    from refdec.cli.generate import read_prompts_jsonl
+    from refdec.cli.index import SourceStats, read_documents
+
+    texts = ["first\u2028line", "second\u2029x\x85y\x0cz", "third"]
+    for key in ("prompt", "text"):
+        body = "\r\n".join(json.dumps({key: t}, ensure_ascii=False) for t in texts) + "\n"
+        (tmp_path / f"{key}.jsonl").write_text(body, encoding="utf-8", newline="")
+    assert [r["prompt"] for r in read_prompts_jsonl(str(tmp_path / "prompt.jsonl"))] == texts
+    stats = SourceStats()
+    assert list(read_documents([tmp_path / "text.jsonl"], "text", stats)) == texts
+    assert stats.bad_records == 0

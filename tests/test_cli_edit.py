@@ -1,0 +1,63 @@
+"""Specifies refdec.cli.edit, ``refdec edit``: the file written (or streamed to stdout) is plain
+greedy decoding's output up to the closing fence, with the diff and stats printed; a missing file
+is an error naming it."""
+
+from __future__ import annotations
+
+import pytest
+
+
+@pytest.fixture
+def tiny_model_dir_3(tiny_model_dir):
+    """A tiny random Llama (seed 3) and the character tokenizer, saved like a real model directory."""
+    return tiny_model_dir(3)
+
+
+ORIGINAL_TEXT = "def f(x):\n    return x + 1\n\n\ndef g(y):\n    return f(y) * 2\n"
+
+
+def run_cli(capsys, *argv):
+    from refdec.cli import main
+
+    code = main([str(a) for a in argv])
+    captured = capsys.readouterr()
+    return code, captured.out, captured.err
+
+
+def test_edit_writes_out_and_prints_the_diff_and_stats(capsys, tmp_path, tiny_model_dir_3):
+    import torch
+
+    from refdec.edit_prompt import build_edit_prompt
+    from refdec.models import load_model
+
+    src = tmp_path / "m.py"
+    src.write_text(ORIGINAL_TEXT)
+    out = tmp_path / "new.py"
+    code, stdout, stderr = run_cli(capsys, "edit", src, "--instruction", "rename g to h", "--model", tiny_model_dir_3,
+                                   "--out", out, "--max-new-tokens", 24, "--diff", "--compare")
+    assert code == 0, stderr
+    # the result is plain greedy's output up to the closing fence
+    model, tokenizer = load_model(str(tiny_model_dir_3))
+    prompt = build_edit_prompt(ORIGINAL_TEXT, "rename g to h", path="m.py")
+    ids = tokenizer(prompt.text, return_tensors="pt")["input_ids"]
+    with torch.no_grad():
+        want = model.generate(ids, do_sample=False, max_new_tokens=24, pad_token_id=0, attention_mask=None)
+    text = prompt.extract(tokenizer.decode(want[0, ids.shape[1]:].tolist(), skip_special_tokens=True))
+    assert out.read_text() == text
+    assert "--- a/m.py" in stdout and "+++ b/m.py" in stdout
+    assert "tokens/pass" in stderr and "outputs identical: True" in stderr
+
+
+def test_edit_streams_the_file_to_stdout_without_out(capsys, tmp_path, tiny_model_dir_3):
+    src = tmp_path / "m.py"
+    src.write_text(ORIGINAL_TEXT)
+    code, stdout, stderr = run_cli(capsys, "edit", src, "--instruction", "add a docstring", "--model", tiny_model_dir_3,
+                                   "--max-new-tokens", 16, "--prompt-template", "rewrite")
+    assert code == 0, stderr
+    assert stdout.strip() and "--- a/" not in stdout
+    assert "[refdec edit]" in stderr
+
+
+def test_edit_of_a_missing_file_is_an_error_naming_it(capsys, tmp_path):
+    code, _, stderr = run_cli(capsys, "edit", tmp_path / "nope.py", "--instruction", "x")
+    assert code == 2 and "nope.py" in stderr

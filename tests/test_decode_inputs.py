@@ -1,0 +1,274 @@
+"""Specifies refdec.decode.inputs: a prompt (a list, a 1-D or [1, L] tensor), a list of prompts or
+a left-padded batch, references (shared or per row, text or ids), seeds and eos ids are normalised
+to one form; every malformed input is a ValueError naming it."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+import torch
+
+import refdec
+from refdec.decode.inputs import (eos_ids, is_batched_input, normalize_batch, normalize_prompt, normalize_references,
+                                  row_seeds, split_references)
+from tiny_models import batch_row, hf_greedy, mixed_batch, repetitive_prompts
+
+NEW = 40
+VOCAB = 96
+
+
+# ---------------------------------------------------------------- the functions
+
+
+@pytest.mark.parametrize("input_ids, batched", [
+    ([1, 5, 6], False), (torch.tensor([1, 5, 6]), False), (torch.tensor([[1, 5, 6]]), False),
+    ([], False), ([[1, 5], [6]], True), ([torch.tensor([[1, 5]])], True), (np.array([[1, 5], [6, 7]]), True),
+])
+def test_a_list_of_prompts_or_a_matrix_of_several_rows_is_a_batch(input_ids, batched):
+    assert is_batched_input(input_ids) is batched
+
+
+def test_one_row_with_padding_in_its_mask_is_a_batch_and_one_without_is_a_prompt():
+    ids = torch.tensor([[0, 5, 6]])
+    assert is_batched_input(ids, torch.tensor([[0, 1, 1]]))
+    assert not is_batched_input(ids, torch.tensor([[1, 1, 1]]))
+    assert not is_batched_input(ids, [[1, 1, 1]])
+
+
+@pytest.mark.parametrize("input_ids", [[1, 5, 6], (1, 5, 6), np.array([1, 5, 6], dtype=np.int32),
+                                       torch.tensor([1, 5, 6]), torch.tensor([[1, 5, 6]])])
+def test_a_prompt_becomes_an_int64_vector(input_ids):
+    prompt = normalize_prompt(input_ids, VOCAB)
+    assert prompt.dtype == np.int64 and prompt.tolist() == [1, 5, 6]
+
+
+@pytest.mark.parametrize("input_ids, message", [
+    (torch.tensor([[1, 2], [3, 4]]), r"input_ids has 2 rows where one sequence was expected \(shape \[1, L\]\)"),
+    (np.zeros((1, 1, 2), dtype=np.int64), r"input_ids must have shape \[1, L\] or \[L\], got shape \(1, 1, 2\)"),
+    (np.zeros(0, dtype=np.int64), r"input_ids is empty: each prompt needs at least one token \(refdec adds no BOS"),
+    ([5, 96], r"input_ids holds token id 96, outside the model vocabulary \[0, 96\)"),
+    ([5, -1], r"input_ids holds token id -1, outside the model vocabulary"),
+    ("hello", r"input_ids must be a sequence of token ids, got str \(tokenize the text first\)"),
+])
+def test_a_malformed_prompt_is_an_error_naming_input_ids(input_ids, message):
+    with pytest.raises(ValueError, match=message):
+        normalize_prompt(input_ids, VOCAB)
+
+
+def test_a_list_of_prompts_is_kept_as_rows_and_a_padded_matrix_loses_its_padding():
+    rows, padded = normalize_batch([[1, 5], torch.tensor([[6, 7, 8]]), np.array([9])], None, VOCAB)
+    assert [r.tolist() for r in rows] == [[1, 5], [6, 7, 8], [9]] and padded is None
+    assert all(r.dtype == np.int64 for r in rows)
+    ids = np.array([[0, 0, 5], [0, 6, 7], [8, 9, 10]], dtype=np.int32)
+    rows, padded = normalize_batch(ids, torch.tensor([[0, 0, 1], [0, 1, 1], [1, 1, 1]]), VOCAB)
+    assert [r.tolist() for r in rows] == [[5], [6, 7], [8, 9, 10]]
+    assert padded.dtype == np.int64 and padded.tolist() == ids.tolist()
+    rows, _ = normalize_batch(torch.tensor([[0, 5], [6, 7]]), None, VOCAB)  # no mask: every column is a token
+    assert [r.tolist() for r in rows] == [[0, 5], [6, 7]]
+
+
+@pytest.mark.parametrize("input_ids, mask, message", [
+    ([[1, 5], [6]], [[1, 1], [0, 1]],
+     r"attention_mask is for a padded \[B, L\] input_ids; a list of prompts needs none"),
+    (torch.tensor([[1.0, 2.0], [3.0, 4.0]]), None, r"input_ids must hold integer token ids, got dtype torch.float32"),
+    (np.array([[1.0, 2.0], [3.0, 4.0]]), None, r"input_ids must hold integer token ids, got dtype float64"),
+    (np.zeros((2, 1, 2), dtype=np.int64), None, r"batched input_ids must have shape \[B, L\], got \(2, 1, 2\)"),
+    (torch.tensor([[5, 6, 7], [5, 6, 7]]), torch.ones(2, 2), r"attention_mask has shape \(2, 2\), input_ids \(2, 3\)"),
+    (torch.tensor([[5, 6], [5, 6]]), torch.tensor([[1, 2], [1, 1]]),
+     r"attention_mask must hold 0 \(padding\) and 1 \(token\) only"),
+    (torch.tensor([[5, 6], [5, 6]]), torch.tensor([[1, 1], [1, 0]]),
+     r"attention_mask row 1 is not left-padded \(a 0 after a 1\); pad on the left"),
+    ([], None, r"input_ids holds no prompt"),
+    ([[5, 6], []], None, r"prompt 1 is empty: each prompt needs at least one token"),
+    (torch.tensor([[0, 0], [5, 6]]), torch.tensor([[0, 0], [1, 1]]), r"prompt 0 is empty"),
+    ([[5, 6], [7, "x"]], None, r"input_ids\[1\] must be a list of ints; found 'x'"),
+    ([[5, 6], [7, 96]], None, r"prompt 1 holds token id 96, outside the model vocabulary \[0, 96\)"),
+])
+def test_a_malformed_batch_is_an_error_naming_the_row_or_the_mask(input_ids, mask, message):
+    with pytest.raises(ValueError, match=message):
+        normalize_batch(input_ids, mask, VOCAB)
+
+
+class BosTokenizer:
+    """Characters as ids 3.., with a BOS (1) first unless add_special_tokens=False."""
+
+    def __call__(self, text, add_special_tokens=True):
+        return {"input_ids": [1] * add_special_tokens + [3 + ord(c) - ord("a") for c in text]}
+
+
+def test_references_become_int32_token_arrays_and_text_is_tokenized_without_special_tokens():
+    refs = normalize_references([[5, 6], (7,), np.array([[8, 9]]), torch.tensor([10]), "ab"], BosTokenizer())
+    assert [r.tolist() for r in refs] == [[5, 6], [7], [8, 9], [10], [3, 4]]
+    assert all(r.dtype == np.int32 for r in refs)
+    assert normalize_references(None, None) == [] and normalize_references([], None) == []
+
+
+@pytest.mark.parametrize("references, message", [
+    ("text", r"references must be a list of str or of token-id lists, got str"),
+    ({"a": [1]}, r"references must be a list of str or of token-id lists, got dict"),
+    (["text"], r"references\[0\] is a str; text references need tokenizer=..."),
+    ([[1], 5], r"references\[1\] must be a str or a list of token ids, got int"),
+    ([[1], [2, -1]], r"references\[1\] must be token ids in \[0, 2\*\*31\); references\[1\]\[1\] = -1"),
+])
+def test_a_malformed_reference_is_an_error_naming_its_index(references, message):
+    with pytest.raises(ValueError, match=message):
+        normalize_references(references, None)
+
+
+def test_references_are_shared_by_every_row_unless_given_one_list_per_row():
+    assert split_references(None, 2) == [None, None]
+    assert split_references([[5, 6], [7]], 3) == [[[5, 6], [7]]] * 3  # token-id documents: shared
+    assert split_references(["doc a", "doc b"], 2) == [["doc a", "doc b"]] * 2  # text documents: shared
+    assert split_references([["doc a"], None], 2) == [["doc a"], None]  # a list (or None) per row
+
+
+def test_row_b_gets_seed_plus_b_or_the_bth_listed_seed():
+    assert row_seeds(7, 3) == [7, 8, 9]
+    assert row_seeds([4, 0, 4], 3) == [4, 0, 4]
+    drawn = row_seeds(None, 3)
+    assert drawn == [drawn[0], drawn[0] + 1, drawn[0] + 2] and drawn[0] >= 0
+    for bad in ([1, 2], [1, -2, 3], [1, 2.0, 3], (1, True, 3)):
+        with pytest.raises(ValueError, match=r"seed must be an int >= 0 or a list of 3 ints >= 0, got"):
+            row_seeds(bad, 3)
+
+
+def test_eos_ids_come_from_the_argument_or_else_the_generation_config():
+    model = SimpleNamespace(generation_config=SimpleNamespace(eos_token_id=[2, 95]))
+    assert eos_ids(None, model, VOCAB) == {2, 95}
+    assert eos_ids(7, model, VOCAB) == {7} and eos_ids([3, 4], model, VOCAB) == {3, 4}
+    assert eos_ids(torch.tensor([5, 6]), model, VOCAB) == {5, 6} and eos_ids([], model, VOCAB) == set()
+    model.generation_config.eos_token_id = 2
+    assert eos_ids(None, model, VOCAB) == {2}
+    model.generation_config.eos_token_id = None
+    assert eos_ids(None, model, VOCAB) == set()
+    # an id outside the vocabulary is an error when given, and kept (never emitted) from the config
+    with pytest.raises(ValueError, match=r"eos_token_id 96 is outside the model vocabulary \[0, 96\)"):
+        eos_ids([2, 96], model, VOCAB)
+    model.generation_config.eos_token_id = [2, 200]
+    assert eos_ids(None, model, VOCAB) == {2, 200}
+    for bad in ("x", -1, [2, -1], True, [2.0]):
+        with pytest.raises(ValueError, match=r"eos_token_id must be an int >= 0 or a list of them, got"):
+            eos_ids(bad, model, VOCAB)
+
+
+# ---------------------------------------------------------------- through generate
+
+
+@pytest.mark.parametrize("input_ids", [[1, 5, 6, 7], torch.tensor([1, 5, 6, 7]), torch.tensor([[1, 5, 6, 7]])])
+def test_input_ids_forms_are_equivalent(llama, input_ids):
+    out = refdec.generate(llama, input_ids, max_new_tokens=5, eos_token_id=[], max_draft_tokens=4)
+    assert out.sequences.shape == (1, 9) and out.sequences.dtype == torch.long
+    assert out.sequences[0, :4].tolist() == [1, 5, 6, 7]
+
+
+def test_left_padded_tensor_with_attention_mask_equals_the_list_form(batch_family_model):
+    name, model = batch_family_model
+    prompts = mixed_batch()
+    width = max(len(p) for p in prompts)
+    ids = torch.zeros(len(prompts), width, dtype=torch.long)
+    mask = torch.zeros(len(prompts), width, dtype=torch.long)
+    for b, p in enumerate(prompts):
+        ids[b, width - len(p):] = torch.tensor(p)
+        mask[b, width - len(p):] = 1
+    a = refdec.generate(model, prompts, max_new_tokens=NEW, eos_token_id=[], max_draft_tokens=8)
+    b = refdec.generate(model, ids, attention_mask=mask, max_new_tokens=NEW, eos_token_id=[], max_draft_tokens=8)
+    assert a.sequences.tolist() == b.sequences.tolist()
+    assert a.sequences.shape == (len(prompts), width + NEW)
+    # model.generate's layout: the padded prompt as given, then the new tokens
+    assert torch.equal(b.sequences[:, :width], ids)
+    # a list of [1, L] tensors (tokenizer(text, return_tensors="pt").input_ids, as the README builds ids)
+    c = refdec.generate(model, [torch.tensor([p]) for p in prompts], max_new_tokens=NEW, eos_token_id=[],
+                        max_draft_tokens=8)
+    assert c.sequences.tolist() == a.sequences.tolist()
+
+
+def test_a_single_padded_row_and_max_new_tokens_zero_and_one(llama):
+    model = llama
+    p = repetitive_prompts(1, seed=3)[0]
+    ids = torch.tensor([[0, 0] + p])
+    out = refdec.generate(model, ids, attention_mask=torch.tensor([[0, 0] + [1] * len(p)]), max_new_tokens=NEW,
+                          eos_token_id=[], max_draft_tokens=16)
+    assert out.sequences[0].tolist() == [0, 0] + hf_greedy(model, p)
+    prompts = repetitive_prompts(3, seed=3)
+    zero = refdec.generate(model, prompts, max_new_tokens=0)
+    assert zero.sequences.shape == (3, max(len(q) for q in prompts)) and zero.stats.new_tokens == 0
+    one = refdec.generate(model, prompts, max_new_tokens=1, eos_token_id=[])
+    for b, q in enumerate(prompts):
+        assert batch_row(one, b, len(q)) == hf_greedy(model, q, max_new_tokens=1)
+
+
+@pytest.mark.parametrize("input_ids, message", [
+    (torch.tensor([[[1, 2], [3, 4]]]), r"input_ids must have shape \[1, L\] or \[L\], got shape \(1, 2, 2\)"),
+    ([], r"input_ids is empty"),
+    (torch.zeros(1, 0, dtype=torch.long), r"input_ids is empty"),
+    (torch.tensor([[1.0, 2.0]]), r"input_ids must hold integer token ids"),
+    ([1, "a"], r"input_ids must be a list of ints; found 'a'"),
+    ([1, 500], r"token id 500, outside the model vocabulary \[0, 96\)"),
+    (list(range(3, 90)) * 6, r"prompt has 522 tokens, more than the model's max_position_embeddings=512"),
+])
+def test_bad_prompts_raise_clear_errors(llama, input_ids, message):
+    with pytest.raises(ValueError, match=message):
+        refdec.generate(llama, input_ids, max_new_tokens=3)
+
+
+def test_batched_input_errors_name_the_problem(llama):
+    model = llama
+    prompts = repetitive_prompts(2, seed=1)
+    from transformers.generation.streamers import BaseStreamer
+
+    with pytest.raises(ValueError, match="streamer needs a single prompt"):
+        refdec.generate(model, prompts, streamer=BaseStreamer(), max_new_tokens=4)
+    with pytest.raises(ValueError, match="not left-padded"):
+        refdec.generate(model, torch.tensor([[5, 6, 0], [5, 6, 7]]),
+                        attention_mask=torch.tensor([[1, 1, 0], [1, 1, 1]]), max_new_tokens=4)
+    with pytest.raises(ValueError, match="per-row lists for a batch of 2"):
+        refdec.generate(model, prompts, references=[[[5, 6]], [[7]], None], max_new_tokens=4)
+    with pytest.raises(ValueError, match="prompt 1 is empty"):
+        refdec.generate(model, [[5, 6], []], max_new_tokens=4)
+    with pytest.raises(ValueError, match="seed must be"):
+        refdec.generate(model, prompts, do_sample=True, seed=[1], max_new_tokens=4)
+
+
+def test_shared_references_serve_every_row(llama):
+    model = llama
+    prompts = repetitive_prompts(3, seed=4)
+    refs = [hf_greedy(model, p)[len(p) - 3:] for p in prompts]  # one shared list: every row's continuation
+    out = refdec.generate(model, prompts, references=refs, max_new_tokens=NEW, eos_token_id=[],
+                          max_draft_tokens=32)
+    for b, p in enumerate(prompts):
+        assert batch_row(out, b, len(p)) == hf_greedy(model, p)
+        assert out.stats.rows[b].accepted_by_source.get("reference", 0) > 10
+
+
+def test_shared_references_of_empty_documents_are_not_taken_for_per_row_lists(llama):
+    """[[]] or [[], []]: an empty list is an empty row or an empty token-list document; it was read
+    as per-row lists, so a batch of another size was refused ("references has 1 per-row lists")."""
+    assert split_references([[]], 2) == [[[]], [[]]]  # one shared (empty) document
+    assert split_references([[], []], 3) == [[[], []]] * 3
+    assert split_references([[], []], 2) == [[], []]  # counts agree: one (empty) list per row
+    assert split_references([None, ["doc"]], 2) == [None, ["doc"]]
+    with pytest.raises(ValueError, match="references has 2 per-row lists for a batch of 3"):
+        split_references([None, ["doc"]], 3)
+    model = llama
+    prompts = repetitive_prompts(2, seed=5)
+    out = refdec.generate(model, prompts, references=[[]], max_new_tokens=6, eos_token_id=[])
+    for b, p in enumerate(prompts):
+        assert batch_row(out, b, len(p)) == hf_greedy(model, p, max_new_tokens=6)
+
+
+def test_text_references_are_tokenized_with_the_tokenizer(family_model, tiny_tokenizer):
+    name, model = family_model
+    prompt = repetitive_prompts(1, seed=9)[0]
+    want = hf_greedy(model, prompt)
+    text = tiny_tokenizer.decode(want[len(prompt) - 3:])
+    out = refdec.generate(model, prompt, tokenizer=tiny_tokenizer, references=[text], max_new_tokens=NEW,
+                            eos_token_id=[], max_draft_tokens=64)
+    assert out.sequences[0].tolist() == want
+    assert out.stats.accepted_by_source.get("reference", 0) > 10
+
+
+def test_an_eos_token_id_outside_the_vocabulary_is_an_error(llama):
+    with pytest.raises(ValueError, match=r"eos_token_id 1000 is outside the model vocabulary \[0, 96\)"):
+        refdec.generate(llama, [1, 5, 6], max_new_tokens=2, eos_token_id=[2, 1000])

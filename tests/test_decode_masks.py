@@ -1,0 +1,124 @@
+"""Specifies refdec.decode.masks: a draft tree becomes (input_ids, position_ids = root position +
+depth, attention mask) where a node sees the whole prefix, its ancestors and itself (and, for a
+sliding-window layer, only what lies in its window); a tree forward then gives every row the
+logits a plain forward over its branch gives.
+
+The trees are drawn in tests/drawn_trees.py (rows: R = root = row 0, node i = row i+1).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from drawn_trees import (CHAIN3_ANC, CHAIN3_PARENTS, FORK_ANC, FORK_DEPTH, FORK_PARENTS, WIDE_ANC, WIDE_DEPTH,
+                         WIDE_PARENTS)
+from refdec.decode.cache import new_cache
+from refdec.decode.masks import MaskSpec, ancestor_matrix, build_tree_inputs
+from refdec.decode.model_support import mask_spec_for
+from refdec.tree import DraftTree
+from tiny_models import FAMILIES
+
+
+@pytest.mark.parametrize("parents, anc, depth", [
+    (CHAIN3_PARENTS, CHAIN3_ANC, [0, 1, 2, 3]),
+    (FORK_PARENTS, FORK_ANC, FORK_DEPTH),
+    (WIDE_PARENTS, WIDE_ANC, WIDE_DEPTH),
+    ([], [[1]], [0]),
+])
+def test_ancestor_matrix_matches_drawn_tree(parents, anc, depth):
+    got_anc, got_depth = ancestor_matrix(np.asarray(parents, dtype=np.int32))
+    assert got_anc.astype(int).tolist() == anc
+    assert got_depth.tolist() == depth
+
+
+def test_full_mask_sees_whole_prefix_then_ancestors_and_positions_are_prefix_plus_depth():
+    tree = DraftTree(np.array([10, 11, 12, 13, 14]), np.array(FORK_PARENTS), np.ones(5))
+    spec = MaskSpec(kind="single", window=None, additive=False, dtype=torch.float64)
+    inp = build_tree_inputs(tree, root_token=7, root_pos=4, spec=spec)
+    assert inp.input_ids.tolist() == [[7, 10, 11, 12, 13, 14]]
+    assert inp.position_ids.tolist() == [[4 + d for d in FORK_DEPTH]]
+    mask = inp.attention_mask
+    assert mask.shape == (1, 1, 6, 4 + 6) and mask.dtype == torch.bool
+    assert mask[0, 0, :, :4].all()
+    assert mask[0, 0, :, 4:].int().tolist() == FORK_ANC
+
+
+def test_sliding_mask_applies_window_on_positions():
+    # window 3: a query at position q sees keys at q-2, q-1, q (transformers: q - k < window)
+    #   prefix positions 0..4, root R at 5
+    #   R(5) ─ a(6) ─ b(7)
+    #   R(5) ─ c(6)
+    tree = DraftTree(np.array([20, 21, 22]), np.array([-1, 0, -1]), np.ones(3))
+    spec = MaskSpec(kind="dict", window=3, additive=False, dtype=torch.float64)
+    inp = build_tree_inputs(tree, root_token=9, root_pos=5, spec=spec)
+    full = inp.attention_mask["full_attention"][0, 0].int().tolist()
+    win = inp.attention_mask["sliding_attention"][0, 0].int().tolist()
+    # key columns: positions 0 1 2 3 4 | R a b c
+    assert full == [
+        [1, 1, 1, 1, 1, 1, 0, 0, 0],  # R (5)
+        [1, 1, 1, 1, 1, 1, 1, 0, 0],  # a (6)
+        [1, 1, 1, 1, 1, 1, 1, 1, 0],  # b (7)
+        [1, 1, 1, 1, 1, 1, 0, 0, 1],  # c (6)
+    ]
+    assert win == [
+        [0, 0, 0, 1, 1, 1, 0, 0, 0],  # R (5): sees 3, 4, 5
+        [0, 0, 0, 0, 1, 1, 1, 0, 0],  # a (6): sees 4, R, a
+        [0, 0, 0, 0, 0, 1, 1, 1, 0],  # b (7): sees R, a, b
+        [0, 0, 0, 0, 1, 1, 0, 0, 1],  # c (6): sees 4, R, c
+    ]
+
+
+def test_window_also_cuts_inside_a_long_draft_chain():
+    # window 2 and a chain deeper than the window: node at depth 3 sees only depth 2 and itself
+    tree = DraftTree.chain([1, 2, 3])
+    spec = MaskSpec(kind="single", window=2, additive=False, dtype=torch.float64)
+    inp = build_tree_inputs(tree, root_token=0, root_pos=0, spec=spec)
+    assert inp.attention_mask[0, 0].int().tolist() == [
+        [1, 0, 0, 0],
+        [1, 1, 0, 0],
+        [0, 1, 1, 0],
+        [0, 0, 1, 1],
+    ]
+
+
+def test_eager_attention_gets_an_additive_float_mask():
+    spec = MaskSpec(kind="single", window=None, additive=True, dtype=torch.float64)
+    inp = build_tree_inputs(DraftTree.chain([3]), root_token=1, root_pos=2, spec=spec)
+    m = inp.attention_mask[0, 0]
+    assert m.dtype == torch.float64
+    assert m[0, 3] == torch.finfo(torch.float64).min and m[1, 3] == 0 and m[0, 0] == 0
+
+
+def _plain_logits(model, ids):
+    with torch.no_grad():
+        return model(input_ids=torch.tensor([ids])).logits[0].to(torch.float64)
+
+
+@pytest.mark.parametrize("shape, seed", [("fork", 1), ("wide", 2), ("long_chain", 3)])
+def test_tree_forward_logits_equal_plain_forward_per_branch(family_model, shape, seed):
+    """Every tree row's logits equal the logits of a plain forward over its branch (prefix cached)."""
+    name, model = family_model
+    rng = np.random.default_rng([seed, FAMILIES.index(name)])  # fixed per case (was hash(): other every run)
+    prefix = rng.integers(3, 90, size=13).tolist()  # 12 cached + root; crosses gemma3's window of 8
+    if shape == "fork":
+        parents = FORK_PARENTS
+    elif shape == "wide":
+        parents = WIDE_PARENTS
+    else:
+        parents = list(range(-1, 11))  # depth 12 > window
+    tokens = rng.integers(3, 90, size=len(parents))
+    tree = DraftTree(tokens, np.asarray(parents), np.ones(len(parents)))
+    with torch.no_grad():
+        cache = new_cache()
+        model(input_ids=torch.tensor([prefix[:-1]]), cache=cache, use_cache=True)
+        inp = build_tree_inputs(tree, prefix[-1], len(prefix) - 1, mask_spec_for(model))
+        logits = model(input_ids=inp.input_ids, position_ids=inp.position_ids,
+                       attention_mask=inp.attention_mask, cache=cache, use_cache=True).logits[0]
+    anc, _ = ancestor_matrix(tree.parents)
+    for row in range(anc.shape[0]):
+        path_rows = np.flatnonzero(anc[row])  # root first, then ancestors in order, then the row
+        branch = prefix + [int(tokens[r - 1]) for r in path_rows[1:]]
+        expected = _plain_logits(model, branch)[-1]
+        torch.testing.assert_close(logits[row], expected, rtol=0, atol=1e-12)
