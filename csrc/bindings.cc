@@ -23,6 +23,8 @@ using namespace refdec;
 namespace {
 
 using TokenArray = py::array_t<int32_t, py::array::c_style | py::array::forcecast>;
+// Taken with noconvert(): only a C-contiguous int32 array, no copy.
+using ExactTokenArray = py::array_t<int32_t, py::array::c_style>;
 
 // Python class raised for IndexFormatError (set by refdec.index); ValueError until then.
 PyObject* g_format_error = nullptr;
@@ -32,7 +34,8 @@ struct Tokens {
   int64_t size;
 };
 
-Tokens tokens_of(const TokenArray& a, const char* name) {
+template <typename Array>
+Tokens tokens_of(const Array& a, const char* name) {
   if (a.ndim() != 1)
     throw std::invalid_argument(std::string(name) + " must be a 1-D array of token ids, got " +
                                 std::to_string(a.ndim()) + " dimensions");
@@ -287,11 +290,12 @@ PYBIND11_MODULE(_C, m) {
           },
           py::arg("view"), py::arg("weight"), py::arg("half_len"), py::arg("source_id"), py::keep_alive<1, 2>())
       .def("feed",
-           [](ProposerCore& p, const TokenArray& a) {
+           [](ProposerCore& p, const ExactTokenArray& a) {
              Tokens t = tokens_of(a, "tokens");
              py::gil_scoped_release release;
              p.feed(t.data, t.size);
-           })
+           },
+           py::arg("tokens").noconvert(), "tokens: a C-contiguous int32 array (anything else is a TypeError)")
       .def("propose",
            [](ProposerCore& p, int32_t max_nodes) {
              if (max_nodes < 0) throw std::invalid_argument("max_nodes must be >= 0, got " + std::to_string(max_nodes));

@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <cassert>
 #include <cmath>
+#include <iterator>
+#include <utility>
 
 namespace refdec {
 namespace {
@@ -37,6 +39,10 @@ void DraftTreeBuilder::build(const std::vector<DraftSource>& sources, int32_t ma
   cand_entries_.clear();
   seq_ = 0;
   if (max_nodes <= 0 || max_depth <= 0) return;
+  out->token_ids.reserve(max_nodes);
+  out->parents.reserve(max_nodes);
+  out->scores.reserve(max_nodes);
+  out->source_ids.reserve(max_nodes);
 
   // Step 1. The root holds every source that matched, scored by its confidence.
   root_entries_.clear();
@@ -54,8 +60,7 @@ void DraftTreeBuilder::build(const std::vector<DraftSource>& sources, int32_t ma
     if (conf > 0.0f) root_entries_.push_back({static_cast<int32_t>(i), s.state, conf, -1});
   }
   if (root_entries_.empty()) return;
-  std::vector<Entry> entries(root_entries_);
-  expand(sources, -1, 0, entries.data(), static_cast<int32_t>(entries.size()), max_nodes);
+  expand(sources, -1, 0, root_entries_.data(), static_cast<int32_t>(root_entries_.size()), max_nodes);
 
   // Step 2. Best-first: pop the best candidate, emit it as the next node
   // (its parent was emitted earlier, so the order is topological), then push
@@ -70,19 +75,57 @@ void DraftTreeBuilder::build(const std::vector<DraftSource>& sources, int32_t ma
     out->scores.push_back(c.score);
     out->source_ids.push_back(c.best_source);
     if (c.depth < max_depth) {
-      entries.assign(cand_entries_.begin() + c.entry_begin, cand_entries_.begin() + c.entry_end);
-      expand(sources, node, c.depth, entries.data(), static_cast<int32_t>(entries.size()),
+      // expand() reads the entries before it appends to cand_entries_.
+      expand(sources, node, c.depth, cand_entries_.data() + c.entry_begin, c.entry_end - c.entry_begin,
              max_nodes - static_cast<int32_t>(out->token_ids.size()));
     }
   }
 }
 
+void DraftTreeBuilder::sort_proposals() {
+  auto by_token_source = [](const Proposal& a, const Proposal& b) {
+    return a.token != b.token ? a.token < b.token : a.source_id < b.source_id;
+  };
+  if (proposals_.size() <= kMergeAbove) {
+    std::sort(proposals_.begin(), proposals_.end(), by_token_source);
+    return;
+  }
+  // Step 1. Each run sorted by token (a run's tokens are distinct and share
+  // one source_id; a FrozenIndex lists children sorted already).
+  auto by_token = [](const Proposal& a, const Proposal& b) { return a.token < b.token; };
+  run_starts_.push_back(static_cast<int32_t>(proposals_.size()));
+  runs_.clear();
+  for (size_t r = 0; r + 1 < run_starts_.size(); ++r) {
+    const auto begin = proposals_.begin() + run_starts_[r];
+    const auto end = proposals_.begin() + run_starts_[r + 1];
+    if (begin == end) continue;
+    if (!std::is_sorted(begin, end, by_token)) std::sort(begin, end, by_token);
+    runs_.push_back({run_starts_[r], run_starts_[r + 1]});
+  }
+  if (runs_.size() < 2) return;
+  // Step 2. Merge the runs by (token, source_id), the shortest first, so the
+  // longest run (a near-root state's children) is copied once.
+  using Run = std::pair<int32_t, int32_t>;
+  std::sort(runs_.begin(), runs_.end(),
+            [](const Run& a, const Run& b) { return a.second - a.first < b.second - b.first; });
+  merged_.assign(proposals_.begin() + runs_[0].first, proposals_.begin() + runs_[0].second);
+  for (size_t r = 1; r < runs_.size(); ++r) {
+    merge_scratch_.clear();
+    std::merge(merged_.begin(), merged_.end(), proposals_.begin() + runs_[r].first,
+               proposals_.begin() + runs_[r].second, std::back_inserter(merge_scratch_), by_token_source);
+    merged_.swap(merge_scratch_);
+  }
+  proposals_.swap(merged_);
+}
+
 void DraftTreeBuilder::expand(const std::vector<DraftSource>& sources, int32_t node, int32_t depth,
                               const Entry* entries, int32_t n_entries, int32_t budget_left) {
   if (budget_left <= 0) return;
-  // Step 1. Every entry's children.
+  // Step 1. Every entry's children (one run of proposals per entry).
   proposals_.clear();
+  run_starts_.clear();
   for (int32_t i = 0; i < n_entries; ++i) {
+    run_starts_.push_back(static_cast<int32_t>(proposals_.size()));
     Entry e = entries[i];
     const DraftSource& source = sources[e.source];
     const AutomatonView* view = source.view;
@@ -102,12 +145,14 @@ void DraftTreeBuilder::expand(const std::vector<DraftSource>& sources, int32_t n
       if (source.substitutions != nullptr) {
         for (const Substitution& sub : *source.substitutions) {
           if (sub.from != token || sub.to == token) continue;
-          proposals_.push_back({sub.to, {e.source, kCopyState, score * sub.prob, static_cast<int32_t>(read + 1)}});
+          proposals_.push_back(
+              {sub.to, source.source_id, {e.source, kCopyState, score * sub.prob, static_cast<int32_t>(read + 1)}});
           keep = 1.0f - sub.prob;
           break;
         }
       }
-      proposals_.push_back({token, {e.source, kCopyState, score * keep, static_cast<int32_t>(read + 1)}});
+      proposals_.push_back(
+          {token, source.source_id, {e.source, kCopyState, score * keep, static_cast<int32_t>(read + 1)}});
       continue;
     }
     // Step 1b. Live source with a unique occurrence: overlapping copy. The
@@ -127,19 +172,19 @@ void DraftTreeBuilder::expand(const std::vector<DraftSource>& sources, int32_t n
       while (read >= n) read -= distance;
       if (read < 0 || score <= 0.0f) continue;
       proposals_.push_back(
-          {view->token_at(read), {e.source, kCopyState, score, static_cast<int32_t>(copy_pos + 1)}});
+          {view->token_at(read), source.source_id,
+           {e.source, kCopyState, score, static_cast<int32_t>(copy_pos + 1)}});
       continue;
     }
     // Step 1c. Automaton children scored by their count ratio.
-    view->children(e.state, &edges_);
-    if (edges_.empty() || edges_.size() > kMaxFanout) continue;
+    if (!view->children(e.state, &edges_, kMaxFanout) || edges_.empty()) continue;
     const size_t first = proposals_.size();
     double sum = 0.0;
     for (const Edge& edge : edges_) {
       const int64_t c = view->count(edge.target);
       if (c <= 0) continue;
       sum += static_cast<double>(c);
-      proposals_.push_back({edge.token, {e.source, edge.target, static_cast<float>(c), -1}});
+      proposals_.push_back({edge.token, source.source_id, {e.source, edge.target, static_cast<float>(c), -1}});
     }
     for (size_t j = first; j < proposals_.size(); ++j)
       proposals_[j].entry.score = static_cast<float>(e.score * (proposals_[j].entry.score / sum));
@@ -151,12 +196,7 @@ void DraftTreeBuilder::expand(const std::vector<DraftSource>& sources, int32_t n
   // Step 2. Group equal tokens across sources into one candidate: max over
   // the entries of one source_id, then 1 - prod(1 - score) over source_ids;
   // best source = the source_id with the largest score.
-  if (n_entries > 1) {
-    std::sort(proposals_.begin(), proposals_.end(), [&sources](const Proposal& a, const Proposal& b) {
-      if (a.token != b.token) return a.token < b.token;
-      return sources[a.entry.source].source_id < sources[b.entry.source].source_id;
-    });
-  }
+  if (n_entries > 1) sort_proposals();
   grouped_.clear();
   for (size_t i = 0; i < proposals_.size();) {
     size_t j = i;
@@ -167,10 +207,10 @@ void DraftTreeBuilder::expand(const std::vector<DraftSource>& sources, int32_t n
     while (j < proposals_.size() && proposals_[j].token == proposals_[i].token) {
       ++n_source_ids;
       // One source_id: the max of its entries.
-      const int32_t source_id = sources[proposals_[j].entry.source].source_id;
+      const int32_t source_id = proposals_[j].source_id;
       float source_best = 0.0f;
       while (j < proposals_.size() && proposals_[j].token == proposals_[i].token &&
-             sources[proposals_[j].entry.source].source_id == source_id) {
+             proposals_[j].source_id == source_id) {
         source_best = std::max(source_best, proposals_[j].entry.score);
         ++j;
       }

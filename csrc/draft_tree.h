@@ -4,6 +4,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <utility>
 #include <vector>
 
 #include "automaton_view.h"
@@ -116,18 +117,29 @@ class DraftTreeBuilder {
   };
   // A child proposed by one source while expanding a node.
   struct Proposal {
-    int32_t token;
+    int32_t token;      // proposed token
+    int32_t source_id;  // sources[entry.source].source_id
     Entry entry;
   };
 
   void expand(const std::vector<DraftSource>& sources, int32_t node, int32_t depth, const Entry* entries,
               int32_t n_entries, int32_t budget_left);
+  // Orders proposals_ by (token, source_id): sorted when there are at most
+  // kMergeAbove of them, else the runs of run_starts_ sorted and merged.
+  // Entries of one (token, source_id) may come in any order (a node takes
+  // their max), so the tree does not depend on which is used.
+  void sort_proposals();
+  static constexpr size_t kMergeAbove = 16;
 
   std::vector<Candidate> heap_;        // max-heap of candidates
   std::vector<Entry> cand_entries_;    // entries of all candidates ever pushed
   std::vector<Proposal> proposals_;    // scratch: children of the node being expanded
   std::vector<Edge> edges_;            // scratch: children of one state
   std::vector<Candidate> grouped_;     // scratch: grouped proposals of one expansion
+  std::vector<int32_t> run_starts_;    // scratch: first proposal of each entry's run
+  std::vector<std::pair<int32_t, int32_t>> runs_;  // scratch: non-empty runs [begin, end)
+  std::vector<Proposal> merged_;       // scratch: merged runs
+  std::vector<Proposal> merge_scratch_;  // scratch: the next merge's output
   std::vector<Entry> root_entries_;    // scratch: the root's entries
   int32_t seq_ = 0;                    // next Candidate::seq
   float depth_decay_ = 1.0f;           // see set_depth_decay

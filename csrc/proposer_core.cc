@@ -29,7 +29,7 @@ void ProposerCore::add_matcher_source(const AutomatonView* view, float weight, f
 void ProposerCore::feed(const int32_t* tokens, int64_t n) {
   for (int64_t i = 0; i < n; ++i) {
     if (tokens[i] < 0)
-      throw std::invalid_argument("token ids must be >= 0; tokens[" + std::to_string(i) + "] = " +
+      throw std::invalid_argument("tokens must be token ids in [0, 2**31); tokens[" + std::to_string(i) + "] = " +
                                   std::to_string(tokens[i]));
   }
   // Step 1. The context automaton grows by the tokens (one open document).
@@ -159,8 +159,7 @@ void ProposerCore::propose(int32_t max_nodes, DraftResult* out) {
 
 void ProposerCore::with_continuation(DraftSource* s) {
   while (s->match_len > 0) {
-    s->view->children(s->state, &edges_);
-    if (!edges_.empty()) return;
+    if (s->view->num_children(s->state) > 0) return;
     const int32_t l = s->view->link(s->state);
     const int32_t len = l == kNoState ? 0 : s->view->length(l);
     if (l == kNoState || len >= s->match_len) {

@@ -89,7 +89,6 @@ class ProposerCore {
   bool output_started_ = false;            // cursors track the fed tokens
   std::vector<DraftSource> sources_;       // scratch for the builder
   std::vector<CopyCandidate> unigrams_;    // scratch for push_cursor_sources
-  std::vector<Edge> edges_;                // scratch for with_continuation
   DraftTreeBuilder builder_;               // scratch buffers
 };
 
