@@ -171,27 +171,6 @@ DEFAULT_PARAMS = {
 LOOP_DECAY = 0.7
 EDITING_LOOP_DECAY = 1.0
 
-_TREE_FIELDS = ("token_ids", "parents", "scores", "source_ids", "source_names")
-_FAST_TREE = tuple(f.name for f in dataclasses.fields(DraftTree)) == _TREE_FIELDS
-
-
-def _make_tree(token_ids, parents, scores, source_ids, source_names) -> DraftTree:
-    """DraftTree from arrays the C++ builder already guarantees valid
-    (int32/float32, 1-D, one length, -1 <= parents[i] < i), skipping DraftTree's
-    re-validation (it costs more than the whole build). Tokens are >= 0 unless a
-    CorpusIndex body is corrupt (``verify()`` False): the decoder drops such nodes.
-    Falls back to the validating constructor if DraftTree's fields change."""
-    if not _FAST_TREE:
-        return DraftTree(token_ids, parents, scores, source_ids, source_names)
-    tree = object.__new__(DraftTree)
-    object.__setattr__(tree, "token_ids", token_ids)
-    object.__setattr__(tree, "parents", parents)
-    object.__setattr__(tree, "scores", scores)
-    object.__setattr__(tree, "source_ids", source_ids)
-    object.__setattr__(tree, "source_names", source_names)
-    return tree
-
-
 def frames_reference(prompt: np.ndarray, reference: np.ndarray, head: int = 8, tail: int = 2) -> bool:
     """Whether ``prompt`` (int32 [L]) holds the first ``head`` tokens of ``reference`` (int32 [R])
     right after its own last ``tail`` tokens: an edit prompt that shows the original file after a
@@ -313,14 +292,19 @@ class Proposer:
     def propose(self, max_nodes: int) -> DraftTree:
         """Best-first draft tree of at most ``max_nodes`` nodes continuing the context (may be empty)."""
         core = self._require_started()
-        if isinstance(max_nodes, bool) or not isinstance(max_nodes, (int, np.integer)) or max_nodes < 0:
+        if (type(max_nodes) is not int and (isinstance(max_nodes, bool) or not isinstance(max_nodes, np.integer))
+                or max_nodes < 0):
             raise ValueError(f"max_nodes must be a non-negative integer, got {max_nodes!r}")
         token_ids, parents, scores, source_ids = core.propose(int(max_nodes))
-        return _make_tree(token_ids, parents, scores, source_ids, self.source_names)
+        return DraftTree._trusted(token_ids, parents, scores, source_ids, self.source_names)
 
     def accept(self, tokens: np.ndarray) -> None:
         """Appends the tokens emitted this step (accepted + bonus): O(len(tokens)) amortised."""
-        self._require_started().feed(_as_tokens(tokens))
+        core = self._require_started()
+        try:
+            core.feed(tokens)  # an int32 array, as the decoder passes; a negative id: ValueError naming it
+        except TypeError:  # anything else: checked and converted
+            core.feed(_as_tokens(tokens))
 
     def last_match_lengths(self) -> dict[str, int]:
         """Current match length per source name (0 for an absent source)."""

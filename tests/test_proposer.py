@@ -317,3 +317,18 @@ def test_accept_refuses_what_is_not_token_ids_naming_the_value(tokens, message):
     proposer.start(arr(REPEAT_PROMPT))
     with pytest.raises(ValueError, match=message):
         proposer.accept(tokens)
+
+
+def test_a_proposed_tree_has_every_draft_tree_field_and_passes_its_validation():
+    # Proposer builds its trees with DraftTree._trusted (no re-validation): a field added to
+    # DraftTree must be set there too, and the arrays must be what the validating constructor makes.
+    import dataclasses
+
+    proposer = Proposer(max_depth=12)
+    proposer.start(arr(REPEAT_PROMPT))
+    tree = proposer.propose(32)
+    assert set(vars(tree)) == {f.name for f in dataclasses.fields(DraftTree)}
+    checked = DraftTree(tree.token_ids, tree.parents, tree.scores, tree.source_ids, tree.source_names)
+    for name in ("token_ids", "parents", "scores", "source_ids"):
+        assert getattr(tree, name).dtype == getattr(checked, name).dtype
+        np.testing.assert_array_equal(getattr(tree, name), getattr(checked, name))
