@@ -9,6 +9,7 @@
 
 #include "automaton_view.h"
 #include "draft_tree.h"
+#include "params.h"
 
 namespace refdec {
 
@@ -35,7 +36,8 @@ class OccurrenceIndex {
   std::vector<int32_t> positions_;   // end positions in link-tree DFS order
 };
 
-// Tuning of the cursor (see CopyCursor).
+// Tuning of the cursor (see CopyCursor). Valid ranges: kCursorParamFields
+// below. Python: refdec.proposer.CursorParams (fields by keyword, checked).
 struct CursorParams {
   // Log-odds that the output continues at a reference position q:
   //   match_gain * min(l, match_cap) - distance_gain * log(1 + d / distance_scale)
@@ -101,6 +103,45 @@ struct CursorParams {
   // Occurrence lists longer than this are not scanned (the suffix is too
   // short to say where the output is).
   int32_t max_scan = 16384;
+};
+
+// Every CursorParams field, in declaration order, with its valid range (the
+// fields that size per-request buffers are capped: match_cap 2**31 - 1 would
+// allocate 8 GB).
+inline constexpr ParamField<CursorParams> kCursorParamFields[] = {
+    real_field("match_gain", &CursorParams::match_gain, -kInf, kInf),
+    int_field("match_cap", &CursorParams::match_cap, 1, 4096),
+    real_field("distance_gain", &CursorParams::distance_gain),
+    real_field("distance_scale", &CursorParams::distance_scale, 1e-3),
+    real_field("back_penalty", &CursorParams::back_penalty),
+    real_field("null_score", &CursorParams::null_score, -kInf, kInf),
+    real_field("anchor_bonus", &CursorParams::anchor_bonus, -kInf, kInf),
+    real_field("diag_bonus", &CursorParams::diag_bonus, -kInf, kInf),
+    real_field("copy_decay", &CursorParams::copy_decay, 0.0, 1.0),
+    real_field("depth_decay", &CursorParams::depth_decay, 0.0, 1.0),
+    int_field("decay_levels", &CursorParams::decay_levels, 1),
+    real_field("hazard_power", &CursorParams::hazard_power),
+    real_field("hazard_scale", &CursorParams::hazard_scale, 1e-3),
+    real_field("copy_hazard_power", &CursorParams::copy_hazard_power),
+    real_field("copy_hazard_scale", &CursorParams::copy_hazard_scale, 1e-3),
+    int_field("confirm_run", &CursorParams::confirm_run),
+    int_field("start_run", &CursorParams::start_run),
+    int_field("max_candidates", &CursorParams::max_candidates, 1, 4096),
+    int_field("max_backoff", &CursorParams::max_backoff, 0, 4096),
+    int_field("unigram_k", &CursorParams::unigram_k, 0, 65536),
+    real_field("unigram_weight", &CursorParams::unigram_weight, 0.0, 1.0),
+    real_field("unigram_below", &CursorParams::unigram_below),
+    int_field("max_substitutions", &CursorParams::max_substitutions, 0, 65536),
+    int_field("max_scan", &CursorParams::max_scan),
+};
+static_assert(sizeof(CursorParams) == sizeof(kCursorParamFields) / sizeof(kCursorParamFields[0]) * 4,
+              "every CursorParams field (all 4 bytes) needs its entry in kCursorParamFields");
+
+// Where a cursor stands (CopyCursor's align(), run(), anchor()).
+struct CursorState {
+  int64_t align = -1;   // reference position of the next token if the output keeps copying, -1 = none
+  int32_t run = 0;      // aligned tokens in a row
+  int64_t anchor = -1;  // where the last confirmed copy stopped, -1 = none
 };
 
 // A reference position where the output may go on copying.

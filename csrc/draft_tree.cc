@@ -22,11 +22,12 @@ struct CandidateLess {
 }  // namespace
 
 float source_confidence(const DraftSource& source) {
-  if (source.copy_from >= 0) return source.copy_from < source.copy_end ? std::max(source.weight, 0.0f) : 0.0f;
-  if (source.match_len <= 0 || source.weight <= 0.0f) return 0.0f;
-  if (source.half_len <= 0.0f) return source.weight;
+  const SourceParams& p = source.params;
+  if (source.copy_from >= 0) return source.copy_from < source.copy_end ? std::max(p.weight, 0.0f) : 0.0f;
+  if (source.match_len <= 0 || p.weight <= 0.0f) return 0.0f;
+  if (p.half_len <= 0.0f) return p.weight;
   const float l = static_cast<float>(source.match_len);
-  return source.weight * l / (l + source.half_len);
+  return p.weight * l / (l + p.half_len);
 }
 
 void DraftTreeBuilder::build(const std::vector<DraftSource>& sources, int32_t max_nodes, int32_t max_depth,

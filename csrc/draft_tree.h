@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "automaton_view.h"
+#include "params.h"
 
 namespace refdec {
 
@@ -19,14 +20,28 @@ struct Substitution {
   float prob;    // probability that a copied `from` is written as `to`
 };
 
+// How far a matched source is trusted: its root confidence is
+// weight * L / (L + half_len) for a match of length L (source_confidence()).
+// Valid ranges: kSourceParamFields below. Python: refdec.proposer.SourceParams.
+struct SourceParams {
+  float weight = 1.0f;    // confidence of an arbitrarily long match, in [0, 1]
+  float half_len = 2.0f;  // match length at which the confidence is weight / 2
+};
+
+inline constexpr ParamField<SourceParams> kSourceParamFields[] = {
+    real_field("weight", &SourceParams::weight, 0.0, 1.0),
+    real_field("half_len", &SourceParams::half_len),
+};
+static_assert(sizeof(SourceParams) == sizeof(kSourceParamFields) / sizeof(kSourceParamFields[0]) * 4,
+              "every SourceParams field (all 4 bytes) needs its entry in kSourceParamFields");
+
 // One source of continuations: an automaton and where the live context
 // currently matches in it.
 struct DraftSource {
   const AutomatonView* view = nullptr;  // automaton (not owned)
   int32_t state = kRoot;                // state of the matched suffix
   int32_t match_len = 0;                // matched length; 0 = the source proposes nothing
-  float weight = 1.0f;                  // source weight in [0, 1]
-  float half_len = 2.0f;                // match length at which confidence is weight / 2
+  SourceParams params;                  // confidence (a fixed copy: params.weight alone)
   int32_t source_id = 0;                // written to DraftTree.source_ids
   bool live = false;                    // the automaton's last document is the live context: a
                                         // unique continuation that reaches its end goes on with
@@ -34,7 +49,7 @@ struct DraftSource {
   float loop_decay = 1.0f;              // live: score factor per token copied from the draft itself
   int64_t copy_from = -1;               // >= 0: a fixed copy, not a match: the chain
                                         // token_at(copy_from), token_at(copy_from + 1), ... up to
-                                        // copy_end (exclusive), with confidence `weight` (state and
+                                        // copy_end (exclusive), with confidence params.weight (state and
                                         // match_len unused)
   int64_t copy_end = 0;                 // copy_from >= 0: end of the copied document
   float copy_decay = 1.0f;              // copy_from >= 0: score factor per copied token
@@ -49,9 +64,9 @@ struct DraftSource {
 };
 
 // Confidence of a source with a match of `match_len` tokens:
-//   weight * match_len / (match_len + half_len)        (0 when match_len == 0)
-// It grows with the match length; the formula is a placeholder to be tuned.
-// A fixed copy (copy_from >= 0) has confidence `weight`.
+//   params.weight * match_len / (match_len + params.half_len)   (0 when match_len == 0)
+// It grows with the match length. A fixed copy (copy_from >= 0) has
+// confidence params.weight.
 float source_confidence(const DraftSource& source);
 
 // Output: nodes in topological order (parents[i] < i, -1 = child of the root).

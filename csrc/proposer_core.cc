@@ -6,22 +6,20 @@
 
 namespace refdec {
 
-void ProposerCore::set_context(SuffixAutomaton* sam, float weight, float half_len, int32_t source_id,
+void ProposerCore::set_context(SuffixAutomaton* sam, const SourceParams& params, int32_t source_id,
                                float loop_decay) {
   context_ = sam;
   context_params_.view = sam;
-  context_params_.weight = weight;
-  context_params_.half_len = half_len;
+  context_params_.params = params;
   context_params_.source_id = source_id;
   context_params_.live = true;
   context_params_.loop_decay = loop_decay;
 }
 
-void ProposerCore::add_matcher_source(const AutomatonView* view, float weight, float half_len, int32_t source_id) {
+void ProposerCore::add_matcher_source(const AutomatonView* view, const SourceParams& params, int32_t source_id) {
   MatchedSource m{Matcher(view), DraftSource{}};
   m.params.view = view;
-  m.params.weight = weight;
-  m.params.half_len = half_len;
+  m.params.params = params;
   m.params.source_id = source_id;
   matched_.push_back(m);
 }
@@ -66,10 +64,10 @@ void ProposerCore::start_output() {
     if (m.cursor) m.cursor->reset();
 }
 
-std::tuple<int64_t, int32_t, int64_t> ProposerCore::cursor_state(int32_t source_id) const {
+CursorState ProposerCore::cursor_state(int32_t source_id) const {
   for (const MatchedSource& m : matched_)
     if (m.params.source_id == source_id && m.cursor) return {m.cursor->align(), m.cursor->run(), m.cursor->anchor()};
-  return {-1, 0, -1};
+  return CursorState{};
 }
 
 std::vector<CopyCandidate> ProposerCore::cursor_candidates(int32_t source_id) const {
@@ -86,7 +84,7 @@ void ProposerCore::push_cursor_sources(const MatchedSource& m) {
   for (const CopyCandidate& c : cands) {
     s.copy_from = c.pos;
     s.copy_end = c.end;
-    s.weight = c.weight;
+    s.params.weight = c.weight;
     s.evidence = static_cast<float>(c.pos == m.cursor->align() ? m.cursor->run() : c.match);
     sources_.push_back(s);
   }
@@ -97,7 +95,7 @@ void ProposerCore::push_cursor_sources(const MatchedSource& m) {
     for (const CopyCandidate& c : unigrams_) {
       s.copy_from = c.pos;
       s.copy_end = c.end;
-      s.weight = c.weight;
+      s.params.weight = c.weight;
       s.evidence = 0.0f;
       sources_.push_back(s);
     }
@@ -189,15 +187,15 @@ void ProposerCore::push_source(DraftSource s) {
   }
 }
 
-std::vector<std::pair<int32_t, int32_t>> ProposerCore::match_lengths() {
-  std::vector<std::pair<int32_t, int32_t>> out;
-  if (context_ != nullptr) out.emplace_back(context_params_.source_id, context_->length(context_->match_state()));
+std::vector<ProposerCore::SourceMatch> ProposerCore::match_lengths() {
+  std::vector<SourceMatch> out;
+  if (context_ != nullptr) out.push_back({context_params_.source_id, context_->length(context_->match_state())});
   for (const MatchedSource& m : matched_) {
     DraftSource s = m.params;
     s.state = m.matcher.state();
     s.match_len = m.matcher.match_length();
     with_continuation(&s);
-    out.emplace_back(s.source_id, s.match_len);
+    out.push_back({s.source_id, s.match_len});
   }
   return out;
 }

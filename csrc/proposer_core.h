@@ -5,7 +5,6 @@
 
 #include <cstdint>
 #include <memory>
-#include <tuple>
 #include <vector>
 
 #include "automaton_view.h"
@@ -25,10 +24,10 @@ class ProposerCore {
  public:
   explicit ProposerCore(int32_t max_depth) : max_depth_(max_depth) {}
 
-  // Sets the live-context source (at most one).
-  void set_context(SuffixAutomaton* sam, float weight, float half_len, int32_t source_id, float loop_decay);
+  // Sets the live-context source (at most one); loop_decay as DraftSource::loop_decay.
+  void set_context(SuffixAutomaton* sam, const SourceParams& params, int32_t source_id, float loop_decay);
   // Adds a source matched against the context stream.
-  void add_matcher_source(const AutomatonView* view, float weight, float half_len, int32_t source_id);
+  void add_matcher_source(const AutomatonView* view, const SourceParams& params, int32_t source_id);
   // Editing mode for the matcher sources with this source_id (their automata
   // must be complete: an OccurrenceIndex is built over each): from
   // start_output() on, a CopyCursor follows the output through the reference
@@ -38,9 +37,8 @@ class ProposerCore {
   // The tokens fed from now on are the output: cursors start tracking them
   // (anchor at the start of the reference). Call after feeding the prompt.
   void start_output();
-  // (align, run, anchor) of the cursor of the first source with the id, or
-  // (-1, 0, -1) when it has none.
-  std::tuple<int64_t, int32_t, int64_t> cursor_state(int32_t source_id) const;
+  // The cursor of the first source with the id (CursorState{} when it has none).
+  CursorState cursor_state(int32_t source_id) const;
   // The cursor's current candidates (best first) of the first source with the id.
   std::vector<CopyCandidate> cursor_candidates(int32_t source_id) const;
   // Appends tokens to the context: extends the context automaton and advances
@@ -56,9 +54,14 @@ class ProposerCore {
   }
   // Best-first draft tree of at most max_nodes nodes.
   void propose(int32_t max_nodes, DraftResult* out);
-  // (source_id, match length) per source: the longest suffix of the context
-  // that occurs in the source with a continuation.
-  std::vector<std::pair<int32_t, int32_t>> match_lengths();
+  // One source's match: the longest suffix of the context that occurs in it
+  // with a continuation.
+  struct SourceMatch {
+    int32_t source_id;  // as given to set_context / add_matcher_source
+    int32_t match_len;  // its length (0 = none)
+  };
+  // Every source's match, the context first.
+  std::vector<SourceMatch> match_lengths();
   int32_t max_depth() const { return max_depth_; }
 
  private:

@@ -67,12 +67,9 @@ __all__ = ["IndexFormatError", "tokenizer_fingerprint", "CorpusIndex", "ContextI
 _MAX_TOKEN = 2**31 - 1
 
 
-class IndexFormatError(ValueError):
-    """An index file is not valid: foreign (bad magic), truncated, from another
-    format version, internally inconsistent, or built with another tokenizer."""
-
-
-_C._set_format_error_class(IndexFormatError)
+# An index file is not valid (a ValueError): declared in C++ (csrc/frozen_index.h), raised by
+# FrozenIndex.load and by CorpusIndex.load for a tokenizer mismatch.
+IndexFormatError = _C.IndexFormatError
 
 
 _FINGERPRINTS: dict[int, tuple] = {}  # id(tokenizer) -> (weakref, len(tokenizer), fingerprint)
@@ -423,6 +420,13 @@ class CorpusIndex(_Queries):
 
     # ------------------------------------------------------------------ properties
 
+    @property
+    def automaton(self):
+        """The frozen automaton that answers queries and drafts (``refdec._C.FrozenIndex``, an
+        ``AutomatonView``; the index freezes first if it grew). Read-only and shared: the
+        Proposer matches against it."""
+        return self._frozen_index()
+
     def _frozen_index(self):
         if self._frozen is None:
             self._frozen = _C.FrozenIndex.freeze(self._sam, self._fingerprint or "", self._vocab_size)
@@ -604,6 +608,12 @@ class ContextIndex(_Queries):
             self._sam.extend_many(_as_tokens(tokens))
 
     def _view(self):
+        return self._sam
+
+    @property
+    def automaton(self):
+        """The live automaton over the context (``refdec._C.SuffixAutomaton``, an
+        ``AutomatonView``); it grows with :meth:`extend` (and a Proposer's ``accept``)."""
         return self._sam
 
     def extend(self, tokens) -> None:

@@ -12,6 +12,8 @@ import pytest
 
 from refdec import CorpusIndex, DraftTree, Proposer
 from refdec import _C
+from refdec._C import testing
+from refdec.proposer import SourceParams
 
 CONTEXT, REFERENCE, CORPUS = 0, 1, 2
 
@@ -235,11 +237,13 @@ def test_build_draft_combines_sources_explicitly():
     sam.add_document(arr([1, 2, 3]))
     sam.add_document(arr([1, 2, 4]))
     state = sam.find_state(arr([1, 2]))
-    token_ids, parents, scores, source_ids = _C.build_draft([(sam, state, 2, 1.0, 0.0, 7)], 8, 4)
-    assert token_ids.tolist() == [3, 4]
-    assert parents.tolist() == [-1, -1]
-    np.testing.assert_allclose(scores, [0.5, 0.5])
-    assert source_ids.tolist() == [7, 7]
+    source = testing.DraftSource(view=sam, state=state, match_len=2,
+                                 params=SourceParams(weight=1.0, half_len=0.0), source_id=7)
+    draft = testing.build_draft([source], max_nodes=8, max_depth=4)
+    assert draft.token_ids.tolist() == [3, 4]
+    assert draft.parents.tolist() == [-1, -1]
+    np.testing.assert_allclose(draft.scores, [0.5, 0.5])
+    assert draft.source_ids.tolist() == [7, 7]
 
 
 # Context 1 2 3 9 2 4 1 2: the longest match "1 2" (L=2) continues with 3 only;
