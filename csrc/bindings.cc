@@ -116,9 +116,10 @@ py::object get_field(const Params& params, const ParamField<Params>& field) {
 // "[lo, hi]" as Python prints the bounds (ints for an int field, floats otherwise).
 template <typename Params>
 std::string range_text(const ParamField<Params>& field) {
-  if (field.integer != nullptr)
-    return "[" + std::to_string(static_cast<int64_t>(field.lo)) + ", " + std::to_string(static_cast<int64_t>(field.hi)) +
-           "]";
+  if (field.integer != nullptr) {
+    const auto lo = static_cast<int64_t>(field.lo), hi = static_cast<int64_t>(field.hi);
+    return "[" + std::to_string(lo) + ", " + std::to_string(hi) + "]";
+  }
   return "[" + std::string(py::repr(py::float_(field.lo))) + ", " +
          std::string(py::repr(py::float_(field.hi))) + "]";
 }
@@ -477,7 +478,9 @@ PYBIND11_MODULE(_C, m) {
   py::module_ testing = m.def_submodule("testing", "Entry points for tests only: not used by refdec itself.");
   testing.def(
       "set_limits",
-      [](SuffixAutomaton& sam, int64_t max_states, int64_t max_edges) { sam.set_limits_for_testing(max_states, max_edges); },
+      [](SuffixAutomaton& sam, int64_t max_states, int64_t max_edges) {
+        sam.set_limits_for_testing(max_states, max_edges);
+      },
       py::arg("sam"), py::arg("max_states"), py::arg("max_edges"),
       "Lowers the automaton's state / hashed-edge limits to exercise its 'full' error.");
 

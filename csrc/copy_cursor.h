@@ -211,29 +211,35 @@ class CopyCursor {
   // Softmax of the candidates' log-odds (kept in weight) with the null score; sorts best first.
   void normalise();
 
-  const OccurrenceIndex* occ_;  // not owned
-  CursorParams params_;
-  int64_t align_ = -1;
-  int64_t align_end_ = 0;  // end of the document holding align_ - 1
-  int32_t run_ = 0;
-  int64_t anchor_ = 0;
-  int64_t since_ = 0;  // output tokens since anchor_ was set
-  std::vector<CopyCandidate> candidates_;
-  std::vector<int32_t> tail_;  // ring buffer of the last match_cap output tokens
-  std::vector<std::pair<int32_t, float>> unigrams_;
-  // Substitution bookkeeping: counts per learnt pair, and the pending one
-  // (a mismatch at align whose next token will tell).
-  struct SubCount {
-    int32_t from, to;
-    int32_t hits, misses;
-  };
-  std::vector<SubCount> sub_counts_;
-  std::vector<Substitution> substitutions_;
-  int32_t pending_from_ = -1, pending_to_ = -1;
-  int64_t pending_next_ = -1;  // reference position the next token must equal
+  // Counts a learnt substitution (from -> to) once more; a new pair replaces any older one for `from`.
   void learn(int32_t from, int32_t to);
-  void refresh_substitutions();  // (1-token state, share), most frequent first
-  int64_t fed_ = 0;            // output tokens seen
+  // Rebuilds substitutions_ from sub_counts_.
+  void refresh_substitutions();
+
+  // Counts of one learnt substitution.
+  struct SubCount {
+    int32_t from;    // reference token
+    int32_t to;      // output token written in its place
+    int32_t hits;    // times the copy went on right after the substitution
+    int32_t misses;  // times `from` was copied unchanged since it was learnt
+  };
+
+  const OccurrenceIndex* occ_;             // occurrences of the reference (not owned)
+  CursorParams params_;                    // tuning (match_cap, max_candidates, distance_scale clamped valid)
+  int64_t align_ = -1;                     // see align()
+  int64_t align_end_ = 0;                  // end of the document holding align_ - 1
+  int32_t run_ = 0;                        // see run()
+  int64_t anchor_ = 0;                     // see anchor()
+  int64_t since_ = 0;                      // output tokens since anchor_ was set
+  int64_t fed_ = 0;                        // output tokens seen
+  std::vector<CopyCandidate> candidates_;  // see candidates()
+  std::vector<int32_t> tail_;              // ring buffer of the last match_cap output tokens
+  std::vector<std::pair<int32_t, float>> unigrams_;  // (1-token state, share of the reference), most frequent first
+  std::vector<SubCount> sub_counts_;       // learnt substitutions, the latest first
+  std::vector<Substitution> substitutions_;  // the same as probabilities, for the draft builder
+  int32_t pending_from_ = -1;              // a mismatch at align: the reference token ...
+  int32_t pending_to_ = -1;                // ... the output token written instead ...
+  int64_t pending_next_ = -1;              // ... and the reference position the next token must equal (-1 = none)
 };
 
 }  // namespace refdec
