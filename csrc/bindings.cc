@@ -431,9 +431,18 @@ PYBIND11_MODULE(_C, m) {
       .def(
           "add_matcher_source",
           [](ProposerCore& p, const AutomatonView* view, const SourceParams& params, int32_t source_id) {
-            p.add_matcher_source(non_null(view), params, source_id);
+            p.add_matcher_source({non_null(view)}, params, source_id);
           },
           py::arg("view"), py::arg("params"), py::arg("source_id"), py::keep_alive<1, 2>())
+      .def(
+          "add_matcher_source",
+          [](ProposerCore& p, const py::tuple& shards, const SourceParams& params, int32_t source_id) {
+            std::vector<const AutomatonView*> views;
+            for (py::handle shard : shards) views.push_back(non_null(shard.cast<const AutomatonView*>()));
+            p.add_matcher_source(views, params, source_id);
+          },
+          py::arg("shards"), py::arg("params"), py::arg("source_id"), py::keep_alive<1, 2>(),
+          "shards: a tuple of automata over disjoint documents, drafted as one corpus")
       .def("feed",
            [](ProposerCore& p, const ExactTokenArray& a) {
              Tokens t = tokens_of(a, "tokens");

@@ -91,8 +91,8 @@ void DraftTreeBuilder::sort_proposals() {
     std::sort(proposals_.begin(), proposals_.end(), by_token_source);
     return;
   }
-  // Step 1. Each run sorted by token (a run's tokens are distinct and share
-  // one source_id; a FrozenIndex lists children sorted already).
+  // Step 1. Each run sorted by token (a run shares one source_id; a
+  // FrozenIndex lists children sorted already).
   auto by_token = [](const Proposal& a, const Proposal& b) { return a.token < b.token; };
   run_starts_.push_back(static_cast<int32_t>(proposals_.size()));
   runs_.clear();
@@ -119,6 +119,46 @@ void DraftTreeBuilder::sort_proposals() {
   proposals_.swap(merged_);
 }
 
+void DraftTreeBuilder::expand_group(const std::vector<DraftSource>& sources, const Entry* entries,
+                                    int32_t n_entries, float score, int32_t group) {
+  // Step 1. Every shard's children (none at all when one shard alone has too many).
+  shard_children_.clear();
+  for (int32_t i = 0; i < n_entries; ++i) {
+    const DraftSource& shard = sources[entries[i].source];
+    if (shard.group != group) continue;
+    if (!shard.view->children(entries[i].state, &edges_, kMaxFanout)) return;
+    for (const Edge& edge : edges_) {
+      const int64_t c = shard.view->count(edge.target);
+      if (c > 0) shard_children_.push_back({edge.token, entries[i].source, edge.target, c});
+    }
+  }
+  // Step 2. Merged by token: the children of one automaton over all the
+  // shards, their counts the sums; none past the fanout cap.
+  std::sort(shard_children_.begin(), shard_children_.end(),
+            [](const ShardChild& a, const ShardChild& b) { return a.token < b.token; });
+  size_t distinct = 0;
+  double sum = 0.0;
+  for (size_t i = 0; i < shard_children_.size(); ++i) {
+    if (i == 0 || shard_children_[i].token != shard_children_[i - 1].token) ++distinct;
+    sum += static_cast<double>(shard_children_[i].count);
+  }
+  if (distinct > kMaxFanout) return;
+  // Step 3. One proposal per shard holding a child, each scored by the summed
+  // count (the arithmetic of one automaton's children in expand()).
+  const int32_t source_id = n_entries > 0 ? sources[entries[0].source].source_id : 0;
+  for (size_t i = 0; i < shard_children_.size();) {
+    size_t j = i;
+    int64_t count = 0;
+    while (j < shard_children_.size() && shard_children_[j].token == shard_children_[i].token)
+      count += shard_children_[j++].count;
+    const float child_score = static_cast<float>(score * (static_cast<float>(count) / sum));
+    for (; i < j; ++i) {
+      const ShardChild& c = shard_children_[i];
+      proposals_.push_back({c.token, source_id, {c.source, c.target, child_score, -1}});
+    }
+  }
+}
+
 void DraftTreeBuilder::expand(const std::vector<DraftSource>& sources, int32_t node, int32_t depth,
                               const Entry* entries, int32_t n_entries, int32_t budget_left) {
   if (budget_left <= 0) return;
@@ -136,7 +176,14 @@ void DraftTreeBuilder::expand(const std::vector<DraftSource>& sources, int32_t n
                          static_cast<float>(depth);
       e.score *= std::pow(held / (held + 1.0f), source.hazard_power);
     }
-    // Step 1a. Fixed copy: the entry's pos is the next token_pos to read.
+    // Step 1a. The shards of one corpus: all their entries at the first of them.
+    if (source.group >= 0) {
+      bool first = true;
+      for (int32_t j = 0; j < i && first; ++j) first = sources[entries[j].source].group != source.group;
+      if (first) expand_group(sources, entries + i, n_entries - i, e.score, source.group);
+      continue;
+    }
+    // Step 1b. Fixed copy: the entry's pos is the next token_pos to read.
     if (source.copy_from >= 0) {
       const int64_t read = e.pos;
       const float score = e.score * source.copy_decay;
@@ -156,7 +203,7 @@ void DraftTreeBuilder::expand(const std::vector<DraftSource>& sources, int32_t n
           {token, source.source_id, {e.source, kCopyState, score * keep, static_cast<int32_t>(read + 1)}});
       continue;
     }
-    // Step 1b. Live source with a unique occurrence: overlapping copy. The
+    // Step 1c. Live source with a unique occurrence: overlapping copy. The
     // node (depth `depth`) is at virtual position n - 1 + depth.
     int64_t copy_pos = -1;
     if (e.state == kCopyState) {
@@ -177,7 +224,7 @@ void DraftTreeBuilder::expand(const std::vector<DraftSource>& sources, int32_t n
            {e.source, kCopyState, score, static_cast<int32_t>(copy_pos + 1)}});
       continue;
     }
-    // Step 1c. Automaton children scored by their count ratio.
+    // Step 1d. Automaton children scored by their count ratio.
     if (!view->children(e.state, &edges_, kMaxFanout) || edges_.empty()) continue;
     const size_t first = proposals_.size();
     double sum = 0.0;

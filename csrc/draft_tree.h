@@ -56,6 +56,11 @@ struct DraftSource {
   const std::vector<Substitution>* substitutions = nullptr;  // copy_from >= 0: forks of copied tokens
   float evidence = 0.0f;                // tokens already seen to follow this source (its match
                                         // length, or a cursor candidate's aligned run)
+  int32_t group = -1;                   // >= 0: one shard of a corpus split over several automata.
+                                        // The entries of one group at a node hold the same string,
+                                        // one per shard where it occurs (all with one score), and are
+                                        // expanded as one automaton over all the shards' documents
+                                        // would be: children merged by token, counts summed
   float hazard_power = 0.0f;            // survival: the source's path score at depth d is
   float hazard_scale = 1.0f;            // multiplied by ((s + e) / (s + e + d))^p, p = hazard_power,
                                         // s = hazard_scale, e = evidence (a per-level hazard
@@ -139,10 +144,23 @@ class DraftTreeBuilder {
 
   void expand(const std::vector<DraftSource>& sources, int32_t node, int32_t depth, const Entry* entries,
               int32_t n_entries, int32_t budget_left);
+  // Step 1 of expand() for the entries of one group (DraftSource::group) among
+  // entries[0, n_entries), whose path score is `score`: appends their merged
+  // children to proposals_.
+  void expand_group(const std::vector<DraftSource>& sources, const Entry* entries, int32_t n_entries, float score,
+                    int32_t group);
+  // A child of one shard's state, while a group's children are merged.
+  struct ShardChild {
+    int32_t token;   // transition label
+    int32_t source;  // the shard's index into sources
+    int32_t target;  // the child state in that shard
+    int64_t count;   // its occurrence count there
+  };
   // Orders proposals_ by (token, source_id): sorted when there are at most
   // kMergeAbove of them, else the runs of run_starts_ sorted and merged.
   // Entries of one (token, source_id) may come in any order (a node takes
-  // their max), so the tree does not depend on which is used.
+  // their max; a group's entries of one token share one score), so the tree
+  // does not depend on which is used.
   void sort_proposals();
   static constexpr size_t kMergeAbove = 16;
 
@@ -156,6 +174,7 @@ class DraftTreeBuilder {
   std::vector<Proposal> merged_;       // scratch: merged runs
   std::vector<Proposal> merge_scratch_;  // scratch: the next merge's output
   std::vector<Entry> root_entries_;    // scratch: the root's entries
+  std::vector<ShardChild> shard_children_;  // scratch: see expand_group()
   int32_t seq_ = 0;                    // next Candidate::seq
   float depth_decay_ = 1.0f;           // see set_depth_decay
   int32_t decay_levels_ = 1 << 30;     // see set_depth_decay

@@ -5,7 +5,10 @@ Three sources continue the current context (prompt + accepted tokens):
 * ``context``   -- the live context itself (:class:`~refdec.index.ContextIndex`):
   repeated spans, loops, the original file in an edit prompt.
 * ``reference`` -- per-request reference documents (one automaton over them).
-* ``corpus``    -- a frozen :class:`~refdec.index.CorpusIndex`.
+* ``corpus``    -- a frozen :class:`~refdec.index.CorpusIndex`, or a
+  :class:`~refdec.index.ShardedIndex` drafted as one corpus (the longest
+  match over the shards; continuation counts summed over the shards where
+  the text occurs: the same tree as one index over all their documents).
 
 Each source keeps the longest suffix of the context that occurs in it
 (O(1) amortised per accepted token). :meth:`Proposer.propose` makes ONE C++
@@ -33,7 +36,7 @@ import numpy as np
 
 from refdec import _C
 from refdec._C import CursorParams, SourceParams
-from refdec.index import ContextIndex, CorpusIndex, _as_tokens
+from refdec.index import ContextIndex, CorpusIndex, ShardedIndex, _as_tokens
 from refdec.tree import DraftTree
 
 __all__ = ["CursorParams", "Drafter", "Proposer", "SourceParams"]
@@ -136,12 +139,13 @@ class Proposer:
 
     source_names: tuple[str, ...] = ("context", "reference", "corpus")
 
-    def __init__(self, index: CorpusIndex | None = None, references: list[np.ndarray] | None = None, *,
+    def __init__(self, index: CorpusIndex | ShardedIndex | None = None, references: list[np.ndarray] | None = None, *,
                  max_depth: int = 64, params: dict[str, SourceParams] | None = None,
                  backoff: int = 1, min_backoff_len: int = 1, loop_decay: float | None = None,
                  cursor: CursorParams | bool | None = None) -> None:
-        if index is not None and not isinstance(index, CorpusIndex):
-            raise ValueError(f"index must be a refdec.CorpusIndex or None, got {type(index).__name__}")
+        if index is not None and not isinstance(index, (CorpusIndex, ShardedIndex)):
+            raise ValueError(f"index must be a refdec.CorpusIndex, a refdec.ShardedIndex or None, "
+                             f"got {type(index).__name__}")
         for name, value, lowest in (("max_depth", max_depth, 1), ("backoff", backoff, 0),
                                     ("min_backoff_len", min_backoff_len, 1)):
             if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < lowest:
@@ -195,7 +199,9 @@ class Proposer:
                 if cursor.start_run > 0 and not frames_reference(prompt, first):
                     cursor = cursor.replace(start_run=0)
                 core.set_cursor(1, cursor)
-        if self.index is not None:
+        if isinstance(self.index, ShardedIndex):
+            core.add_matcher_source(self.index.automata, self.params["corpus"], 2)
+        elif self.index is not None:
             core.add_matcher_source(self.index.automaton, self.params["corpus"], 2)
         core.feed(prompt)
         core.start_output()
