@@ -19,6 +19,38 @@ struct CandidateLess {
   }
 };
 
+// Orders (*v) by `less` when each run [starts[r], starts[r + 1]) of it
+// (starts ends with v->size()) is ordered by `less` once sorted by
+// `run_less`: each run is sorted by itself (most come sorted already), then
+// the runs are merged, the shortest first (the longest is copied once),
+// through the scratch vectors.
+template <typename T, typename RunLess, typename Less>
+void sort_by_runs(std::vector<T>* v, const std::vector<int32_t>& starts, RunLess run_less, Less less,
+                  std::vector<std::pair<int32_t, int32_t>>* runs, std::vector<T>* merged, std::vector<T>* scratch) {
+  // Step 1. Each run sorted.
+  runs->clear();
+  for (size_t r = 0; r + 1 < starts.size(); ++r) {
+    const auto begin = v->begin() + starts[r];
+    const auto end = v->begin() + starts[r + 1];
+    if (begin == end) continue;
+    if (!std::is_sorted(begin, end, run_less)) std::sort(begin, end, run_less);
+    runs->push_back({starts[r], starts[r + 1]});
+  }
+  if (runs->size() < 2) return;
+  // Step 2. Merged, the shortest first.
+  using Run = std::pair<int32_t, int32_t>;
+  std::sort(runs->begin(), runs->end(),
+            [](const Run& a, const Run& b) { return a.second - a.first < b.second - b.first; });
+  merged->assign(v->begin() + (*runs)[0].first, v->begin() + (*runs)[0].second);
+  for (size_t r = 1; r < runs->size(); ++r) {
+    scratch->clear();
+    std::merge(merged->begin(), merged->end(), v->begin() + (*runs)[r].first, v->begin() + (*runs)[r].second,
+               std::back_inserter(*scratch), less);
+    merged->swap(*scratch);
+  }
+  v->swap(*merged);
+}
+
 }  // namespace
 
 float source_confidence(const DraftSource& source) {
@@ -91,41 +123,22 @@ void DraftTreeBuilder::sort_proposals() {
     std::sort(proposals_.begin(), proposals_.end(), by_token_source);
     return;
   }
-  // Step 1. Each run sorted by token (a run shares one source_id; a
-  // FrozenIndex lists children sorted already).
+  // Otherwise the entries' runs (a run shares one source_id; a FrozenIndex
+  // lists children sorted by token already), sorted and merged.
   auto by_token = [](const Proposal& a, const Proposal& b) { return a.token < b.token; };
   run_starts_.push_back(static_cast<int32_t>(proposals_.size()));
-  runs_.clear();
-  for (size_t r = 0; r + 1 < run_starts_.size(); ++r) {
-    const auto begin = proposals_.begin() + run_starts_[r];
-    const auto end = proposals_.begin() + run_starts_[r + 1];
-    if (begin == end) continue;
-    if (!std::is_sorted(begin, end, by_token)) std::sort(begin, end, by_token);
-    runs_.push_back({run_starts_[r], run_starts_[r + 1]});
-  }
-  if (runs_.size() < 2) return;
-  // Step 2. Merge the runs by (token, source_id), the shortest first, so the
-  // longest run (a near-root state's children) is copied once.
-  using Run = std::pair<int32_t, int32_t>;
-  std::sort(runs_.begin(), runs_.end(),
-            [](const Run& a, const Run& b) { return a.second - a.first < b.second - b.first; });
-  merged_.assign(proposals_.begin() + runs_[0].first, proposals_.begin() + runs_[0].second);
-  for (size_t r = 1; r < runs_.size(); ++r) {
-    merge_scratch_.clear();
-    std::merge(merged_.begin(), merged_.end(), proposals_.begin() + runs_[r].first,
-               proposals_.begin() + runs_[r].second, std::back_inserter(merge_scratch_), by_token_source);
-    merged_.swap(merge_scratch_);
-  }
-  proposals_.swap(merged_);
+  sort_by_runs(&proposals_, run_starts_, by_token, by_token_source, &runs_, &merged_, &merge_scratch_);
 }
 
 void DraftTreeBuilder::expand_group(const std::vector<DraftSource>& sources, const Entry* entries,
                                     int32_t n_entries, float score, int32_t group) {
   // Step 1. Every shard's children (none at all when one shard alone has too many).
   shard_children_.clear();
+  shard_starts_.clear();
   for (int32_t i = 0; i < n_entries; ++i) {
     const DraftSource& shard = sources[entries[i].source];
     if (shard.group != group) continue;
+    shard_starts_.push_back(static_cast<int32_t>(shard_children_.size()));
     if (!shard.view->children(entries[i].state, &edges_, kMaxFanout)) return;
     for (const Edge& edge : edges_) {
       const int64_t c = shard.view->count(edge.target);
@@ -134,8 +147,9 @@ void DraftTreeBuilder::expand_group(const std::vector<DraftSource>& sources, con
   }
   // Step 2. Merged by token: the children of one automaton over all the
   // shards, their counts the sums; none past the fanout cap.
-  std::sort(shard_children_.begin(), shard_children_.end(),
-            [](const ShardChild& a, const ShardChild& b) { return a.token < b.token; });
+  auto by_token = [](const ShardChild& a, const ShardChild& b) { return a.token < b.token; };
+  shard_starts_.push_back(static_cast<int32_t>(shard_children_.size()));
+  sort_by_runs(&shard_children_, shard_starts_, by_token, by_token, &runs_, &merged_children_, &merge_children_);
   size_t distinct = 0;
   double sum = 0.0;
   for (size_t i = 0; i < shard_children_.size(); ++i) {

@@ -175,6 +175,9 @@ class DraftTreeBuilder {
   std::vector<Proposal> merge_scratch_;  // scratch: the next merge's output
   std::vector<Entry> root_entries_;    // scratch: the root's entries
   std::vector<ShardChild> shard_children_;  // scratch: see expand_group()
+  std::vector<int32_t> shard_starts_;        // scratch: first child of each shard in shard_children_
+  std::vector<ShardChild> merged_children_;  // scratch: merged shard runs
+  std::vector<ShardChild> merge_children_;   // scratch: the next merge's output
   int32_t seq_ = 0;                    // next Candidate::seq
   float depth_decay_ = 1.0f;           // see set_depth_decay
   int32_t decay_levels_ = 1 << 30;     // see set_depth_decay
