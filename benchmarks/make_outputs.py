@@ -7,7 +7,7 @@ to ``benchmarks/cache/outputs/<sha256(prompt text)[:20]>.json`` with
 ``prompt_ids``, ``output_ids`` (eos excluded) and the settings used. Prompts
 already cached are skipped, so the script can be interrupted and rerun.
 
-    nice -n 10 python benchmarks/make_outputs.py --categories summarization,rag --limit 10
+    nice -n 10 python -m benchmarks.make_outputs --categories summarization,rag --limit 10
 
 Category ``edits-model``: the edit prompts from pair ``workloads.EDITS_MODEL_FIRST`` on (original
 file as reference), up to ``--max-new-tokens`` (use 512, as e2e.py's edits) by refdec's
@@ -15,7 +15,7 @@ file as reference), up to ``--max-new-tokens`` (use 512, as e2e.py's edits) by r
 tests and every e2e run assert it), ~8x faster on this CPU. The first 3 decoded in a run are
 also decoded by ``model.generate`` and compared; a difference stops the script.
 
-    python benchmarks/make_outputs.py --categories edits-model --limit 30 --max-new-tokens 512
+    python -m benchmarks.make_outputs --categories edits-model --limit 30 --max-new-tokens 512
 """
 
 from __future__ import annotations
@@ -23,12 +23,9 @@ from __future__ import annotations
 import argparse
 import sys
 import time
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-import workloads  # noqa: E402
+from benchmarks import data, workloads
+from benchmarks.report import write_json
 
 
 def main(argv=None) -> int:
@@ -57,7 +54,7 @@ def main(argv=None) -> int:
             make_edit_outputs(model, tok, args)
             continue
         done = 0
-        for i, question in enumerate(workloads.chat_questions(category)):
+        for i, question in enumerate(data.chat_questions(category)):
             if done >= args.limit:
                 break
             text = workloads.chat_prompt(question)
@@ -81,7 +78,7 @@ def main(argv=None) -> int:
                 "model": "gemma-3-270m", "dtype": "float32", "max_new_tokens": args.max_new_tokens,
                 "do_sample": False,
             }
-            workloads.write_json_atomic(path, rec)
+            write_json(path, rec, indent=None)
             done += 1
             print(f"{category}/{i}: {ids.shape[1]} prompt + {len(new)} new tokens in "
                   f"{time.time() - t0:.1f}s", flush=True)
@@ -92,7 +89,7 @@ def make_edit_outputs(model, tok, args, checked: int = 3) -> None:
     """Caches the default model's greedy output for the edit pairs (``edits-model`` workload)."""
     import torch
 
-    from refdec.decoding import SpeculativeDecoder
+    from refdec import SpeculativeDecoder
 
     decoder = SpeculativeDecoder(model, tok)
     done = compared = 0
@@ -122,7 +119,7 @@ def make_edit_outputs(model, tok, args, checked: int = 3) -> None:
         rec = {"category": "edits-model", "case": case.name, "prompt_ids": case.prompt.tolist(),
                "output_ids": new, "model": "gemma-3-270m", "dtype": "float32",
                "max_new_tokens": args.max_new_tokens, "do_sample": False, "decoder": "refdec (lossless)"}
-        workloads.write_json_atomic(path, rec)
+        write_json(path, rec, indent=None)
         done += 1
         print(f"edits-model {case.name}: {len(case.prompt)} prompt + {len(new)} new tokens in {seconds:.1f}s",
               flush=True)

@@ -1,7 +1,7 @@
 """Index memory benchmark: peak RSS while building, RSS after loading and querying.
 
-Corpus: the Python standard library tokenised once with the Gemma 3 tokenizer
-(token ids cached under benchmarks/cache/), repeated until ``--tokens`` tokens.
+Corpus: the Python standard library (``data.read_stdlib(tests=True)``) tokenised once with
+the Gemma 3 tokenizer (token ids cached under benchmarks/cache/), repeated until ``--tokens`` tokens.
 Copy r >= 1 maps every id through its own random permutation of the
 vocabulary and shuffles the document order: a plain repeat would cost the
 automaton nothing (a generalised suffix automaton adds no state for a
@@ -18,8 +18,8 @@ Each phase runs in a fresh child process:
   read yet), after 1,000 queries (match_length + next_tokens + continuation
   of n-grams drawn from the corpus), load time.
 
-    .venv/bin/python benchmarks/memory_bench.py                  # 50M tokens
-    .venv/bin/python benchmarks/memory_bench.py --tokens 5e6     # quick
+    python -m benchmarks.memory_bench                  # 50M tokens
+    python -m benchmarks.memory_bench --tokens 5e6     # quick
 
 Prints a summary (and the largest corpus whose build fits in 24 GiB); writes
 benchmarks/out/memory_bench.json.
@@ -38,10 +38,8 @@ from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from common import machine_info, read_stdlib_corpus, tokenize_cached, write_json  # noqa: E402
+from benchmarks import data, report, tokens
+from benchmarks.paths import REPO_DIR
 
 GIB = 2**30
 VOCAB = 262_144
@@ -49,7 +47,7 @@ VOCAB = 262_144
 _BUILD_CHILD = r"""
 import json, resource, sys, threading, time
 import numpy as np, psutil
-from refdec.index import CorpusIndex
+from refdec import CorpusIndex
 
 flat_path, offsets_path, out_path = sys.argv[1:4]
 proc = psutil.Process()
@@ -84,7 +82,7 @@ _LOAD_CHILD = r"""
 import json, sys, time
 import numpy as np, psutil
 proc = psutil.Process()
-from refdec.index import CorpusIndex
+from refdec import CorpusIndex
 flat_path, index_path, n_queries = sys.argv[1], sys.argv[2], int(sys.argv[3])
 def rss_parts():
     # (anonymous, file-backed) resident bytes: mapped index pages are file-backed page cache.
@@ -112,10 +110,8 @@ print(json.dumps({"rss_anon_after_queries": anon, "rss_file_after_queries": file
 
 
 def stdlib_token_arrays() -> list[np.ndarray]:
-    from refdec.models import load_tokenizer
-
-    documents, _ = read_stdlib_corpus()
-    return tokenize_cached(documents, load_tokenizer(), tag="stdlib")
+    documents, _ = data.read_stdlib(tests=True)
+    return tokens.token_ids([doc.text for doc in documents], tag="stdlib")
 
 
 def make_corpus(base: list[np.ndarray], n_tokens: int, directory: Path) -> tuple[Path, Path, int, int]:
@@ -144,21 +140,20 @@ def make_corpus(base: list[np.ndarray], n_tokens: int, directory: Path) -> tuple
 
 
 def run_child(code: str, *args) -> dict:
-    repo = str(Path(__file__).resolve().parents[1])
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (repo, os.environ.get("PYTHONPATH")) if p))
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (str(REPO_DIR), os.environ.get("PYTHONPATH")) if p))
     out = subprocess.run([sys.executable, "-c", code, *map(str, args)], capture_output=True, text=True, env=env)
     if out.returncode != 0:
         raise RuntimeError(f"child failed with exit code {out.returncode}:\n{out.stderr[-3000:]}")
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
-def main() -> int:
+def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--tokens", type=float, default=50e6, help="corpus size in tokens (default 50M)")
     parser.add_argument("--queries", type=int, default=1000)
     parser.add_argument("--workdir", default=None, help="where to write the corpus and the index (default: a temp dir)")
     parser.add_argument("--budget-gib", type=float, default=24.0)
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
 
     base = stdlib_token_arrays()
     with tempfile.TemporaryDirectory(dir=args.workdir) as tmp:
@@ -202,9 +197,8 @@ def main() -> int:
         "largest_by_format": format_limit,
         "budget_gib": args.budget_gib,
         "timeline_s_rss": build["timeline"],
-        "machine": machine_info(),
     }
-    path = write_json("memory_bench", result)
+    path = report.write_result(report.result_path(None, "memory_bench", timestamp=False), result, argv=argv)
     print(f"tokens                     {n_tokens:,} ({n_docs:,} documents)")
     print(f"build                      {build['build_s']:.1f} s ({result['build_tokens_per_s'] / 1e6:.2f} M tokens/s), "
           f"save {build['save_s']:.1f} s")

@@ -1,7 +1,7 @@
 """Plot an e2e.py result: speed-up over HF greedy per workload and method (median, min-max bars),
 and the cost curve it ran under.
 
-    python benchmarks/plot.py RESULTS.json [MORE.json ...] [--out benchmarks/out/e2e-main.png]
+    python -m benchmarks.plot RESULTS.json [MORE.json ...] [--out benchmarks/out/e2e-main.png]
 
 Several result files (e.g. edits and the chat workloads run separately) are merged into one
 figure; the cost curve shown is the first file's (with a lazy head: backbone + one head chunk).

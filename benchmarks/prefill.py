@@ -1,6 +1,6 @@
 """Prefill cost against the prefill chunk size, on the real model.
 
-    python benchmarks/prefill.py [--threads 2] [--lengths 512,1024,2048,4096,8192]
+    python -m benchmarks.prefill [--threads 2] [--lengths 512,1024,2048,4096,8192]
         [--chunks none,1024-allkeys,512,1024,2048] [--repeats 3] [--batch B] [--json OUT]
 
 For each prompt length, times refdec's prefill (``SpeculativeDecoder.generate``
@@ -8,7 +8,7 @@ with ``max_new_tokens=1``, no drafting: ``stats.prefill_seconds``) at each
 ``prefill_chunk`` (``none`` = one forward over the whole prompt, what
 ``model.generate`` does; ``1024-allkeys`` = chunks of 1,024 with Gemma 3's sliding layers
 reading every earlier key instead of their window, the ablation of
-``refdec.cache.set_prefill_window``), the settings alternating within each repeat; reports
+``refdec.decode.cache.set_prefill_window``), the settings alternating within each repeat; reports
 the minimum over repeats and the ratio to ``none``, and checks that every
 setting gives the same first token. Prompts: the longest edit prompts of
 edits-click.jsonl where ../shared/data is present, else random tokens.
@@ -19,26 +19,18 @@ lengths n, n - 64, ..., n - 64 (B - 1), cut from different places of that text.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
-import time
-from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-OUT_DIR = Path(__file__).resolve().parent / "out"
+from benchmarks import data, report, workloads
 
 
 def prompts_of_lengths(lengths, vocab: int) -> dict:
     """{length: int32 array}: a prefix of the concatenated edit prompts (real text) when the
     data is present, else random token ids."""
-    import workloads
-
     text = np.zeros(0, dtype=np.int32)
-    if workloads.data_dir().exists():
+    if data.data_dir().exists():
         wl = workloads.load_edits()
         text = np.concatenate([c.prompt for c in sorted(wl.cases, key=lambda c: -len(c.prompt))])
     rng = np.random.default_rng(0)
@@ -76,7 +68,7 @@ def main(argv=None) -> int:
     import torch
 
     torch.set_num_threads(args.threads)
-    from refdec.decoding import SpeculativeDecoder
+    from refdec import SpeculativeDecoder
     from refdec.models import load_default
 
     model, _ = load_default()
@@ -89,7 +81,7 @@ def main(argv=None) -> int:
             ap.error(f"--chunks values are 'none', N or N-allkeys, got {c!r}")
         decoders[c] = SpeculativeDecoder(model, prefill_chunk=None if size == "none" else int(size))
         if variant == "allkeys":
-            decoders[c]._sliding_layers = []  # ablation: sliding layers see every earlier key
+            decoders[c].runner.sliding_layers = []  # sliding layers see every earlier key
     prompts = prompts_of_lengths(lengths, decoders[chunks[0]].vocab_size)
     if args.batch > 1:
         text = prompts_of_lengths([max(lengths) * args.batch], decoders[chunks[0]].vocab_size)
@@ -120,10 +112,8 @@ def main(argv=None) -> int:
     for r in rows:
         print(f"| {r['tokens']} | " + " | ".join(
             f"{r['seconds'][c]:.2f} s ({r['vs_first'][c]:.2f}×)" for c in chunks) + " |")
-    out = Path(args.json) if args.json else OUT_DIR / f"prefill-{time.strftime('%Y%m%d-%H%M%S')}.json"
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps({"argv": sys.argv[1:], "threads": args.threads, "batch": args.batch, "rows": rows},
-                              indent=1))
+    out = report.write_result(report.result_path(args.json, "prefill"),
+                              {"threads": args.threads, "batch": args.batch, "rows": rows}, argv=argv)
     print(f"\nJSON: {out}", file=sys.stderr)
     return 0
 

@@ -1,15 +1,14 @@
 """Where a refdec step's time goes, on the real model.
 
-    python benchmarks/profile_loop.py [--threads 1] [--max-new-tokens 64] [--budgets 16,auto]
+    python -m benchmarks.profile_loop [--threads 1] [--max-new-tokens 64] [--budgets 16,auto]
         [--e2e benchmarks/out/e2e-....json] [--json OUT]
 
 1. Per-step split (ms/step: propose / prepare / forward / accept) of
-   ``SpeculativeDecoder.generate`` on an edit prompt and a chat prompt, for three
+   ``SpeculativeDecoder.generate`` on an edit prompt and a chat prompt, for two
    verification forwards: the model's own (``model``: ``F.linear`` head on every
-   row), backbone + ``W @ h.T`` head on every row (``mm-head``,
-   refdec.verify.tree_forward_fn) and the lazy head refdec uses on a CPU
-   (``lazy-head``: the head only on the rows the acceptance walk visits,
-   refdec.verify.LazyRowLogits); they alternate and must give the same tokens.
+   row) and the lazy head refdec uses on a CPU (``lazy-head``: the head only on
+   the rows the acceptance walk visits, refdec.decode.head.LazyRowLogits); they
+   alternate and must give the same tokens.
 2. A torch.profiler table (top ops by self CPU time) of one generate call: how
    much of a step is the LM head, attention, the rest, and the host side.
 3. The cost curve (refdec.calibration) and the projected speed-up on a flat,
@@ -23,15 +22,9 @@ import argparse
 import json
 import statistics
 import sys
-import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-import workloads  # noqa: E402
-
-OUT_DIR = Path(__file__).resolve().parent / "out"
+from benchmarks import report, workloads
 
 
 def split_ms(stats) -> dict:
@@ -56,14 +49,13 @@ def main(argv=None) -> int:
     import torch
 
     torch.set_num_threads(args.threads)
-    from refdec.budget import auto_cost_curve
-    from refdec.decoding import SpeculativeDecoder
+    from refdec import Proposer, SpeculativeDecoder
+    from refdec.calibration import auto_cost_curve
     from refdec.models import load_default
-    from refdec.proposer import Proposer
 
     model, tok = load_default()
     curve = auto_cost_curve(model)
-    report = {"threads": args.threads, "cost_curve": curve.to_json()}
+    result = {"threads": args.threads, "cost_curve": curve.to_json()}
     base = curve(0)
     print("cost curve (forward seconds vs draft nodes, relative to plain decoding"
           + (f"; backbone only, + {curve.head_chunk_seconds * 1e3:.1f} ms per head chunk of "
@@ -84,15 +76,13 @@ def main(argv=None) -> int:
     for name, (case, editing) in cases.items():
         refs = [r.tolist() for r in case.references] or None
         for budget in budgets:
-            variants = ("model", "mm-head", "lazy-head")
+            variants = ("model", "lazy-head")
             results = {v: [] for v in variants}
             tokens = {}
             for rep in range(args.repeats):
                 for variant in (variants if rep % 2 == 0 else variants[::-1]):
                     dec = SpeculativeDecoder(model, tok, proposer_factory=factory(editing))
                     dec.lazy_head = variant == "lazy-head"
-                    if variant == "model":
-                        dec._head = None  # the model's own forward (prefill too)
                     out = dec.generate(case.prompt.tolist(), references=refs, max_new_tokens=args.max_new_tokens,
                                        max_draft_tokens=budget)
                     results[variant].append({**split_ms(out.stats), "head_rows": out.stats.head_rows})
@@ -106,7 +96,7 @@ def main(argv=None) -> int:
                       f"accept {med['accept']:.2f} ms/step; {med['tokens_per_pass']:.2f} tok/pass; "
                       f"head rows {med['head_rows']:.0f}; wall {med['wall_s']:.1f} s (prefill {med['prefill_s']:.1f} s)"
                       + ("" if same else "  !!! tokens differ"), flush=True)
-    report["split"] = rows
+    result["split"] = rows
 
     if not args.no_profiler:
         from torch.profiler import ProfilerActivity, profile
@@ -118,7 +108,7 @@ def main(argv=None) -> int:
             dec.generate(edit.prompt.tolist(), references=refs, max_new_tokens=32, max_draft_tokens=16)
         table = prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=18)
         print(table)
-        report["profiler_table"] = table
+        result["profiler_table"] = table
 
     if args.e2e:
         data = json.loads(Path(args.e2e).read_text())
@@ -126,14 +116,12 @@ def main(argv=None) -> int:
         for key, s in data["summary"].items():
             if s.get("tokens_per_pass_median"):
                 proj[key] = s["tokens_per_pass_median"]
-        report["projected_flat_curve_speedup"] = proj
+        result["projected_flat_curve_speedup"] = proj
         print("projected speed-up on a flat (GPU-like) cost curve = tokens/pass:")
         for key, v in proj.items():
             print(f"  {key}: {v:.2f}x")
 
-    OUT_DIR.mkdir(parents=True, exist_ok=True)
-    path = Path(args.json) if args.json else OUT_DIR / f"profile-{time.strftime('%Y%m%d-%H%M%S')}.json"
-    path.write_text(json.dumps(report, indent=1, default=str) + "\n")
+    path = report.write_result(report.result_path(args.json, "profile"), result, argv=argv)
     print(f"wrote {path}")
     return 0
 

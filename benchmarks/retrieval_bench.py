@@ -1,4 +1,5 @@
-"""Benchmark refdec.retrieval on ~5,000 real source files (this Python's stdlib, then site-packages).
+"""Benchmark refdec.retrieval on ~5,000 real source files (this Python's stdlib, then site-packages;
+``data.read_stdlib`` / ``data.read_site_packages``).
 
 Measures: signature build throughput, deduplicate time and how much it drops,
 signature save/load, Retriever construction (the LSH Forest rebuild), top_k
@@ -10,58 +11,50 @@ Tokenizer: a regex splitting words, single punctuation marks and whitespace
 runs, mapped to ids in order of first appearance. A BPE tokenizer gives
 shorter ids per word but the same kind of n-gram statistics.
 
-    .venv/bin/python benchmarks/retrieval_bench.py [--docs 5000] [--max-tokens 4096] [--json out.json]
+    python -m benchmarks.retrieval_bench [--docs 5000] [--max-tokens 4096] [--json out.json]
 """
 
 from __future__ import annotations
 
 import argparse
-import json
+import itertools
 import os
 import re
 import statistics
-import sys
-import sysconfig
 import tempfile
 import time
 
 import numpy as np
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # run from a checkout
-
-from refdec.retrieval import (
-    DocumentSignatures,
-    Retriever,
-    _exact_jaccard,
-    deduplicate,
-    shingles,
-    signature_path,
-)
+from benchmarks import data, report
+from refdec.retrieval import DocumentSignatures, Retriever, deduplicate, shingles, signature_path
 
 _TOKEN = re.compile(r"\w+|[^\w\s]|\s+")
 
 
 def load_corpus(num_docs: int, max_tokens: int) -> tuple[list[np.ndarray], list[str]]:
-    paths = []
-    for root in (sysconfig.get_paths()["stdlib"], sysconfig.get_paths()["purelib"]):
-        for folder, dirs, files in os.walk(root):
-            dirs[:] = sorted(d for d in dirs if d not in ("site-packages", "__pycache__"))
-            paths.extend(os.path.join(folder, f) for f in sorted(files) if f.endswith(".py"))
+    """The first ``num_docs`` non-empty files of the stdlib (tests included), then of
+    site-packages (``data.py``'s reader), as int32 arrays of at most ``max_tokens`` regex
+    tokens (ids in order of first appearance); and their names."""
     vocab: dict[str, int] = {}
     docs, names = [], []
-    for path in paths:
+    for doc in itertools.chain(data.read_stdlib(tests=True)[0], data.read_site_packages()):
         if len(docs) == num_docs:
             break
-        try:
-            with open(path, encoding="utf-8") as f:
-                text = f.read()
-        except (UnicodeDecodeError, OSError):
-            continue
-        ids = [vocab.setdefault(tok, len(vocab)) for tok in _TOKEN.findall(text)[:max_tokens]]
+        ids = [vocab.setdefault(tok, len(vocab)) for tok in _TOKEN.findall(doc.text)[:max_tokens]]
         if ids:
             docs.append(np.array(ids, dtype=np.int32))
-            names.append(path)
+            names.append(doc.name)
     return docs, names
+
+
+def exact_jaccard(x: np.ndarray, y: np.ndarray) -> float:
+    """Jaccard similarity of two shingle sets (sorted unique uint64 arrays, ``shingles``); 0.0 if
+    either is empty: the brute-force truth the retriever is scored against."""
+    if x.size == 0 or y.size == 0:
+        return 0.0
+    inter = np.intersect1d(x, y, assume_unique=True).size
+    return inter / (x.size + y.size - inter)
 
 
 def percentiles(samples_s: list[float]) -> str:
@@ -70,7 +63,7 @@ def percentiles(samples_s: list[float]) -> str:
     return f"p50 {p(0.5):.2f} ms  p95 {p(0.95):.2f} ms  max {ms[-1]:.2f} ms"
 
 
-def main() -> None:
+def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--docs", type=int, default=5000)
     ap.add_argument("--max-tokens", type=int, default=4096, help="tokens kept per file")
@@ -78,7 +71,7 @@ def main() -> None:
     ap.add_argument("--exact-queries", type=int, default=30, help="queries checked against brute-force top-k")
     ap.add_argument("--k", type=int, default=5)
     ap.add_argument("--json", help="write the numbers here")
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
     out: dict[str, object] = {}
 
     docs, _names = load_corpus(args.docs, args.max_tokens)
@@ -175,7 +168,7 @@ def main() -> None:
     shortfall = {mode: [] for mode in retrievers}  # sum of true top-k scores minus sum of returned
     for j, q, _ in queries[: args.exact_queries]:
         qh = shingles(q)
-        exact = np.array([_exact_jaccard(qh, h) for h in doc_shingles])
+        exact = np.array([exact_jaccard(qh, h) for h in doc_shingles])
         order = np.lexsort((np.arange(exact.size), -exact))
         truth = [int(i) for i in order[: args.k] if exact[i] > 0]
         kth = exact[truth[-1]] if truth else 0.0
@@ -194,8 +187,7 @@ def main() -> None:
         out[f"recall_{mode}"], out[f"top1_{mode}"] = float(np.mean(vals)), top1[mode]
 
     if args.json:
-        with open(args.json, "w") as f:
-            json.dump(out, f, indent=1)
+        report.write_result(args.json, out, argv=argv)
 
 
 if __name__ == "__main__":

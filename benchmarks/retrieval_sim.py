@@ -4,9 +4,9 @@ Model-free, with simulate.py's replay harness (the drafter is told the true
 output step by step; tokens/step = output tokens / steps). For each case the k
 documents of the stdlib corpus index most similar to the prompt
 (``CorpusIndex.retriever().top_k``) become extra per-request references, as
-``refdec.decoding`` does, next to the live context and the whole corpus.
+``refdec.generate`` does, next to the live context and the whole corpus.
 
-    python benchmarks/retrieval_sim.py [--workloads humaneval,rag,stdlib-tail]
+    python -m benchmarks.retrieval_sim [--workloads humaneval,rag,stdlib-tail]
         [--budgets 32,64] [--k 1,3] [--score containment] [--limit N] [--json OUT]
 
 Methods per workload:
@@ -42,18 +42,12 @@ corpus+r1 31.89/63.55, corpus+r3 32.00/64.00, r1-only 30.60/58.26.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import time
-from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-import simulate  # noqa: E402
-import workloads  # noqa: E402
+from benchmarks import corpora, report, simulate, workloads
 
 
 def stdlib_tail_workload(limit: int | None, index) -> workloads.Workload:
@@ -82,16 +76,19 @@ def main(argv=None) -> int:
     ap.add_argument("--json", default=None)
     args = ap.parse_args(argv)
 
+    import torch
+
     import refdec
     import refdec.proposer
 
+    torch.set_num_threads(1)  # as simulate.py: the replay runs the proposer alone
     params = None
     if args.reference_params:
         weight, half_len = (float(x) for x in args.reference_params.split(":"))
         params = {"reference": refdec.proposer.SourceParams(weight, half_len)}
     budgets = [int(b) for b in args.budgets.split(",")]
     ks = [int(k) for k in args.k.split(",")]
-    index = workloads.corpus_index("stdlib")
+    index = corpora.corpus_index("stdlib")
     t0 = time.time()
     retriever = index.retriever()  # signatures: benchmarks/cache/stdlib.refdec.minhash
     if retriever is None:
@@ -137,9 +134,8 @@ def main(argv=None) -> int:
         for mname, per_budget in res["methods"].items():
             cells = " | ".join(f"{per_budget[str(b)]['tokens_per_step']:.3f}" for b in budgets)
             print(f"| {wname} | {mname} | {cells} |")
-    out = Path(args.json) if args.json else simulate.OUT_DIR / "retrieval_sim.json"
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps({"args": vars(args), "results": results}, indent=1))
+    out = report.write_result(report.result_path(args.json, "retrieval_sim", timestamp=False),
+                              {"args": vars(args), "results": results}, argv=argv)
     print(f"wrote {out}", file=sys.stderr)
     return 0
 

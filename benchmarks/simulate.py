@@ -12,7 +12,7 @@ For each (prompt, true output) pair the drafter is replayed step by step:
 tokens/step = output tokens / steps, pooled over the cases of a workload.
 Proposal latency = the time of propose + accept per step (p50 / p99, µs).
 
-    python benchmarks/simulate.py --workloads edits,humaneval,summarization,rag \\
+    python -m benchmarks.simulate --workloads edits,humaneval,summarization,rag \\
         --budgets 8,16,32,64 [--methods refdec,prompt-lookup,oracle-chain] [--limit N] [--json OUT]
 
 Methods:
@@ -46,21 +46,14 @@ Diagnostics (each prints a table and exits):
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import time
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from benchmarks import baselines, corpora, data, report, tokens, workloads
 
-import baselines  # noqa: E402
-import workloads  # noqa: E402
-
-OUT_DIR = Path(__file__).resolve().parent / "out"
 DEFAULT_METHODS = ("refdec", "refdec-nocorpus", "prompt-lookup", "hf-prompt-lookup", "oracle-chain",
                    "oracle-suffix1", "arctic", "draftretriever", "draftretriever-shared")
 
@@ -234,8 +227,8 @@ def method_factory(name: str, workload, corpus=None, max_depth: int = 64):
         # pass, learning across the cases in order. Never one Reader across
         # budgets: the second pass would have learned the true outputs.
         if name == "draftretriever":
-            return lambda case: baselines.DraftRetrieverProposer(workloads.draftretriever_reader(workload.corpus))
-        reader = workloads.draftretriever_reader(workload.corpus)
+            return lambda case: baselines.DraftRetrieverProposer(corpora.draftretriever_reader(workload.corpus))
+        reader = corpora.draftretriever_reader(workload.corpus)
         return lambda case: baselines.DraftRetrieverProposer(reader)
     raise ValueError(f"unknown method {name!r}; expected one of {DEFAULT_METHODS}")
 
@@ -250,7 +243,7 @@ def run(workload_names, methods, budgets, limit=None, progress=True) -> dict:
         corpus = None
         if wl.corpus and any(m.startswith("refdec") for m in methods) and refdec_available():
             t0 = time.time()
-            corpus = workloads.corpus_index(wl.corpus)
+            corpus = corpora.corpus_index(wl.corpus)
             print(f"[{wname}] corpus {wl.corpus} ready in {time.time() - t0:.1f}s", file=sys.stderr)
         results[wname] = {"cases": len(wl.cases),
                           "output_tokens": int(sum(len(c.output) for c in wl.cases)),
@@ -287,7 +280,7 @@ def diagnose(workload_name: str, budget: int, limit=None, corpus=None, anchor: i
     """:func:`diagnose_cases` over a workload (its corpus index unless ``corpus`` is given)."""
     wl = workloads.load_workload(workload_name, limit)
     if corpus is None and wl.corpus:
-        corpus = workloads.corpus_index(wl.corpus)
+        corpus = corpora.corpus_index(wl.corpus)
     return {"workload": workload_name, **diagnose_cases(wl.cases, budget, corpus=corpus, anchor=anchor)}
 
 
@@ -501,7 +494,7 @@ def ceiling(workload_name: str, budget: int, limit=None, corpus=None) -> dict:
     """
     wl = workloads.load_workload(workload_name, limit)
     if corpus is None and wl.corpus:
-        corpus = workloads.corpus_index(wl.corpus)
+        corpus = corpora.corpus_index(wl.corpus)
     return {"workload": workload_name, "budget": budget, "rules": ceiling_cases(wl.cases, budget, corpus)}
 
 
@@ -559,7 +552,7 @@ def print_ceiling(c: dict) -> None:
 
 
 def print_diagnosis(d: dict, n_examples: int = 8) -> None:
-    tok = workloads.tokenizer()
+    tok = tokens.tokenizer()
     print(f"\n## refdec vs {d['oracle']} on {d['workload']} at k={d['budget']} (refdec's trajectory)")
     print(f"steps {d['steps']}, output tokens {d['tokens']}, draft tokens accepted: refdec "
           f"{d['refdec_accepted']}, oracle from the same positions {d['oracle_accepted_same_positions']}")
@@ -605,16 +598,6 @@ def markdown(results: dict, budgets) -> str:
     return "\n".join(lines)
 
 
-def _git_commit() -> str | None:
-    import subprocess
-
-    try:
-        return subprocess.run(["git", "rev-parse", "HEAD"], cwd=Path(__file__).resolve().parents[1],
-                              capture_output=True, text=True, timeout=10).stdout.strip() or None
-    except (OSError, subprocess.SubprocessError):
-        return None
-
-
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--workloads", default="edits,humaneval,summarization,rag")
@@ -642,16 +625,15 @@ def main(argv=None) -> int:
         limit = limit or 5
     wnames = [w for w in args.workloads.split(",") if w]
     methods = [m for m in args.methods.split(",") if m]
-    if not workloads.data_dir().exists():
-        print(f"data directory {workloads.data_dir()} not found (set REFDEC_DATA): nothing to do", file=sys.stderr)
+    if not data.data_dir().exists():
+        print(f"data directory {data.data_dir()} not found (set REFDEC_DATA): nothing to do", file=sys.stderr)
         return 0
     if args.diagnose:
         wname, budget, *rest = args.diagnose.split(":")
         d = diagnose(wname, int(budget), limit, anchor=int(rest[0]) if rest else 0)
         print_diagnosis(d)
-        out = Path(args.json) if args.json else OUT_DIR / f"diagnose-{wname}-{budget}{'-suffix1' if rest else ''}.json"
-        out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_text(json.dumps(d, indent=1))
+        report.write_result(report.result_path(args.json, f"diagnose-{wname}-{budget}{'-suffix1' if rest else ''}",
+                                               timestamp=False), d, argv=argv)
         return 0
     if args.ceiling:
         wname, _, budget = args.ceiling.partition(":")
@@ -659,16 +641,13 @@ def main(argv=None) -> int:
             ap.error(f"--ceiling takes WORKLOAD:BUDGET with BUDGET an int >= 1 (e.g. edits:64), got {args.ceiling!r}")
         c = ceiling(wname, int(budget), limit)
         print_ceiling(c)
-        out = Path(args.json) if args.json else OUT_DIR / f"ceiling-{wname}-{budget}.json"
-        out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_text(json.dumps({**c, "git_commit": _git_commit()}, indent=1))
+        report.write_result(report.result_path(args.json, f"ceiling-{wname}-{budget}", timestamp=False), c,
+                            argv=argv)
         return 0
     results = run(wnames, methods, budgets, limit, progress=not args.quiet)
     print(markdown(results, budgets))
-    out = Path(args.json) if args.json else OUT_DIR / f"simulate-{time.strftime('%Y%m%d-%H%M%S')}.json"
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps({"budgets": budgets, "limit": limit, "git_commit": _git_commit(),
-                               "argv": sys.argv[1:], "results": results}, indent=1))
+    out = report.write_result(report.result_path(args.json, "simulate"),
+                              {"budgets": budgets, "limit": limit, "results": results}, argv=argv)
     print(f"\nJSON: {out}", file=sys.stderr)
     return 0
 

@@ -8,7 +8,7 @@ within each round so that load on a shared machine hits them alike:
 
     step = Proposer.propose(budget) + Proposer.accept(the next `accept` tokens of the file)
 
-The child imports ``refdec.proposer`` from the build without ``refdec/__init__`` (no torch).
+The child imports refdec's public names from the build (it runs in the build's checkout).
 Reported per build and step shape: the median over rounds of the per-round p50 / p99 / mean
 (µs). ``--callgrind`` instead counts instructions per step under valgrind (steps N minus
 steps 0: repeatable under load). ``--shards 1,4`` also runs each build on the corpus split
@@ -16,9 +16,9 @@ into that many index files (contiguous runs of documents; ``ShardedIndex.load_ma
 ``--batch 64`` drafts for 64 requests per engine step (request i reads the file from its own
 offset), the serving case: the time of the whole step is reported.
 
-    python benchmarks/step_ab.py --build before=/tmp/old --build after=. [--rounds 7] [--callgrind]
-    python benchmarks/step_ab.py --build after=. --shards 1,4
-    python benchmarks/step_ab.py --build before=/tmp/old --build after=. --batch 64 --shape 16:2 --steps 2000
+    python -m benchmarks.step_ab --build before=/tmp/old --build after=. [--rounds 7] [--callgrind]
+    python -m benchmarks.step_ab --build after=. --shards 1,4
+    python -m benchmarks.step_ab --build before=/tmp/old --build after=. --batch 64 --shape 16:2 --steps 2000
 """
 
 from __future__ import annotations
@@ -29,31 +29,22 @@ import os
 import subprocess
 import sys
 import tempfile
-from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from common import held_out_split, machine_info, read_stdlib_corpus, tokenize_cached, write_json  # noqa: E402
+from benchmarks import data, report, tokens
 
 _CHILD = r"""
-import json, sys, time, types
-repo, index_paths, prompt_path, rest_path, budget, accept, steps, warmup, mode, batch = sys.argv[1:11]
-batch = int(batch)
-budget, accept, steps, warmup = int(budget), int(accept), int(steps), int(warmup)
-package = types.ModuleType("refdec")
-package.__path__ = [repo + "/refdec"]
-sys.modules["refdec"] = package
+import json, os, subprocess, sys, time
+index_paths, prompt_path, rest_path, budget, accept, steps, warmup, mode, batch = sys.argv[1:10]
+budget, accept, steps, warmup, batch = int(budget), int(accept), int(steps), int(warmup), int(batch)
 import numpy as np
-from refdec.index import CorpusIndex
-from refdec.proposer import Proposer
+from refdec import CorpusIndex, Proposer  # the build's: the child runs in its checkout
 paths = index_paths.split(",")
 if len(paths) == 1:
     index = CorpusIndex.load(paths[0])
 else:
-    from refdec.index import ShardedIndex
+    from refdec import ShardedIndex
     index = ShardedIndex.load_many(paths)
 prompt, rest = np.load(prompt_path), np.load(rest_path)
 
@@ -74,7 +65,8 @@ def replay(n, times=None):
         if times is not None:
             times.append(time.perf_counter() - t0)
 
-if mode == "count":  # under callgrind: the steps alone, untimed
+if mode == "count":  # under callgrind, instrumented from here on: the steps alone, untimed
+    subprocess.run(["callgrind_control", "-i", "on", str(os.getpid())], check=True, capture_output=True)
     replay(steps)
     sys.exit(0)
 replay(warmup)
@@ -90,13 +82,12 @@ def replay_data(workdir: str, prompt_len: int, need: int, shard_counts: list[int
     """Saves the stdlib corpus index (held-out files excluded), split into each number of
     shards, and the longest held-out file as prompt + continuation; returns
     {shards: (comma-separated index paths, prompt path, continuation path)}."""
-    from refdec.index import CorpusIndex
-    from refdec.models import load_tokenizer
+    from refdec import CorpusIndex
 
-    documents, _ = read_stdlib_corpus()
-    tokenizer = load_tokenizer()
-    arrays = tokenize_cached(documents, tokenizer, tag="stdlib")
-    corpus_idx, held_idx = held_out_split(documents)
+    documents, _ = data.read_stdlib(tests=True)  # index_bench's corpus and held-out files
+    tokenizer = tokens.tokenizer()
+    arrays = tokens.token_ids([doc.text for doc in documents], tag="stdlib")
+    corpus_idx, held_idx = data.held_out_split(documents)
     corpus = [arrays[i] for i in corpus_idx]
     prompt_path, rest_path = os.path.join(workdir, "prompt.npy"), os.path.join(workdir, "rest.npy")
     doc = max((arrays[i] for i in held_idx), key=len)
@@ -104,7 +95,7 @@ def replay_data(workdir: str, prompt_len: int, need: int, shard_counts: list[int
         raise SystemExit(f"the longest held-out file has {len(doc)} tokens, fewer than {prompt_len + need}")
     np.save(prompt_path, doc[:prompt_len].astype(np.int32))
     np.save(rest_path, doc[prompt_len:].astype(np.int32))
-    data = {}
+    replays = {}
     for n in shard_counts:
         bounds = np.linspace(0, len(corpus), n + 1).astype(int)
         paths = []
@@ -112,23 +103,24 @@ def replay_data(workdir: str, prompt_len: int, need: int, shard_counts: list[int
             paths.append(os.path.join(workdir, f"stdlib-{shard}-of-{n}.refdec"))
             CorpusIndex.build(corpus[begin:end], show_progress=False, vocab_size=len(tokenizer),
                               growable=False).save(paths[-1])
-        data[n] = (",".join(paths), prompt_path, rest_path)
-    return data
+        replays[n] = (",".join(paths), prompt_path, rest_path)
+    return replays
 
 
-def run_child(repo: str, data, budget: int, accept: int, steps: int, warmup: int, callgrind: bool,
+def run_child(repo: str, replay, budget: int, accept: int, steps: int, warmup: int, callgrind: bool,
               batch: int = 1) -> dict:
-    args = [sys.executable, "-c", _CHILD, repo, *data, str(budget), str(accept)]
-    env = dict(os.environ, OPENBLAS_NUM_THREADS="1", OMP_NUM_THREADS="1", PYTHONHASHSEED="0")
+    # The child runs in the build's checkout, which comes first on its path ('' for -c).
+    args = [sys.executable, "-c", _CHILD, *replay, str(budget), str(accept)]
+    env = dict(os.environ, OPENBLAS_NUM_THREADS="1", OMP_NUM_THREADS="1", PYTHONHASHSEED="0", PYTHONPATH=repo)
     if not callgrind:
         out = subprocess.run(args + [str(steps), str(warmup), "time", str(batch)], capture_output=True, text=True,
-                             env=env, check=True)
+                             env=env, cwd=repo, check=True)
         return json.loads(out.stdout)
     counts = []
-    for n in (0, steps):
-        grind = ["valgrind", "--tool=callgrind", "--callgrind-out-file=/dev/null"] + args + [str(n), "0", "count",
-                                                                                              str(batch)]
-        out = subprocess.run(grind, capture_output=True, text=True, env=env, check=True)
+    for n in (0, steps):  # instrumented from the replay on (the imports run uninstrumented)
+        grind = ["valgrind", "--tool=callgrind", "--instr-atstart=no", "--callgrind-out-file=/dev/null", *args,
+                 str(n), "0", "count", str(batch)]
+        out = subprocess.run(grind, capture_output=True, text=True, env=env, cwd=repo, check=True)
         line = next(x for x in out.stderr.splitlines() if "Collected" in x)
         counts.append(int(line.split()[-1].replace(",", "")))
     return {"instructions_per_step": (counts[1] - counts[0]) / steps / batch}
@@ -159,12 +151,12 @@ def main(argv=None) -> int:
 
     results: dict = {name: {f"{b}:{a}": [] for b, a in shapes} for name, _, _ in builds}
     with tempfile.TemporaryDirectory() as workdir:
-        data = replay_data(workdir, args.prompt_len, need, shard_counts)
+        replays = replay_data(workdir, args.prompt_len, need, shard_counts)
         for round_idx in range(args.rounds):
             order = builds if round_idx % 2 == 0 else builds[::-1]
             for budget, accept in shapes:
                 for name, path, n in order:
-                    r = run_child(os.path.abspath(path), data[n], budget, accept, args.steps, args.warmup,
+                    r = run_child(os.path.abspath(path), replays[n], budget, accept, args.steps, args.warmup,
                                   args.callgrind, args.batch)
                     results[name][f"{budget}:{accept}"].append(r)
             print(f"round {round_idx + 1}/{args.rounds} done, load {os.getloadavg()[0]:.2f}", file=sys.stderr)
@@ -187,10 +179,9 @@ def main(argv=None) -> int:
             cell = (f"{med[key] / 1e3:.1f}k" if args.callgrind
                     else f"{med['p50']:.1f} / {med['p99']:.1f} / {med['mean']:.1f}")
             print(f"| {name} | propose({budget}) + accept({accept}) | {cell} | {ratio:.2f}x |")
-    out = write_json("step_ab", {"command": " ".join([Path(sys.executable).name] + sys.argv), "args": vars(args),
-                                 "builds": {name: path for name, path, _ in builds}, "machine": machine_info(),
-                                 "summary": summary,
-                                 "rounds": results})
+    out = report.write_result(report.result_path(None, "step_ab", timestamp=False),
+                              {"args": vars(args), "builds": {name: path for name, path, _ in builds},
+                               "summary": summary, "rounds": results})
     print(f"\nwrote {out}", file=sys.stderr)
     return 0
 

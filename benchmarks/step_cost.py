@@ -5,7 +5,7 @@ suffix-link chain of the last state long; the step cost (propose + accept) must
 stay O(1) amortised, not O(context). Also times AutoBudget.select on a 64-node
 tree (the per-step cost of the "auto" policy).
 
-    python benchmarks/step_cost.py
+    python -m benchmarks.step_cost
 """
 
 from __future__ import annotations

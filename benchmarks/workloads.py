@@ -1,38 +1,40 @@
-"""Workloads for the model-free drafting simulator.
+"""Workloads: the requests the simulator replays and the end-to-end runs decode.
 
-A workload is a list of ``Case``: the prompt tokens, the true output tokens the
-drafter has to predict, the per-request reference documents (the file being
-edited) and, optionally, the name of a corpus index shared by all cases.
+A workload is a list of :class:`Case`: the prompt tokens, the true output tokens
+the drafter has to predict, the per-request reference documents (the file being
+edited) and, optionally, the name of a corpus index shared by all cases
+(``corpora.corpus_index``).
 
-    edits          shared/data/edits-click.jsonl: prompt = original file + commit
-                   message (``edit_prompt``), references = [original file],
-                   output = the updated file.
-    humaneval      shared/data/humaneval.jsonl.gz: prompt = the HumanEval prompt,
-                   output = its canonical solution, corpus = Python stdlib sources.
+    edits          edits-click.jsonl: prompt = refdec's edit prompt (``refdec edit``'s
+                   default template, ``refdec.edit_prompt``) around the original file and
+                   the commit message, references = [original file], output = the
+                   updated file.
+    edits+stdlib   the same cases, with the stdlib corpus index.
+    edits-model    the edit prompts from pair EDITS_MODEL_FIRST on, the output being the
+                   default model's own greedy output (``make_outputs.py``).
+    humaneval      humaneval.jsonl.gz: prompt = the HumanEval prompt, output = its
+                   canonical solution, corpus = the stdlib.
     summarization, rag
-                   shared/data/specbench-question.jsonl (by ``category``), output =
-                   Gemma 3 270M's greedy continuation (``benchmarks/make_outputs.py``).
-    mtbench        shared/data/mtbench-question.jsonl first turns, same outputs cache.
+                   specbench-question.jsonl (by ``category``), output = Gemma 3 270M's
+                   greedy continuation (``make_outputs.py``).
+    mtbench        mtbench-question.jsonl first turns, the same outputs cache.
 
-Token ids are cached under ``benchmarks/cache/`` (git-ignored); the data is read
-from ``shared/data`` at run time (``$REFDEC_DATA`` overrides) and never copied.
+The data is read by ``data.py``; token ids are cached by ``tokens.py``; the model's
+outputs are cached in ``paths.CACHE_DIR / "outputs"`` by ``make_outputs.py``.
 """
 
 from __future__ import annotations
 
-import gzip
 import hashlib
 import json
-import os
-import sys
-import sysconfig
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 
-BENCH_DIR = Path(__file__).resolve().parent
-CACHE_DIR = BENCH_DIR / "cache"
+from benchmarks import data, tokens
+from benchmarks.paths import CACHE_DIR
+
 OUTPUTS_DIR = CACHE_DIR / "outputs"
 
 # Chat-model outputs: categories of specbench / mtbench whose true output is the
@@ -43,14 +45,6 @@ ALL_WORKLOADS = ("edits", "edits+stdlib", "edits-model", "humaneval", "summariza
 # (512 tokens, make_outputs.py --categories edits-model) as the true output: what the decoder
 # meets end to end. e2e.py benchmarks the first 10 pairs, so tuning on edits-model stays off them.
 EDITS_MODEL_FIRST = 10
-
-
-def data_dir() -> Path:
-    """``$REFDEC_DATA`` or ``<repo>/../shared/data``."""
-    env = os.environ.get("REFDEC_DATA")
-    if env:
-        return Path(env)
-    return Path(__file__).resolve().parents[2] / "shared" / "data"
 
 
 @dataclass
@@ -73,21 +67,17 @@ class Case:
 class Workload:
     name: str
     cases: list
-    corpus: str | None = None  # name of a shared corpus index (see ``corpus_index``)
+    corpus: str | None = None  # name of a shared corpus index (see ``corpora.corpus_index``)
 
 
 # ---------------------------------------------------------------- templates
 
-def edit_prompt(before: str, message: str, path: str = "") -> str:
-    """The edit prompt: the original file, the requested change, then the header
-    after which the model writes the updated file. ``refdec edit`` uses the same
-    shape."""
-    name = f" {path}" if path else ""
-    return (
-        f"Original file{name}:\n```\n{before}```\n\n"
-        f"Change: {message.strip()}\n\n"
-        f"The same file{name} after the change:\n```\n"
-    )
+def edit_prompt_text(row: dict) -> str:
+    """The prompt ``refdec edit`` ships (``refdec.edit_prompt``, its default template) for an
+    edit pair: the original file, the commit message as the instruction, the file's path."""
+    from refdec.edit_prompt import build_edit_prompt
+
+    return build_edit_prompt(row["before"], row["message"], path=row["path"]).text
 
 
 def chat_prompt(question: str) -> str:
@@ -96,19 +86,7 @@ def chat_prompt(question: str) -> str:
     return f"<start_of_turn>user\n{question}<end_of_turn>\n<start_of_turn>model\n"
 
 
-# ---------------------------------------------------------------- tokenising
-
-_TOKENIZER = None
-
-
-def tokenizer():
-    global _TOKENIZER
-    if _TOKENIZER is None:
-        from refdec.models import load_tokenizer
-
-        _TOKENIZER = load_tokenizer()
-    return _TOKENIZER
-
+# ---------------------------------------------------------------- cache keys of the model's outputs
 
 def _key(*parts: str) -> str:
     h = hashlib.sha256()
@@ -119,83 +97,26 @@ def _key(*parts: str) -> str:
 
 
 def prompt_key(prompt_text: str) -> str:
-    """Cache key of a generated output: a hash of the prompt text."""
+    """Cache key of a generated chat output: a hash of the prompt text."""
     return _key("prompt", prompt_text)
-
-
-def encode(text: str, *, bos: bool) -> np.ndarray:
-    ids = tokenizer()(text, add_special_tokens=bos).input_ids
-    return np.asarray(ids, dtype=np.int32)
-
-
-def write_json_atomic(path: Path, obj) -> None:
-    """Writes ``obj`` as JSON to ``path`` under a temporary name, then renames it: a killed
-    run leaves no half-written cache file."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(obj))
-    os.replace(tmp, path)
-
-
-def _cached_token_lists(name: str, texts: list) -> list:
-    """Encode ``texts`` (pairs (text, bos)) once; cache the ids as JSON."""
-    key = _key(name, *(f"{int(b)}{t}" for t, b in texts))
-    path = CACHE_DIR / "tokens" / f"{name}-{key}.json"
-    if path.exists():
-        lists = json.loads(path.read_text())
-    else:
-        lists = [encode(t, bos=b).tolist() for t, b in texts]
-        write_json_atomic(path, lists)
-    return [np.asarray(x, dtype=np.int32) for x in lists]
-
-
-# ---------------------------------------------------------------- raw rows
-
-def edit_rows() -> list:
-    path = data_dir() / "edits-click.jsonl"
-    with open(path, encoding="utf-8") as f:
-        return [json.loads(line) for line in f if line.strip()]
-
-
-def humaneval_rows() -> list:
-    with gzip.open(data_dir() / "humaneval.jsonl.gz", "rt", encoding="utf-8") as f:
-        return [json.loads(line) for line in f if line.strip()]
-
-
-def chat_questions(category: str, limit: int | None = None) -> list:
-    """First-turn questions of a specbench category, or of mtbench (``"mtbench"``)."""
-    if category == "mtbench":
-        path = data_dir() / "mtbench-question.jsonl"
-        rows = [json.loads(l) for l in open(path, encoding="utf-8") if l.strip()]
-    else:
-        path = data_dir() / "specbench-question.jsonl"
-        rows = [json.loads(l) for l in open(path, encoding="utf-8") if l.strip()]
-        rows = [r for r in rows if r["category"] == category]
-    questions = [r["turns"][0] for r in rows]
-    return questions[:limit] if limit else questions
-
-
-# ---------------------------------------------------------------- workloads
-
-def load_edits(limit: int | None = None) -> Workload:
-    rows = edit_rows()[:limit] if limit else edit_rows()
-    texts = []
-    for r in rows:
-        texts.append((edit_prompt(r["before"], r["message"], r["path"]), True))
-        texts.append((r["before"], False))
-        texts.append((r["after"], False))
-    ids = _cached_token_lists("edits", texts)
-    cases = [
-        Case(prompt=ids[3 * i], references=[ids[3 * i + 1]], output=ids[3 * i + 2],
-             name=f"{r['path']}@{r['commit'][:8]}")
-        for i, r in enumerate(rows)
-    ]
-    return Workload("edits", cases)
 
 
 def edits_model_path(case: Case) -> Path:
     """Cache file of the default model's output for an edit case (keyed by its prompt ids)."""
     return OUTPUTS_DIR / f"edits-model-{_key('edits-model', ' '.join(map(str, case.prompt.tolist())))}.json"
+
+
+# ---------------------------------------------------------------- workloads
+
+def load_edits(limit: int | None = None) -> Workload:
+    rows = data.edit_rows()
+    rows = rows[:limit] if limit else rows
+    prompts = tokens.token_ids([edit_prompt_text(r) for r in rows], tag="edits-prompt", bos=True)
+    befores = tokens.token_ids([r["before"] for r in rows], tag="edits-before")
+    afters = tokens.token_ids([r["after"] for r in rows], tag="edits-after")
+    cases = [Case(prompt=prompt, references=[before], output=after, name=f"{r['path']}@{r['commit'][:8]}")
+             for r, prompt, before, after in zip(rows, prompts, befores, afters)]
+    return Workload("edits", cases)
 
 
 def load_edits_model(limit: int | None = None) -> Workload:
@@ -214,14 +135,12 @@ def load_edits_model(limit: int | None = None) -> Workload:
 
 
 def load_humaneval(limit: int | None = None) -> Workload:
-    rows = humaneval_rows()[:limit] if limit else humaneval_rows()
-    texts = []
-    for r in rows:
-        texts.append((r["prompt"], True))
-        texts.append((r["canonical_solution"], False))
-    ids = _cached_token_lists("humaneval", texts)
-    cases = [Case(prompt=ids[2 * i], output=ids[2 * i + 1], name=r["task_id"])
-             for i, r in enumerate(rows)]
+    rows = data.humaneval_rows()
+    rows = rows[:limit] if limit else rows
+    prompts = tokens.token_ids([r["prompt"] for r in rows], tag="humaneval-prompt", bos=True)
+    solutions = tokens.token_ids([r["canonical_solution"] for r in rows], tag="humaneval-solution")
+    cases = [Case(prompt=prompt, output=solution, name=r["task_id"])
+             for r, prompt, solution in zip(rows, prompts, solutions)]
     return Workload("humaneval", cases, corpus="stdlib")
 
 
@@ -231,7 +150,7 @@ def load_generated(category: str, limit: int | None = None, require_output: bool
     against HF greedy itself): then every question is a case, with an empty ``output``
     where none is cached."""
     cases = []
-    for i, q in enumerate(chat_questions(category)):
+    for i, q in enumerate(data.chat_questions(category)):
         text = chat_prompt(q)
         path = OUTPUTS_DIR / f"{prompt_key(text)}.json"
         if path.exists():
@@ -240,7 +159,7 @@ def load_generated(category: str, limit: int | None = None, require_output: bool
         elif require_output:
             continue
         else:
-            prompt_ids, output_ids = encode(text, bos=True), []
+            prompt_ids, output_ids = tokens.encode(text, bos=True), []
         cases.append(Case(prompt=np.asarray(prompt_ids, dtype=np.int32),
                           output=np.asarray(output_ids, dtype=np.int32),
                           name=f"{category}/{i}"))
@@ -249,7 +168,23 @@ def load_generated(category: str, limit: int | None = None, require_output: bool
     return Workload(category, cases)
 
 
+def load_chat_workload(category: str, tokenizer, limit: int | None = None) -> Workload:
+    """The chat questions of ``category`` (one of GENERATED_WORKLOADS) as a chat model is prompted:
+    one user turn through ``tokenizer``'s chat template, the assistant's turn opened. No cached
+    outputs (end-to-end runs compare against HF greedy itself)."""
+    if category not in GENERATED_WORKLOADS:
+        raise ValueError(f"chat workloads are {GENERATED_WORKLOADS}, got {category!r}")
+    cases = []
+    for i, question in enumerate(data.chat_questions(category, limit)):
+        ids = tokenizer.apply_chat_template([{"role": "user", "content": question}], add_generation_prompt=True,
+                                            return_dict=True)["input_ids"]
+        cases.append(Case(prompt=np.asarray(ids, dtype=np.int32), output=np.zeros(0, dtype=np.int32),
+                          name=f"{category}/{i}"))
+    return Workload(category, cases)
+
+
 def load_workload(name: str, limit: int | None = None, require_output: bool = True) -> Workload:
+    """The workload ``name`` (one of ALL_WORKLOADS), its first ``limit`` cases if given."""
     if name == "edits":
         return load_edits(limit)
     if name == "edits-model":
@@ -261,63 +196,3 @@ def load_workload(name: str, limit: int | None = None, require_output: bool = Tr
     if name in GENERATED_WORKLOADS:
         return load_generated(name, limit, require_output)
     raise ValueError(f"unknown workload {name!r}; expected one of {ALL_WORKLOADS}")
-
-
-# ---------------------------------------------------------------- corpora
-
-def stdlib_documents() -> list:
-    """(relative path, text) of the Python standard library's *.py files,
-    site-packages and test suites excluded, sorted by path."""
-    root = Path(sysconfig.get_paths()["stdlib"])
-    docs = []
-    for p in sorted(root.rglob("*.py")):
-        rel = p.relative_to(root).as_posix()
-        if rel.startswith(("site-packages/", "test/", "idlelib/idle_test/")) or "/tests/" in rel:
-            continue
-        try:
-            docs.append((rel, p.read_text(encoding="utf-8")))
-        except (UnicodeDecodeError, OSError):
-            continue
-    return docs
-
-
-def corpus_index(name: str, *, show_progress: bool = False):
-    """The ``refdec.CorpusIndex`` named ``name``, built once and cached under
-    benchmarks/cache/."""
-    import refdec
-
-    if name != "stdlib":
-        raise ValueError(f"unknown corpus {name!r}; expected 'stdlib'")
-    path = CACHE_DIR / "stdlib.refdec"
-    if path.exists():
-        try:
-            return refdec.CorpusIndex.load(str(path), tokenizer())
-        except refdec.IndexFormatError as exc:  # e.g. written by an older format version
-            print(f"rebuilding {path}: {exc}", file=sys.stderr)
-    docs = stdlib_documents()
-    ids = _cached_token_lists("stdlib", [(text, False) for _, text in docs])
-    index = refdec.CorpusIndex.build(ids, tokenizer(), show_progress=show_progress)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    index.save(str(path))
-    return refdec.CorpusIndex.load(str(path))
-
-
-def draftretriever_reader(name: str):
-    """REST's ``draftretriever.Reader`` over the corpus ``name`` (the same token
-    ids as ``corpus_index``), its datastore built once under benchmarks/cache/."""
-    import draftretriever
-
-    if name != "stdlib":
-        raise ValueError(f"unknown corpus {name!r}; expected 'stdlib'")
-    path = CACHE_DIR / "stdlib.draftretriever.idx"
-    if not path.exists():
-        docs = stdlib_documents()
-        ids = _cached_token_lists("stdlib", [(text, False) for _, text in docs])
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(".tmp")
-        writer = draftretriever.Writer(str(tmp), 262144)
-        for arr in ids:
-            writer.add_entry(arr.tolist())
-        writer.finalize()
-        os.replace(tmp, path)
-    return draftretriever.Reader(str(path))

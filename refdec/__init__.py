@@ -1,11 +1,38 @@
-"""refdec: retrieval-based, lossless speculative decoding."""
+"""refdec: retrieval-based, lossless speculative decoding.
 
-from refdec.index import ContextIndex, CorpusIndex, IndexFormatError, ShardedIndex
-from refdec.proposer import Proposer
-from refdec.tree import DraftTree
-from refdec.decoding import DecodingStats, GenerateOutput, SpeculativeDecoder, generate
+The public names are loaded on first use (PEP 562), so that ``import refdec.cli`` and
+``refdec --help`` do not import torch and transformers.
+"""
 
-__all__ = [
-    "CorpusIndex", "ContextIndex", "IndexFormatError", "ShardedIndex", "DraftTree", "Proposer",
-    "generate", "SpeculativeDecoder", "DecodingStats", "GenerateOutput",
-]
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING
+
+_EXPORTS = {
+    "ContextIndex": "refdec.index", "CorpusIndex": "refdec.index", "IndexFormatError": "refdec.index",
+    "ShardedIndex": "refdec.index", "DraftTree": "refdec.tree", "Drafter": "refdec.proposer",
+    "Proposer": "refdec.proposer", "SpeculativeDecoder": "refdec.decode.decoder", "generate": "refdec.decode.decoder",
+    "DecodingStats": "refdec.decode.results", "GenerateOutput": "refdec.decode.results",
+}
+__all__ = list(_EXPORTS)
+
+if TYPE_CHECKING:
+    from refdec.decode.decoder import SpeculativeDecoder, generate
+    from refdec.decode.results import DecodingStats, GenerateOutput
+    from refdec.index import ContextIndex, CorpusIndex, IndexFormatError, ShardedIndex
+    from refdec.proposer import Drafter, Proposer
+    from refdec.tree import DraftTree
+
+
+def __getattr__(name: str):
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'refdec' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value  # later lookups skip this function
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))

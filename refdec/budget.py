@@ -1,16 +1,15 @@
 """Draft-size policy: how many tree nodes to verify at each step.
 
-A policy is a small object with ``choose(match_lengths) -> int`` (called before
-each proposal with the proposer's ``last_match_lengths()``: how many nodes to
-ask the proposer for) and ``observe(proposed, accepted)`` (called after each
-verification). The loop asks for no draft when ``choose`` returns 0.
+A policy is a :class:`Budget`, one per request (batch row):
 
-A policy may also define
-
-* ``select(tree) -> DraftTree``: cut the proposed tree down (a prefix of its
-  nodes) before it is verified;
-* ``observe_nodes(accepted_nodes)``: the accepted node indices of the tree that
-  ``select`` returned (int64 array, root-to-leaf), after verification.
+* ``choose(match_lengths) -> int``: before each proposal, with the drafter's
+  ``last_match_lengths()``, how many nodes to ask it for (0: no draft this step);
+* ``select(tree) -> DraftTree``: the prefix of the proposed tree (its nodes come
+  best-first, so any prefix is a subtree) to verify when the row is verified alone;
+* ``select_batch(budgets, trees)`` (a classmethod): the prefixes of the rows that
+  share one batched forward, chosen together;
+* ``observe(tree, accepted_nodes)``: after verification, the tree that was verified
+  and the indices of its accepted nodes (int64 [k], root-to-leaf).
 
 ``FixedBudget`` serves an integer ``max_draft_tokens``; ``AutoBudget`` is
 ``"auto"``: it asks for the largest tree, estimates the expected accepted
@@ -21,15 +20,42 @@ prefix that maximises tokens per second under the model's measured cost curve
 
 from __future__ import annotations
 
-import os
+from typing import Protocol, Sequence, runtime_checkable
 
 import numpy as np
 
-from refdec.calibration import CostCurve
+from refdec.cost_curve import DEFAULT_CPU_CURVE, CostCurve
 from refdec.tree import DraftTree
 
+__all__ = ["AutoBudget", "Budget", "FixedBudget", "MatchLengthBudget", "batch_prefix_sizes", "make_budget"]
 
-class FixedBudget:
+
+@runtime_checkable
+class Budget(Protocol):
+    """What the decoding loop asks of a draft-size policy (module docstring)."""
+
+    def choose(self, match_lengths: dict[str, int]) -> int: ...
+
+    def select(self, tree: DraftTree) -> DraftTree: ...
+
+    @classmethod
+    def select_batch(cls, budgets: Sequence["Budget"], trees: Sequence[DraftTree]) -> list[DraftTree]: ...
+
+    def observe(self, tree: DraftTree, accepted_nodes: np.ndarray) -> None: ...
+
+
+class _VerifyAsProposed:
+    """Verifies the proposed tree as it is; rows of a batch are independent."""
+
+    def select(self, tree: DraftTree) -> DraftTree:
+        return tree
+
+    @classmethod
+    def select_batch(cls, budgets: Sequence[Budget], trees: Sequence[DraftTree]) -> list[DraftTree]:
+        return [budget.select(tree) for budget, tree in zip(budgets, trees)]
+
+
+class FixedBudget(_VerifyAsProposed):
     """Always the same number of nodes (0 = plain decoding)."""
 
     def __init__(self, max_nodes: int) -> None:
@@ -38,14 +64,14 @@ class FixedBudget:
     def choose(self, match_lengths: dict[str, int]) -> int:
         return self.max_nodes
 
-    def observe(self, proposed: int, accepted: int) -> None:
+    def observe(self, tree: DraftTree, accepted_nodes: np.ndarray) -> None:
         pass
 
     def __repr__(self) -> str:
         return f"FixedBudget({self.max_nodes})"
 
 
-class MatchLengthBudget:
+class MatchLengthBudget(_VerifyAsProposed):
     """Nodes grow with the longest current suffix match; none when nothing matches.
 
     ``choose`` returns ``0`` if no source matches, else
@@ -67,7 +93,8 @@ class MatchLengthBudget:
         want = int(round(self.per_match_token * longest * self.gain))
         return max(self.min_nodes, min(self.max_nodes, want))
 
-    def observe(self, proposed: int, accepted: int) -> None:
+    def observe(self, tree: DraftTree, accepted_nodes: np.ndarray) -> None:
+        proposed, accepted = len(tree), len(accepted_nodes)
         if proposed <= 0:
             return
         # An exponential moving target: accepting >= 1/4 of the nodes (a long chain) grows the draft.
@@ -78,10 +105,6 @@ class MatchLengthBudget:
     def __repr__(self) -> str:
         return f"MatchLengthBudget(min={self.min_nodes}, max={self.max_nodes}, gain={self.gain:.2f})"
 
-
-# A CPU-like curve (DESIGN.md: Gemma 3 270M, 2 threads, 512 cached tokens) for models that are
-# not worth calibrating (tiny test models) and when calibration is switched off.
-DEFAULT_CPU_CURVE = CostCurve((0, 1, 16, 64, 128), (0.100, 0.105, 0.280, 0.500, 0.810))
 
 # Score buckets (upper edges) and depth buckets (lower edges of depths 2, 3, 5, ...).
 _SCORE_EDGES = np.array([0.02, 0.05, 0.1, 0.2, 0.35, 0.5, 0.7, 0.85, 0.95], dtype=np.float32)
@@ -185,6 +208,17 @@ class AutoBudget:
         cells = self.cells(tree)
         return self.take_prefix(tree, self.best_prefix(self.expected_accepted(tree, cells)), cells=cells)
 
+    @classmethod
+    def select_batch(cls, budgets: Sequence["AutoBudget"], trees: Sequence[DraftTree]) -> list[DraftTree]:
+        """The rows' prefixes chosen together (:func:`batch_prefix_sizes`): one row is
+        :meth:`select`; an empty draft is no step of the policy."""
+        if len(budgets) == 1:
+            return [budgets[0].select(trees[0])]
+        cells = [budget.cells(tree) for budget, tree in zip(budgets, trees)]  # once per row and step
+        sizes = batch_prefix_sizes(budgets, trees, cells)
+        return [budget.take_prefix(tree, n, cells=row_cells) if len(tree) else tree
+                for budget, tree, n, row_cells in zip(budgets, trees, sizes, cells)]
+
     def take_prefix(self, tree: DraftTree, n: int, cells: np.ndarray | None = None) -> DraftTree:
         """Verifies the first ``n`` nodes of ``tree`` this step (``n`` > len(tree): all of
         them), remembering their cells for :meth:`observe_nodes`. ``n = 0`` with a
@@ -208,10 +242,9 @@ class AutoBudget:
         self._cells = (self.cells(tree) if cells is None else cells)[:n]
         return tree if n == size else _prefix(tree, n)
 
-    def observe(self, proposed: int, accepted: int) -> None:
-        pass
-
-    def observe_nodes(self, accepted_nodes: np.ndarray) -> None:
+    def observe(self, tree: DraftTree, accepted_nodes: np.ndarray) -> None:
+        """Counts the verified nodes of ``tree`` (the prefix :meth:`take_prefix` returned) in their
+        cells, the ``accepted_nodes`` (int64 [k]) as accepted."""
         cells = self._cells
         if cells is None:
             return
@@ -292,34 +325,18 @@ def _prefix(tree: DraftTree, n: int) -> DraftTree:
     return out
 
 
-# Models smaller than this are not calibrated ("auto" uses DEFAULT_CPU_CURVE): tiny test models.
-CALIBRATE_MIN_PARAMETERS = 20_000_000
-
-
-def auto_cost_curve(model) -> CostCurve:
-    """The cost curve "auto" uses for ``model``: measured once per (model, dtype, device,
-    threads) and cached (refdec.calibration), or DEFAULT_CPU_CURVE for tiny models and
-    when ``$REFDEC_CALIBRATE=0``."""
-    from refdec import calibration
-
-    if os.environ.get("REFDEC_CALIBRATE", "1") == "0":
-        return DEFAULT_CPU_CURVE
-    if calibration.model_parameters(model) < CALIBRATE_MIN_PARAMETERS:
-        return DEFAULT_CPU_CURVE
-    return calibration.calibrate(model)
-
-
-def make_budget(max_draft_tokens, model=None):
-    """``int >= 0`` → FixedBudget; ``"auto"`` → AutoBudget (on ``model``'s cost curve when
-    given); an object with choose/observe as is."""
+def make_budget(max_draft_tokens, cost: CostCurve | None = None) -> Budget:
+    """``int >= 0`` → FixedBudget; ``"auto"`` → AutoBudget on ``cost`` (a model's curve:
+    refdec.calibration.auto_cost_curve); a :class:`Budget` as it is."""
     if isinstance(max_draft_tokens, str):
         if max_draft_tokens != "auto":
             raise ValueError(f"max_draft_tokens must be an int >= 0 or 'auto', got {max_draft_tokens!r}")
-        return AutoBudget(auto_cost_curve(model) if model is not None else None)
-    if hasattr(max_draft_tokens, "choose") and hasattr(max_draft_tokens, "observe"):
+        return AutoBudget(cost)
+    if isinstance(max_draft_tokens, Budget):
         return max_draft_tokens
-    if isinstance(max_draft_tokens, bool) or not isinstance(max_draft_tokens, int):
-        raise ValueError(f"max_draft_tokens must be an int >= 0 or 'auto', got {max_draft_tokens!r}")
+    if isinstance(max_draft_tokens, bool) or not isinstance(max_draft_tokens, (int, np.integer)):
+        raise ValueError(f"max_draft_tokens must be an int >= 0, 'auto' or a refdec.budget.Budget, "
+                         f"got {max_draft_tokens!r}")
     if max_draft_tokens < 0:
         raise ValueError(f"max_draft_tokens must be >= 0, got {max_draft_tokens}")
-    return FixedBudget(max_draft_tokens)
+    return FixedBudget(int(max_draft_tokens))

@@ -10,7 +10,7 @@ a tree against this curve.
     curve(16)                         # seconds for a forward with 16 draft nodes
     CostCurve([1, 64], [1.0, 1.0])    # a synthetic (GPU-like, flat) curve
 
-With a lazy head (the decoder's default on a CPU, refdec.verify.LazyRowLogits) the
+With a lazy head (the decoder's default on a CPU, refdec.decode.head.LazyRowLogits) the
 LM head runs only on the rows the acceptance walk visits, a chunk of 4 at a time;
 the curve then holds the backbone's cost per tree size (``seconds``) plus the cost
 of one head chunk (``head_chunk_seconds``), and a step that accepts ``k`` nodes
@@ -28,116 +28,33 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
+import sys
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
+import torch
 
 from refdec.atomic import atomic_write
+from refdec.cost_curve import DEFAULT_CPU_CURVE, CostCurve, flat_curve
+from refdec.decode.cache import compact, new_cache
+from refdec.decode.head import split_forward_fn
+from refdec.decode.masks import build_tree_inputs
+from refdec.decode.model_support import cache_kwarg, mask_spec_for, text_config
+from refdec.models import cache_dir
+from refdec.tree import DraftTree
+
+__all__ = ["CALIBRATE_MIN_PARAMETERS", "CostCurve", "DEFAULT_CPU_CURVE", "auto_cost_curve", "calibrate",
+           "calibration_path", "flat_curve", "load_cached", "measure", "model_key"]
 
 DEFAULT_NODES = (0, 1, 2, 4, 8, 16, 24, 32, 48, 64)
-_FORMAT = 2  # 2: head_chunk_seconds, head_chunk_rows
 # Part of the cache key: bump when the verification forward changes (its cost curve with it).
 FORWARD_VERSION = "lazy-head-1"  # backbone curve + head chunk (was "mm-head-1-min": the whole tree's head)
 
 
-@dataclass(frozen=True)
-class CostCurve:
-    """Forward cost (seconds) at draft-tree sizes ``nodes``, linearly interpolated between
-    them and extrapolated linearly past the last point.
-
-    ``nodes``: increasing ints >= 0 (draft nodes; a forward feeds ``1 + n`` rows).
-    ``seconds``: the forward time at each size (minimum over repeats); with
-    ``head_chunk_seconds`` set, the backbone's time only (no LM head).
-    ``head_chunk_seconds``: None when ``seconds`` include every row's head, else the
-    time of the head on one chunk of ``head_chunk_rows`` rows (lazy head).
-    """
-
-    nodes: tuple
-    seconds: tuple
-    meta: dict | None = field(default=None, compare=False)
-    head_chunk_seconds: float | None = None
-    head_chunk_rows: int = 4
-
-    def __post_init__(self) -> None:
-        nodes = tuple(int(n) for n in self.nodes)
-        seconds = tuple(float(s) for s in self.seconds)
-        if len(nodes) != len(seconds) or not nodes:
-            raise ValueError(f"CostCurve needs as many nodes as seconds (>= 1), got {len(nodes)} and {len(seconds)}")
-        if any(b <= a for a, b in zip(nodes, nodes[1:])) or nodes[0] < 0:
-            raise ValueError(f"CostCurve nodes must be increasing ints >= 0, got {nodes}")
-        if any(not np.isfinite(s) or s <= 0 for s in seconds):
-            raise ValueError(f"CostCurve seconds must be finite and > 0, got {seconds}")
-        object.__setattr__(self, "nodes", nodes)
-        object.__setattr__(self, "seconds", seconds)
-        if self.head_chunk_seconds is not None:
-            head = float(self.head_chunk_seconds)
-            if not np.isfinite(head) or head < 0:
-                raise ValueError(f"CostCurve head_chunk_seconds must be finite and >= 0, got {self.head_chunk_seconds}")
-            object.__setattr__(self, "head_chunk_seconds", head)
-        if isinstance(self.head_chunk_rows, bool) or int(self.head_chunk_rows) < 1:
-            raise ValueError(f"CostCurve head_chunk_rows must be an int >= 1, got {self.head_chunk_rows!r}")
-        object.__setattr__(self, "head_chunk_rows", int(self.head_chunk_rows))
-
-    @property
-    def lazy_head(self) -> bool:
-        return self.head_chunk_seconds is not None
-
-    def head_seconds(self, expected_accepted):
-        """Head cost of a step that accepts ``expected_accepted`` nodes (float or float64 array):
-        0 for a curve whose ``seconds`` include the head; else the chunks the walk visits,
-        ``max(1, (k + 2.5) / rows)`` (k + 1 rows on the path plus, on average, half a chunk)."""
-        if self.head_chunk_seconds is None:
-            return np.zeros_like(np.asarray(expected_accepted, dtype=np.float64))
-        chunks = np.maximum(1.0, (np.asarray(expected_accepted, dtype=np.float64) + 2.5) / self.head_chunk_rows)
-        return self.head_chunk_seconds * chunks
-
-    def table(self, max_nodes: int) -> np.ndarray:
-        """float64 array of shape (max_nodes + 1,): the cost of n = 0 .. max_nodes draft nodes."""
-        n = np.arange(max_nodes + 1, dtype=np.float64)
-        xs = np.asarray(self.nodes, dtype=np.float64)
-        ys = np.asarray(self.seconds, dtype=np.float64)
-        out = np.interp(n, xs, ys)
-        if len(xs) >= 2 and max_nodes > xs[-1]:
-            slope = max(0.0, (ys[-1] - ys[-2]) / (xs[-1] - xs[-2]))
-            tail = n > xs[-1]
-            out[tail] = ys[-1] + slope * (n[tail] - xs[-1])
-        return out
-
-    def __call__(self, n: int, expected_accepted: float = 0.0) -> float:
-        """Seconds for a step verifying ``n`` nodes that accepts ``expected_accepted`` of them."""
-        return float(self.table(int(n))[int(n)] + self.head_seconds(expected_accepted))
-
-    def relative(self) -> dict:
-        """{n: cost(n) / cost(0)} at the measured sizes (cost(0) interpolated if not measured), a
-        lazy head counted for a step that accepts nothing."""
-        base = self(0)
-        head = float(self.head_seconds(0.0))
-        return {n: (s + head) / base for n, s in zip(self.nodes, self.seconds)}
-
-    def to_json(self) -> dict:
-        return {"format": _FORMAT, "nodes": list(self.nodes), "seconds": list(self.seconds),
-                "head_chunk_seconds": self.head_chunk_seconds, "head_chunk_rows": self.head_chunk_rows,
-                "meta": self.meta or {}}
-
-    @classmethod
-    def from_json(cls, data: dict) -> "CostCurve":
-        if data.get("format") != _FORMAT:
-            raise ValueError(f"calibration format {data.get('format')!r}, expected {_FORMAT}")
-        return cls(tuple(data["nodes"]), tuple(data["seconds"]), data.get("meta"),
-                   data.get("head_chunk_seconds"), int(data.get("head_chunk_rows", 4)))
-
-
-def flat_curve(seconds: float = 1.0) -> CostCurve:
-    """A GPU-like curve: verifying any tree costs as much as one token."""
-    return CostCurve((0, 1), (seconds, seconds))
-
-
 def model_key(model) -> str:
     """Identifies (model config, dtype, device, torch threads) for the calibration cache."""
-    import torch
-
     config = model.config
     try:
         text = config.to_json_string(use_diff=False)
@@ -153,8 +70,6 @@ def model_key(model) -> str:
 
 
 def calibration_path(model) -> Path:
-    from refdec.models import cache_dir
-
     return cache_dir() / "calibration" / f"{model_key(model)}.json"
 
 
@@ -169,22 +84,13 @@ def measure(model, nodes=DEFAULT_NODES, *, cache_len: int = 512, repeats: int = 
     ``lazy_head`` (default: as the decoder, i.e. a plain-head model on a CPU): time the
     backbone alone per size and the head on one chunk of rows; else the whole forward.
     """
-    import torch
-
-    from refdec.cache import cache_kwarg, compact, new_cache
-    from refdec.compat import text_config
-    from refdec.masks import build_tree_inputs, mask_spec_for
-    from refdec.tree import DraftTree
-    from refdec.verify import split_forward_fn, tree_forward_fn
-
     spec = mask_spec_for(model)
-    tree_forward = tree_forward_fn(model)
     split = split_forward_fn(model)
     device = next(model.parameters()).device
     if lazy_head is None:
         lazy_head = split is not None and device.type == "cpu"
     if lazy_head and split is None:
-        raise ValueError("lazy_head=True needs a model with a plain linear LM head (refdec.verify.split_forward_fn)")
+        raise ValueError("lazy_head=True needs a model with a plain linear LM head (refdec.decode.head.split_forward_fn)")
     vocab = int(text_config(model).vocab_size)
     rng = np.random.default_rng(0)
     prompt = torch.from_numpy(rng.integers(3, min(vocab, 30000), size=cache_len)).unsqueeze(0).to(device)
@@ -207,10 +113,7 @@ def measure(model, nodes=DEFAULT_NODES, *, cache_len: int = 512, repeats: int = 
                 if lazy_head:
                     out = split[0](cache, **kwargs)[0]  # [1 + n, D]
                     out[-1, :1].cpu()  # wait for the device
-                elif tree_forward is not None:  # the decoder's own verification forward
-                    out = tree_forward(cache, **kwargs)
-                    out.argmax(-1).cpu()
-                else:
+                else:  # the model's own forward, as the engine verifies without a lazy head
                     out = model(use_cache=True, **kwargs, **{cache_kw: cache}).logits[0]
                     out.argmax(-1).cpu()
                 elapsed = time.perf_counter() - t0
@@ -242,18 +145,44 @@ def load_cached(model) -> CostCurve | None:
         return None
 
 
-def calibrate(model, *, force: bool = False, **measure_kwargs) -> CostCurve:
-    """The model's cost curve: read from the calibration cache, or measured and saved."""
+def calibrate(model, *, force: bool = False, announce: bool = True, **measure_kwargs) -> CostCurve:
+    """The model's cost curve: read from the calibration cache, or measured and saved.
+
+    Measuring takes a few seconds to half a minute; with ``announce`` it says so on stderr,
+    one line: what is measured, for which (dtype, device, threads), how long it took and
+    where the curve is kept. ``refdec calibrate`` runs this ahead of time."""
     if not force:
         cached = load_cached(model)
         if cached is not None:
             return cached
-    curve = measure(model, **measure_kwargs)
     path = calibration_path(model)
+    device = next(model.parameters()).device
+    if announce:
+        print(f"refdec: measuring this model's verification cost against draft size, once for "
+              f"{str(model.dtype).replace('torch.', '')} on {device.type} with {torch.get_num_threads()} threads "
+              f"(cached for later runs) ...", end="", file=sys.stderr, flush=True)
+    t0 = time.perf_counter()
+    curve = measure(model, **measure_kwargs)
     path.parent.mkdir(parents=True, exist_ok=True)
     atomic_write(path, [json.dumps(curve.to_json(), indent=1).encode()])
+    if announce:
+        print(f" {time.perf_counter() - t0:.1f} s ({path})", file=sys.stderr, flush=True)
     return curve
 
 
 def model_parameters(model) -> int:
     return sum(p.numel() for p in model.parameters())
+
+
+# Models smaller than this are not calibrated ("auto" uses DEFAULT_CPU_CURVE): tiny test models.
+CALIBRATE_MIN_PARAMETERS = 20_000_000
+
+
+def auto_cost_curve(model) -> CostCurve:
+    """The cost curve "auto" uses for ``model``: measured once per (model, dtype, device,
+    threads) and cached, or DEFAULT_CPU_CURVE for tiny models and when ``$REFDEC_CALIBRATE=0``."""
+    if os.environ.get("REFDEC_CALIBRATE", "1") == "0":
+        return DEFAULT_CPU_CURVE
+    if model_parameters(model) < CALIBRATE_MIN_PARAMETERS:
+        return DEFAULT_CPU_CURVE
+    return calibrate(model)

@@ -58,9 +58,11 @@ import weakref
 from collections.abc import Iterable
 
 import numpy as np
+from tqdm.auto import tqdm
 
 from refdec import _C
 from refdec.atomic import atomic_write
+from refdec.retrieval import DocumentSignatures, Retriever, deduplicate, signature_path
 
 __all__ = ["IndexFormatError", "tokenizer_fingerprint", "CorpusIndex", "ContextIndex", "ShardedIndex"]
 
@@ -164,13 +166,8 @@ def _tokenize_documents(documents, tokenizer, vocab_size: int, show_progress: bo
     batches of 256 with ``add_special_tokens=False``)."""
     progress = None
     if show_progress:
-        try:
-            from tqdm.auto import tqdm
-
-            total = len(documents) if hasattr(documents, "__len__") else None
-            progress = tqdm(total=total, desc="indexing", unit="doc")
-        except ImportError:  # pragma: no cover - tqdm is a dependency
-            progress = None
+        total = len(documents) if hasattr(documents, "__len__") else None
+        progress = tqdm(total=total, desc="indexing", unit="doc")
 
     def check(doc_idx, ids):
         arr = _as_tokens(ids, f"documents[{doc_idx}]")
@@ -269,8 +266,6 @@ class CorpusIndex(_Queries):
         if signatures is None:
             signatures = dedup_threshold is not None
         if dedup_threshold is not None or signatures:
-            from refdec.retrieval import DocumentSignatures, deduplicate
-
             documents = list(_tokenize_documents(documents, tokenizer, int(vocab_size), show_progress))
             sigs = DocumentSignatures.from_documents(documents)
             if dedup_threshold is not None:
@@ -302,8 +297,6 @@ class CorpusIndex(_Queries):
                 raise ValueError(f"tokenizer fingerprint {fp} differs from the index's {self._fingerprint}")
         documents = list(_tokenize_documents(documents, tokenizer, self._vocab_size, show_progress))
         if self._signatures is not None:  # keep one signature row per document (no de-duplication here)
-            from refdec.retrieval import DocumentSignatures
-
             old, new = self._signatures, DocumentSignatures.from_documents(
                 documents, num_perm=self._signatures.num_perm, seed=self._signatures.seed,
                 ngram=self._signatures.ngram)
@@ -366,8 +359,6 @@ class CorpusIndex(_Queries):
         frozen = self._frozen_index()
         sigs = self.signatures  # read a loaded index's sibling file before it may be overwritten
         atomic_write(path, [frozen.buffer()])
-        from refdec.retrieval import signature_path
-
         if sigs is not None:
             sigs.save(signature_path(path))
         else:
@@ -399,8 +390,6 @@ class CorpusIndex(_Queries):
     def _make_retriever(self, _missing_ok: bool):
         if self._retriever is not None:
             return self._retriever
-        from refdec.retrieval import Retriever, signature_path
-
         if self._signatures is not None:
             self._retriever = Retriever(self._signatures, self.document)
         elif self._path is not None and os.path.exists(signature_path(self._path)):
@@ -586,8 +575,6 @@ class ShardedIndex:
         return self._retriever
 
     def _make_retriever(self):
-        from refdec.retrieval import DocumentSignatures, Retriever
-
         signatures = []
         for i, shard in enumerate(self.shards):
             sigs = shard.signatures

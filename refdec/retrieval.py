@@ -63,6 +63,7 @@ from typing import Union
 import numpy as np
 
 from refdec.atomic import atomic_write
+from refdec.tokens import as_token_ids
 
 try:
     from datasketch import LeanMinHash, MinHash, MinHashLSH, MinHashLSHForest
@@ -93,7 +94,6 @@ _BATCH_TOKENS = 1 << 20
 # Bound on the kept documents' shingle sets deduplicate holds (re-hashed when evicted).
 _DEDUP_CACHE_BYTES = 256 << 20
 _EMPTY = np.uint32(0xFFFFFFFF)  # datasketch's empty-signature value for affine32
-_MAX_TOKEN = np.iinfo(np.int32).max
 
 PathLike = Union[str, "os.PathLike[str]"]
 
@@ -101,27 +101,6 @@ PathLike = Union[str, "os.PathLike[str]"]
 # ---------------------------------------------------------------------------
 # Validation and hashing helpers
 # ---------------------------------------------------------------------------
-
-
-def _as_tokens(tokens, name: str) -> np.ndarray:
-    """Return ``tokens`` as a contiguous int32 [length] array, or raise ValueError naming ``name``."""
-    arr = np.asarray(tokens)
-    if arr.ndim != 1:
-        raise ValueError(f"{name} must be a 1-D array of token ids, got shape {arr.shape}")
-    if arr.size == 0:
-        return np.zeros(0, dtype=np.int32)
-    if arr.dtype.kind not in "iu":
-        raise ValueError(f"{name} must hold integer token ids, got dtype {arr.dtype}")
-    if arr.dtype != np.int32:
-        lo, hi = int(arr.min()), int(arr.max())
-        if lo < 0 or hi > _MAX_TOKEN:
-            bad = lo if lo < 0 else hi
-            raise ValueError(f"{name} token ids must be in [0, 2^31), got {bad}")
-        return np.ascontiguousarray(arr, dtype=np.int32)
-    if int(arr.min()) < 0:
-        pos = int(np.argmin(arr))
-        raise ValueError(f"{name} token ids must be >= 0; {name}[{pos}] = {int(arr[pos])}")
-    return np.ascontiguousarray(arr)
 
 
 def _check_ngram(n) -> int:
@@ -197,7 +176,7 @@ def shingles(tokens, n: int = DEFAULT_NGRAM) -> np.ndarray:
         uint64 [n_unique], sorted ascending. A document with 0 < length < n has
         exactly one shingle.
     """
-    return _shingle_hashes(_as_tokens(tokens, "tokens"), _check_ngram(n))
+    return _shingle_hashes(as_token_ids(tokens, "tokens"), _check_ngram(n))
 
 
 def _permutations(num_perm: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
@@ -274,7 +253,7 @@ class _ShingleCache:
             if hs is not None:
                 self.sets.move_to_end(doc_idx)
                 return hs
-        hs = _shingle_hashes(_as_tokens(self.fetch(doc_idx), f"{self.name}({doc_idx})"), self.ngram)
+        hs = _shingle_hashes(as_token_ids(self.fetch(doc_idx), f"{self.name}({doc_idx})"), self.ngram)
         self.put(doc_idx, hs)
         return hs
 
@@ -299,7 +278,7 @@ def _batches(documents: Sequence):
     batch: list[np.ndarray] = []
     first, tokens = 0, 0
     for doc_idx in range(len(documents)):
-        arr = _as_tokens(documents[doc_idx], f"documents[{doc_idx}]")
+        arr = as_token_ids(documents[doc_idx], f"documents[{doc_idx}]")
         batch.append(arr)
         tokens += arr.shape[0]
         if tokens >= max_tokens:
@@ -419,7 +398,7 @@ class DocumentSignatures:
 
     def signature(self, tokens) -> np.ndarray:
         """uint32 [num_perm] signature of one token sequence under these parameters."""
-        return self._signature_of(_shingle_hashes(_as_tokens(tokens, "tokens"), self.ngram))
+        return self._signature_of(_shingle_hashes(as_token_ids(tokens, "tokens"), self.ngram))
 
     def _signature_of(self, hash_set: np.ndarray) -> np.ndarray:
         if self._perm is None:
@@ -615,7 +594,7 @@ def deduplicate(
             digest = hashlib.blake2b(tokens.tobytes(), digest_size=16).digest()
             earlier = first_by_digest.setdefault(digest, doc_idx)
             if earlier != doc_idx and np.array_equal(
-                _as_tokens(documents[earlier], f"documents[{earlier}]"), tokens
+                as_token_ids(documents[earlier], f"documents[{earlier}]"), tokens
             ):
                 continue
             unique.append((doc_idx, _shingle_hashes(tokens, ngram)))
@@ -835,7 +814,7 @@ class Retriever:
         k = int(k)
         if score not in ("jaccard", "containment"):
             raise ValueError(f"score must be 'jaccard' or 'containment', got {score!r}")
-        query = _as_tokens(query_tokens, "query_tokens")
+        query = as_token_ids(query_tokens, "query_tokens")
         if query.size == 0:
             raise ValueError("query_tokens must not be empty")
         q_hashes = _shingle_hashes(query, self.signatures.ngram)

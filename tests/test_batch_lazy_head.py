@@ -8,11 +8,11 @@ import numpy as np
 import pytest
 import torch
 
-import refdec.decoding as decoding
+import refdec
 import tiny_models
 from refdec.tree import DraftTree
-from refdec.verify import (LazyRowLogits, LockstepLazyWalks, PlainHead, accept_walk, accept_walk_lazy,
-                           accept_walk_steps)
+from refdec.decode.accept import accept_walk, accept_walk_lazy, accept_walk_steps
+from refdec.decode.head import LazyRowLogits, LockstepLazyWalks, PlainHead
 
 NEW = 30
 
@@ -151,7 +151,7 @@ def batch_row(out, b, prompt_len):
 @pytest.mark.parametrize("do_sample", [False, True])
 def test_batched_lazy_head_equals_the_full_head_and_single_rows(family_model, do_sample):
     name, model = family_model
-    decoder = decoding.SpeculativeDecoder(model)
+    decoder = refdec.SpeculativeDecoder(model)
     assert decoder.lazy_head  # CPU + a plain head
     rng = np.random.default_rng(5)
     prompts = tiny_models.repetitive_prompts(4, seed=23)
@@ -183,8 +183,8 @@ def test_batched_lazy_head_equals_the_full_head_and_single_rows(family_model, do
 def test_batched_lazy_head_runs_no_full_forward(monkeypatch):
     """With the lazy head the model's own forward (the head on every row) never runs."""
     model = tiny_models.tiny_llama()
-    decoder = decoding.SpeculativeDecoder(model)
-    monkeypatch.setattr(decoder, "_forward", lambda *a, **k: pytest.fail("the full forward ran"))
+    decoder = refdec.SpeculativeDecoder(model)
+    monkeypatch.setattr(decoder.runner, "logits", lambda *a, **k: pytest.fail("the full forward ran"))
     prompts = tiny_models.repetitive_prompts(3, seed=2)
     out = decoder.generate(prompts, max_new_tokens=12, eos_token_id=[], max_draft_tokens=8)
     assert out.stats.new_tokens == 36 and out.stats.head_rows > 0

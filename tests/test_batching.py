@@ -15,8 +15,8 @@ import pytest
 import torch
 
 import refdec
-import refdec.batch as batch
-import refdec.decoding as decoding
+import refdec.budget
+import refdec.decode.batch as batch
 from tiny_models import cached_model, lookup_factory, repetitive_prompts, tiny_llama
 
 NEW = 40
@@ -104,7 +104,7 @@ def test_sampling_rows_equal_single_row_runs_with_their_seed(setting):
     prompts = mixed_batch()
     refs = []
     for b, p in enumerate(prompts):  # per-row references holding the row's own sampled continuation
-        plain = decoding.generate(model, p, max_new_tokens=NEW, do_sample=True, seed=50 + b, eos_token_id=[],
+        plain = refdec.generate(model, p, max_new_tokens=NEW, do_sample=True, seed=50 + b, eos_token_id=[],
                                   max_draft_tokens=0, **setting)
         cont = plain.sequences[0].tolist()[len(p) - 3:]
         for j in range(7, len(cont), 9):
@@ -115,7 +115,7 @@ def test_sampling_rows_equal_single_row_runs_with_their_seed(setting):
     listed = refdec.generate(model, prompts, max_new_tokens=NEW, do_sample=True, seed=[50 + b for b in range(6)],
                              eos_token_id=[], max_draft_tokens=16, **setting)
     for b, p in enumerate(prompts):
-        single = decoding.generate(model, p, max_new_tokens=NEW, do_sample=True, seed=50 + b, eos_token_id=[],
+        single = refdec.generate(model, p, max_new_tokens=NEW, do_sample=True, seed=50 + b, eos_token_id=[],
                                    max_draft_tokens=0, **setting).sequences[0].tolist()
         assert row_tokens(out, b, len(p)) == single
         assert row_tokens(listed, b, len(p)) == single
@@ -138,7 +138,7 @@ def test_shared_references_serve_every_row():
 def test_shared_references_of_empty_documents_are_not_taken_for_per_row_lists():
     """[[]] or [[], []]: an empty list is an empty row or an empty token-list document; it was read
     as per-row lists, so a batch of another size was refused ("references has 1 per-row lists")."""
-    from refdec.batch import split_references
+    from refdec.decode.inputs import split_references
 
     assert split_references([[]], 2) == [[[]], [[]]]  # one shared (empty) document
     assert split_references([[], []], 3) == [[[], []]] * 3
@@ -191,7 +191,7 @@ def test_finished_rows_leave_the_batch(monkeypatch, lazy_head):
     """Once a row stops, the verification forwards carry fewer rows (its cache row is dropped)."""
     model = tiny_llama()
     prompts = repetitive_prompts(3, seed=6)
-    decoder = decoding.SpeculativeDecoder(model)
+    decoder = refdec.SpeculativeDecoder(model)
     decoder.lazy_head = lazy_head
     batch_rows = []
 
@@ -202,9 +202,9 @@ def test_finished_rows_leave_the_batch(monkeypatch, lazy_head):
         return recording_forward
 
     if lazy_head:  # the backbone runs the forward, the head only the visited rows
-        monkeypatch.setattr(decoder, "_backbone_forward", recording(decoder._backbone_forward))
+        monkeypatch.setattr(decoder.runner, "hidden", recording(decoder.runner.hidden))
     else:
-        monkeypatch.setattr(decoder, "_forward", recording(decoder._forward))
+        monkeypatch.setattr(decoder.runner, "logits", recording(decoder.runner.logits))
     eos = hf_row(model, prompts[0])[len(prompts[0]) + 3]
     out = decoder.generate(prompts, max_new_tokens=NEW, eos_token_id=eos, max_draft_tokens=4)
     for b, p in enumerate(prompts):
@@ -218,7 +218,7 @@ def test_stop_strings_stop_each_row_where_its_own_run_stops(tiny_tokenizer):
     prompts = repetitive_prompts(4, seed=12)
     texts = [tiny_tokenizer.decode(hf_row(model, p)[len(p):]) for p in prompts]
     stop = texts[0][5:7]  # a string row 0 emits; other rows may or may not emit it
-    singles = [decoding.generate(model, p, tokenizer=tiny_tokenizer, stop_strings=stop, max_new_tokens=NEW,
+    singles = [refdec.generate(model, p, tokenizer=tiny_tokenizer, stop_strings=stop, max_new_tokens=NEW,
                                  eos_token_id=[], max_draft_tokens=16).sequences[0].tolist() for p in prompts]
     out = refdec.generate(model, prompts, tokenizer=tiny_tokenizer, stop_strings=stop, max_new_tokens=NEW,
                           eos_token_id=[], max_draft_tokens=16)
@@ -259,14 +259,16 @@ def test_auto_budget_gives_each_row_its_own_policy(monkeypatch):
 
     row_budgets = {}  # id(budget) -> row, from the first call (all rows active, in order)
 
+    batch_prefix_sizes = refdec.budget.batch_prefix_sizes
+
     def spy(budgets, trees, cells=None):
-        sizes = refdec.budget.batch_prefix_sizes(budgets, trees, cells)
+        sizes = batch_prefix_sizes(budgets, trees, cells)
         if not row_budgets:
             row_budgets.update({id(budget): (b, budget) for b, budget in enumerate(budgets)})
         calls.append((len(budgets), [len(t) for t in trees], sizes))
         return sizes
 
-    monkeypatch.setattr(batch, "batch_prefix_sizes", spy)
+    monkeypatch.setattr(refdec.budget, "batch_prefix_sizes", spy)
     out = refdec.generate(model, prompts, max_new_tokens=NEW, eos_token_id=[])
     for b, p in enumerate(prompts):
         assert row_tokens(out, b, len(p)) == hf_row(model, p)
@@ -283,7 +285,7 @@ def test_auto_budget_gives_each_row_its_own_policy(monkeypatch):
         assert all(s == n for s, n in zip(sizes, lengths) if s < max(sizes))
     # decoder.joint_batch_budget = False: each row is priced alone again, still exact
     calls.clear()
-    decoder = decoding.SpeculativeDecoder(model)
+    decoder = refdec.SpeculativeDecoder(model)
     decoder.joint_batch_budget = False
     out = decoder.generate(prompts, max_new_tokens=NEW, eos_token_id=[])
     assert not calls
@@ -298,7 +300,7 @@ def test_chunked_batch_prefill_keeps_every_row_exact(model3, lazy_head):
     lazy head's backbone and with the model's own forward, in ceil(width / 5) forwards."""
     name, model = model3
     prompts = mixed_batch()
-    decoder = decoding.SpeculativeDecoder(model, prefill_chunk=5)
+    decoder = refdec.SpeculativeDecoder(model, prefill_chunk=5)
     decoder.lazy_head = lazy_head and decoder.lazy_head
     forwards = []
     hook = model.get_input_embeddings().register_forward_hook(lambda module, args, out: forwards.append(1))
@@ -344,16 +346,17 @@ def test_continuous_batching_keeps_every_row_exact(model3, monkeypatch, max_batc
     prompts.append([1] + rng.integers(3, 96, size=120).tolist())
     eos = hf_row(model, prompts[1])[len(prompts[1]) + 5]  # row 1 stops early, freeing its place
     want = [hf_row(model, p, eos_token_id=eos) for p in prompts]
-    decoder = decoding.SpeculativeDecoder(model, prefill_chunk=16)  # joining prompts prefill in chunks too
+    decoder = refdec.SpeculativeDecoder(model, prefill_chunk=16)  # joining prompts prefill in chunks too
     decoder.lazy_head = lazy_head and decoder.lazy_head
     forward_rows, appended = [], []
     hook = model.get_input_embeddings().register_forward_hook(
         lambda module, args, out: forward_rows.append(int(args[0].shape[0])))
     append_rows = batch.append_rows
 
-    def recording_append(cache, lengths, valid, key_pos, *other):
-        appended.append((valid.shape[1], other[2].shape[1], len(lengths), len(other[1])))
-        return append_rows(cache, lengths, valid, key_pos, *other)
+    def recording_append(cache, other):
+        keys, other_keys = cache.layers[0].keys, other.layers[0].keys  # [B, H, S, D]
+        appended.append((keys.shape[2], other_keys.shape[2], keys.shape[0], other_keys.shape[0]))
+        return append_rows(cache, other)
 
     monkeypatch.setattr(batch, "append_rows", recording_append)
     try:
@@ -385,7 +388,7 @@ def test_continuous_batching_with_sampling_keeps_each_rows_seed(monkeypatch):
                           max_draft_tokens=8, max_batch_size=2, temperature=0.8)
     assert joins  # rows joined a running batch
     for b, p in enumerate(prompts):
-        single = decoding.generate(model, p, max_new_tokens=NEW, do_sample=True, seed=70 + b, eos_token_id=[],
+        single = refdec.generate(model, p, max_new_tokens=NEW, do_sample=True, seed=70 + b, eos_token_id=[],
                                    max_draft_tokens=0, temperature=0.8).sequences[0].tolist()
         assert row_tokens(out, b, len(p)) == single, b
 

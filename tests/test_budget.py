@@ -69,11 +69,10 @@ def test_feedback_lowers_the_draft_when_nothing_is_accepted():
     first = len(budget.select(tree))
     assert first > 0
     for _ in range(200):
-        n = len(budget.select(tree))
-        if n == 0:
+        verified = budget.select(tree)
+        if len(verified) == 0:
             break
-        budget.observe(n, 0)
-        budget.observe_nodes(np.zeros(0, dtype=np.int64))
+        budget.observe(verified, np.zeros(0, dtype=np.int64))
     assert len(budget.select(tree)) < first
 
 
@@ -82,8 +81,8 @@ def test_feedback_raises_the_draft_when_everything_is_accepted():
     tree = sure_chain(64, 0.6)
     first = len(budget.select(tree))
     for _ in range(100):
-        n = len(budget.select(tree))
-        budget.observe_nodes(np.arange(n, dtype=np.int64))
+        verified = budget.select(tree)
+        budget.observe(verified, np.arange(len(verified), dtype=np.int64))
     assert len(budget.select(tree)) > first
 
 
@@ -125,7 +124,6 @@ def test_make_budget():
 
 
 def test_tiny_model_auto_does_not_calibrate(monkeypatch, tmp_path):
-    from refdec import budget as budget_mod
     from refdec import calibration
 
     monkeypatch.setattr(calibration, "measure", lambda *a, **k: pytest.fail("tiny models must not calibrate"))
@@ -138,7 +136,7 @@ def test_tiny_model_auto_does_not_calibrate(monkeypatch, tmp_path):
         def numel(self):
             return 1000
 
-    assert budget_mod.auto_cost_curve(Tiny()) is budget_mod.DEFAULT_CPU_CURVE
+    assert calibration.auto_cost_curve(Tiny()) is calibration.DEFAULT_CPU_CURVE
 
 
 # ---------------------------------------------------------------- batch-aware "auto"
@@ -208,8 +206,9 @@ def test_take_prefix_counts_skips_and_explores():
     tree = half_sure_chain(10)
     assert len(budget.take_prefix(tree, 0)) == 0  # first skip
     assert len(budget.take_prefix(tree, 0)) == 3  # second skip explores the top 3
-    assert len(budget.take_prefix(tree, 5)) == 5 and budget.chosen == [0, 3, 5]
+    verified = budget.take_prefix(tree, 5)
+    assert len(verified) == 5 and budget.chosen == [0, 3, 5]
     before = budget._prop.sum()
-    budget.observe_nodes(np.array([0, 1], dtype=np.int64))  # the cells of the 5 verified nodes learn
+    budget.observe(verified, np.array([0, 1], dtype=np.int64))  # the cells of the 5 verified nodes learn
     assert budget._prop.sum() == pytest.approx(before * budget.decay + 5)
     assert budget.steps == 3

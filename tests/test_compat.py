@@ -7,12 +7,12 @@ import torch
 import transformers as T
 
 import refdec
-import refdec.compat as compat
-import refdec.decoding as decoding
+import refdec.decode.runner as runner
+import refdec.decode.selfcheck as selfcheck
 import tiny_models
-from refdec.cache import cache_kwarg
-from refdec.compat import VERIFIED_MODEL_TYPES, check_tree_verification, model_type
-from refdec.masks import MaskSpec, mask_spec_for
+from refdec.decode.masks import MaskSpec
+from refdec.decode.model_support import VERIFIED_MODEL_TYPES, cache_kwarg, mask_spec_for, model_type
+from refdec.decode.selfcheck import check_tree_verification
 
 
 def slot_positioned_models():
@@ -51,7 +51,7 @@ def test_an_unverified_model_type_is_checked_when_a_decoder_is_made(monkeypatch)
                                           pad_token_id=0, bos_token_id=1, eos_token_id=2)).to(torch.float64).eval()
     assert model_type(olmo) not in VERIFIED_MODEL_TYPES
     calls = []
-    monkeypatch.setattr(compat, "check_tree_verification",
+    monkeypatch.setattr(selfcheck, "check_tree_verification",
                         lambda *a, **k: calls.append(1) or check_tree_verification(*a, **k))
     prompt = [1, 5, 6, 7, 5, 6, 7, 5, 6]
     with torch.no_grad():
@@ -63,7 +63,7 @@ def test_an_unverified_model_type_is_checked_when_a_decoder_is_made(monkeypatch)
         assert out.sequences[0].tolist() == want
     assert calls == [1]  # once per model object, not per call
     mpt = slot_positioned_models()[0]
-    monkeypatch.setattr(decoding, "mask_spec_for",
+    monkeypatch.setattr(runner, "mask_spec_for",
                         lambda model: MaskSpec(kind="single", window=None, additive=False, dtype=model.dtype))
     with pytest.raises(ValueError, match="model type 'mpt': verifying a draft tree gives other logits"):
         refdec.SpeculativeDecoder(mpt)
@@ -73,7 +73,7 @@ def test_a_model_whose_forward_fails_on_a_tree_is_refused_with_the_reason(monkey
     """Bloom builds ALiBi from a 2D padding mask: on a 4D tree mask its forward raises. With the
     name-based refusal bypassed, the self-check turns that into an error naming the model type."""
     bloom = T.BloomForCausalLM(T.BloomConfig(vocab_size=96, hidden_size=32, n_layer=1, n_head=4)).eval()
-    monkeypatch.setattr(decoding, "mask_spec_for",
+    monkeypatch.setattr(runner, "mask_spec_for",
                         lambda model: MaskSpec(kind="single", window=None, additive=False, dtype=model.dtype))
     with pytest.raises(ValueError, match="model type 'bloom': verifying a draft tree fails"):
         refdec.SpeculativeDecoder(bloom)

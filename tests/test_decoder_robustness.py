@@ -14,15 +14,14 @@
 from __future__ import annotations
 
 import gc
-import sys
 import tracemalloc
-from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 
-import refdec.decoding as decoding
+import refdec
+from refdec.decode.drafts import drop_out_of_vocab
 from refdec.index import CorpusIndex
 from refdec.tree import DraftTree
 from tiny_models import VOCAB, repetitive_prompts, tiny_gemma3, tiny_llama
@@ -72,11 +71,11 @@ OOV_TREE = DraftTree(np.array([10, 200, 11, 500, 12, 13, 14], dtype=np.int32),
 
 
 def test_out_of_vocabulary_nodes_are_dropped_with_their_subtrees():
-    tree = decoding._drop_out_of_vocab(OOV_TREE, VOCAB)
+    tree = drop_out_of_vocab(OOV_TREE, VOCAB)
     assert tree.token_ids.tolist() == [10, 12, 13, 14]
     assert tree.parents.tolist() == [-1, -1, 1, 1]
     assert np.allclose(tree.scores, OOV_TREE.scores[[0, 4, 5, 6]])
-    assert len(decoding._drop_out_of_vocab(OOV_TREE, 10)) == 0
+    assert len(drop_out_of_vocab(OOV_TREE, 10)) == 0
 
 
 def test_an_index_over_a_larger_vocabulary_never_feeds_an_unknown_token_to_the_model(model):
@@ -88,7 +87,7 @@ def test_an_index_over_a_larger_vocabulary_never_feeds_an_unknown_token_to_the_m
     from refdec.proposer import Proposer
 
     # backoff=0: the context's shorter matches would otherwise outrank the index's drafts
-    decoder = decoding.SpeculativeDecoder(
+    decoder = refdec.SpeculativeDecoder(
         model, index=index, proposer_factory=lambda index, references, max_depth: Proposer(
             index=index, references=references, max_depth=max_depth, backoff=0))
     for prompt in prompts:
@@ -126,7 +125,7 @@ def test_negative_draft_ids_from_a_corrupt_index_never_reach_the_model(model, tm
     proposer.start(np.asarray(prompt, dtype=np.int32))
     assert int(proposer.propose(16).token_ids.min()) < 0  # the drafts do hold them
     with _FedIds(model) as fed:
-        out = decoding.SpeculativeDecoder(model, index=index).generate(prompt, max_new_tokens=16, eos_token_id=[],
+        out = refdec.SpeculativeDecoder(model, index=index).generate(prompt, max_new_tokens=16, eos_token_id=[],
                                                                       max_draft_tokens=16)
     assert out.sequences[0].tolist() == _hf_greedy(model, prompt, 16)
     assert min(int(ids.min()) for ids in fed.calls) >= 0
@@ -136,7 +135,7 @@ def test_references_with_unknown_token_ids_only_draft(model):
     prompt = repetitive_prompts(1, seed=22)[0]
     reference = [5000, 6000] + prompt[1:] + [VOCAB, VOCAB + 1, 2**30]
     with _FedIds(model) as fed:
-        out = decoding.SpeculativeDecoder(model).generate(prompt, references=[reference], max_new_tokens=12,
+        out = refdec.SpeculativeDecoder(model).generate(prompt, references=[reference], max_new_tokens=12,
                                                           eos_token_id=[], max_draft_tokens=16)
     assert out.sequences[0].tolist() == _hf_greedy(model, prompt, 12)
     assert max(int(ids.max()) for ids in fed.calls) < VOCAB
@@ -156,7 +155,7 @@ def test_references_longer_than_the_window_only_draft_and_are_never_fed(builder)
     reference = rng.integers(3, VOCAB, size=3 * window).tolist()
     reference[window: window + len(want)] = want
     with _FedIds(model) as fed:
-        out = decoding.SpeculativeDecoder(model).generate(prompt, references=[reference], max_new_tokens=24,
+        out = refdec.SpeculativeDecoder(model).generate(prompt, references=[reference], max_new_tokens=24,
                                                           eos_token_id=[], max_draft_tokens=16)
     assert out.sequences[0].tolist() == want
     assert out.stats.accepted_by_source.get("reference", 0) > 0
@@ -167,7 +166,7 @@ def test_references_longer_than_the_window_only_draft_and_are_never_fed(builder)
 
 def test_a_prompt_longer_than_the_window_is_a_clear_error(model):
     window = model.config.max_position_embeddings
-    decoder = decoding.SpeculativeDecoder(model)
+    decoder = refdec.SpeculativeDecoder(model)
     with pytest.raises(ValueError, match=rf"{window + 1} tokens.*max_position_embeddings={window}"):
         decoder.generate([3] * (window + 1), max_new_tokens=4)
     # at the window exactly: one token is emitted (it is never fed back), stop reason says why
@@ -181,7 +180,7 @@ def test_a_prompt_longer_than_the_window_is_a_clear_error(model):
 @pytest.mark.parametrize("bad", [-1, -64, 1.5, 8.0, "many", "", None, True, [4], object()])
 def test_bad_max_draft_tokens_is_a_value_error_naming_it(model, bad):
     with pytest.raises(ValueError, match="max_draft_tokens"):
-        decoding.SpeculativeDecoder(model).generate([1, 5, 6, 5, 6], max_new_tokens=3, max_draft_tokens=bad)
+        refdec.SpeculativeDecoder(model).generate([1, 5, 6, 5, 6], max_new_tokens=3, max_draft_tokens=bad)
 
 
 # --------------------------------------------------------------------------- streamer errors
@@ -206,7 +205,7 @@ class _FailingStreamer:
 @pytest.mark.parametrize("fail", [(1, False), (2, False), (4, False), (0, True)], ids=["prompt", "first", "mid", "end"])
 def test_a_raising_streamer_propagates_and_leaves_the_decoder_usable(model, max_draft, fail):
     prompts = repetitive_prompts(3, seed=24)
-    decoder = decoding.SpeculativeDecoder(model)
+    decoder = refdec.SpeculativeDecoder(model)
     with pytest.raises(RuntimeError, match="streamer broke"):
         decoder.generate(prompts[0], max_new_tokens=20, eos_token_id=[], max_draft_tokens=max_draft,
                          streamer=_FailingStreamer(*fail))
@@ -219,8 +218,7 @@ def test_a_raising_streamer_propagates_and_leaves_the_decoder_usable(model, max_
 
 
 def test_hundreds_of_generate_calls_on_one_decoder_do_not_grow_memory():
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
-    import long_run
+    from benchmarks import long_run
 
     decoder, prompts = long_run.make_setup(seed=1)
     long_run.run_calls(decoder, prompts, 0, 60)  # warm-up: allocator pools, lazy imports, calibration

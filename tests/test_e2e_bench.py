@@ -1,21 +1,16 @@
-"""benchmarks/e2e.py's bookkeeping: the ratios, the identity column and the sampling mode's
+"""benchmarks.e2e's bookkeeping: the ratios, the identity column and the sampling mode's
 plumbing, on hand-made records and a tiny model (no data, no real model)."""
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
 from types import SimpleNamespace
 
 import numpy as np
 import pytest
 import torch
+from tiny_models import repetitive_prompts, tiny_llama
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
-
-import e2e  # noqa: E402
-import workloads  # noqa: E402
-from tiny_models import repetitive_prompts, tiny_llama  # noqa: E402
+from benchmarks import e2e, workloads
 
 
 def _rec(method, case, seconds, new_tokens, identical, prefill=None):

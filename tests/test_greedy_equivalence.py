@@ -10,7 +10,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-import refdec.decoding as decoding
+import refdec
+from refdec.decode.prefill import prefill_spans
 from refdec.index import CorpusIndex
 from tiny_models import lookup_factory, repetitive_prompts
 
@@ -44,7 +45,7 @@ def test_greedy_matches_generate_for_all_prompts_and_tree_shapes(family_model):
     prompts = repetitive_prompts(N_PROMPTS, seed=11)
     accepted = rejected = 0
     for max_draft, shape in CONFIGS:
-        decoder = decoding.SpeculativeDecoder(model, proposer_factory=factory(shape))
+        decoder = refdec.SpeculativeDecoder(model, proposer_factory=factory(shape))
         for prompt in prompts:
             want = hf_greedy(model, prompt)
             out = decoder.generate(prompt, max_new_tokens=NEW_TOKENS, eos_token_id=[],
@@ -68,7 +69,7 @@ def test_greedy_matches_generate_with_eos_inside_a_run(family_model):
         free = hf_greedy(model, prompt)
         eos = free[len(prompt) + 12]  # a token the model really emits
         want = hf_greedy(model, prompt, eos_token_id=eos)
-        out = decoding.generate(model, prompt, max_new_tokens=NEW_TOKENS, eos_token_id=eos, max_draft_tokens=16)
+        out = refdec.generate(model, prompt, max_new_tokens=NEW_TOKENS, eos_token_id=eos, max_draft_tokens=16)
         assert out.sequences[0].tolist() == want
         stopped_early += len(want) < len(prompt) + NEW_TOKENS
     assert stopped_early == len(prompts)
@@ -79,7 +80,7 @@ def test_greedy_short_generations_match(family_model, max_new_tokens):
     name, model = family_model
     for prompt in repetitive_prompts(3, seed=2):
         want = hf_greedy(model, prompt, max_new_tokens=max_new_tokens)
-        out = decoding.generate(model, prompt, max_new_tokens=max_new_tokens, eos_token_id=[], max_draft_tokens=64)
+        out = refdec.generate(model, prompt, max_new_tokens=max_new_tokens, eos_token_id=[], max_draft_tokens=64)
         assert out.sequences[0].tolist() == want
 
 
@@ -93,7 +94,7 @@ def test_references_holding_the_continuation_are_accepted_in_long_runs(family_mo
         reference = want[len(prompt) - 3:]  # the last prompt tokens, then the continuation
         for j in range(15, len(reference), 16):
             reference[j] = (reference[j] + 1) % 96
-        out = decoding.generate(model, prompt, references=[reference], max_new_tokens=NEW_TOKENS, eos_token_id=[],
+        out = refdec.generate(model, prompt, references=[reference], max_new_tokens=NEW_TOKENS, eos_token_id=[],
                                 max_draft_tokens=64, proposer_factory=factory(kind))
         assert out.sequences[0].tolist() == want
         assert out.stats.tokens_per_pass > 2.0
@@ -106,7 +107,7 @@ def test_text_references_are_tokenized_with_the_tokenizer(family_model, tiny_tok
     prompt = repetitive_prompts(1, seed=9)[0]
     want = hf_greedy(model, prompt)
     text = tiny_tokenizer.decode(want[len(prompt) - 3:])
-    out = decoding.generate(model, prompt, tokenizer=tiny_tokenizer, references=[text], max_new_tokens=NEW_TOKENS,
+    out = refdec.generate(model, prompt, tokenizer=tiny_tokenizer, references=[text], max_new_tokens=NEW_TOKENS,
                             eos_token_id=[], max_draft_tokens=64)
     assert out.sequences[0].tolist() == want
     assert out.stats.accepted_by_source.get("reference", 0) > 10
@@ -123,7 +124,7 @@ def test_drafts_from_a_corpus_index_built_from_token_lists(family_model):
             doc[j] = (doc[j] + 7) % 96
         documents.append(doc)
     index = CorpusIndex.build(documents, vocab_size=96, show_progress=False)
-    decoder = decoding.SpeculativeDecoder(model, index=index)
+    decoder = refdec.SpeculativeDecoder(model, index=index)
     from_corpus = 0
     for prompt in prompts:
         out = decoder.generate(prompt, max_new_tokens=NEW_TOKENS, eos_token_id=[], max_draft_tokens=32)
@@ -133,10 +134,10 @@ def test_drafts_from_a_corpus_index_built_from_token_lists(family_model):
 
 
 def test_prefill_spans_cover_the_prompt_in_order():
-    assert decoding.prefill_spans(10, None) == [(0, 10)]
-    assert decoding.prefill_spans(10, 10) == [(0, 10)]
-    assert decoding.prefill_spans(10, 4) == [(0, 4), (4, 8), (8, 10)]
-    assert decoding.prefill_spans(3, 1) == [(0, 1), (1, 2), (2, 3)]
+    assert prefill_spans(10, None) == [(0, 10)]
+    assert prefill_spans(10, 10) == [(0, 10)]
+    assert prefill_spans(10, 4) == [(0, 4), (4, 8), (8, 10)]
+    assert prefill_spans(3, 1) == [(0, 1), (1, 2), (2, 3)]
 
 
 @pytest.mark.parametrize("chunk", [1, 5, 16])
@@ -147,7 +148,7 @@ def test_chunked_prefill_matches_generate(family_model, chunk):
     forwards = []
     hook = model.get_input_embeddings().register_forward_hook(lambda module, args, out: forwards.append(1))
     try:
-        decoder = decoding.SpeculativeDecoder(model, prefill_chunk=chunk)
+        decoder = refdec.SpeculativeDecoder(model, prefill_chunk=chunk)
         for prompt in repetitive_prompts(4, seed=13):
             assert len(prompt) > chunk
             forwards.clear()
@@ -164,4 +165,4 @@ def test_prefill_chunk_must_be_a_positive_int_or_none(bad):
     from tiny_models import tiny_llama
 
     with pytest.raises(ValueError, match="prefill_chunk"):
-        decoding.SpeculativeDecoder(tiny_llama(), prefill_chunk=bad)
+        refdec.SpeculativeDecoder(tiny_llama(), prefill_chunk=bad)

@@ -7,14 +7,16 @@ import numpy as np
 import pytest
 import torch
 
-import refdec.decoding as decoding
+import refdec
 import tiny_models
 from refdec.budget import AutoBudget
-from refdec.cache import cache_kwarg, new_cache
 from refdec.calibration import CostCurve, measure
-from refdec.masks import build_tree_inputs, mask_spec_for
+from refdec.decode.accept import accept_walk, accept_walk_lazy, first_child_rows
+from refdec.decode.cache import new_cache
+from refdec.decode.head import LazyRowLogits, PlainHead, split_forward_fn
+from refdec.decode.masks import build_tree_inputs
+from refdec.decode.model_support import cache_kwarg, mask_spec_for
 from refdec.tree import DraftTree
-from refdec.verify import LazyRowLogits, PlainHead, accept_walk, accept_walk_lazy, first_child_rows, split_forward_fn
 
 # root -> 20 -> 21 -> 23, root -> 22 -> 24, 21 -> 25 (nodes best-first: first child = best)
 TREE = DraftTree(np.array([20, 21, 22, 23, 24, 25]), np.array([-1, 0, -1, 1, 2, 1]), np.ones(6, np.float32))
@@ -86,7 +88,7 @@ def test_lazy_walk_equals_the_full_walk_for_random_targets():
 @pytest.mark.parametrize("do_sample", [False, True])
 def test_decoder_output_is_the_same_with_and_without_the_lazy_head(family_model, do_sample):
     name, model = family_model
-    decoder = decoding.SpeculativeDecoder(model)
+    decoder = refdec.SpeculativeDecoder(model)
     assert decoder.lazy_head  # CPU + a plain head
     prompts = tiny_models.repetitive_prompts(8, seed=21)
     lazy_rows = full_rows = accepted = 0

@@ -10,8 +10,9 @@ import pytest
 import torch
 from transformers.cache_utils import DynamicSlidingWindowLayer
 
-import refdec.decoding as decoding
-from refdec.cache import GrowingLayer, new_cache, set_prefill_window
+import refdec
+import refdec.decode.runner
+from refdec.decode.cache import GrowingLayer, new_cache, set_prefill_window
 from tiny_models import repetitive_prompts, tiny_gemma3
 
 
@@ -54,8 +55,8 @@ def test_the_decoder_windows_gemma3_sliding_layers_during_the_prefill_only(monke
         caches.append(cache)
         return set_prefill_window(cache, layer_indices, window)
 
-    monkeypatch.setattr(decoding, "set_prefill_window", spy)
-    decoder = decoding.SpeculativeDecoder(model, prefill_chunk=5)
+    monkeypatch.setattr(refdec.decode.runner, "set_prefill_window", spy)
+    decoder = refdec.SpeculativeDecoder(model, prefill_chunk=5)
     prompt = repetitive_prompts(1, seed=13)[0]
     decoder.generate(prompt, max_new_tokens=8, eos_token_id=[], max_draft_tokens=4)
     n_chunks = -(-len(prompt) // 5)
@@ -83,11 +84,11 @@ def test_the_batched_prefill_windows_gemma3_sliding_layers_and_keeps_rows_exact(
         presented.append((self.prefill_window, key_states.shape[-2], keys.shape[-2], self.keys.shape[-2]))
         return keys, values
 
-    monkeypatch.setattr(decoding, "set_prefill_window", spy)
+    monkeypatch.setattr(refdec.decode.runner, "set_prefill_window", spy)
     monkeypatch.setattr(GrowingLayer, "update", recording_update)
     prompts = repetitive_prompts(3, seed=11) + [list(range(3, 40))]  # widths 15..37: left padding
     width = max(len(p) for p in prompts)
-    decoder = decoding.SpeculativeDecoder(model, prefill_chunk=5)
+    decoder = refdec.SpeculativeDecoder(model, prefill_chunk=5)
     out = decoder.generate(prompts, max_new_tokens=6, eos_token_id=[], max_draft_tokens=4)
     n_chunks = -(-width // 5)
     assert calls == [(sliding, 8)] * (n_chunks - 1) + [(sliding, None)]

@@ -10,7 +10,7 @@ from transformers.generation.logits_process import (
     MinLengthLogitsProcessor, MinNewTokensLengthLogitsProcessor, NoBadWordsLogitsProcessor, NoRepeatNGramLogitsProcessor,
     RepetitionPenaltyLogitsProcessor, SequenceBiasLogitsProcessor, SuppressTokensAtBeginLogitsProcessor, SuppressTokensLogitsProcessor)
 
-from refdec.processors import PathLogitsProcessor, banned_ngram_tokens, path_tokens
+from refdec.decode.processors import PathLogitsProcessor, banned_ngram_tokens, path_tokens
 from refdec.tree import DraftTree
 
 

@@ -500,7 +500,7 @@ def test_top_k_rejects_an_empty_query(retriever):
         (np.zeros((2, 3), dtype=np.int32), r"query_tokens must be a 1-D"),
         (np.array([1.0, 2.0]), r"query_tokens must hold integer"),
         (np.array([1, -4, 2], dtype=np.int32), r"query_tokens\[1\] = -4"),
-        (np.array([1, 2**40], dtype=np.int64), r"query_tokens token ids must be in"),
+        (np.array([1, 2**40], dtype=np.int64), r"query_tokens must be token ids in \[0, 2\*\*31\)"),
     ],
 )
 def test_top_k_rejects_malformed_query_tokens_naming_the_argument(retriever, query, message):

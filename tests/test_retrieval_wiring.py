@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 import torch
 
-import refdec.decoding as decoding
+import refdec
 from refdec.index import CorpusIndex
 from refdec.proposer import Proposer
 from refdec.retrieval import DocumentSignatures, signature_path
@@ -121,7 +121,7 @@ def test_retrieve_k_gives_greedy_output_and_the_retrieved_document_feeds_drafts(
         seen_refs.append(list(references))
         return Proposer(index=index_, references=references or None, max_depth=max_depth)
 
-    decoder = decoding.SpeculativeDecoder(model, index=index, proposer_factory=factory)
+    decoder = refdec.SpeculativeDecoder(model, index=index, proposer_factory=factory)
     for j in (1, 4):
         prompt = [1] + docs[j][30:90].tolist()  # a slice of document j
         want = _hf_greedy(model, prompt, 24)
@@ -146,13 +146,13 @@ def test_retrieve_through_the_module_level_generate(model):
     docs = _documents(4, seed=6)
     index = CorpusIndex.build(docs, vocab_size=VOCAB, signatures=True, show_progress=False)
     prompt = [1] + docs[2][10:50].tolist()
-    out = decoding.generate(model, prompt, index=index, max_new_tokens=12, eos_token_id=[], retrieve=1)
+    out = refdec.generate(model, prompt, index=index, max_new_tokens=12, eos_token_id=[], retrieve=1)
     assert out.sequences[0].tolist() == _hf_greedy(model, prompt, 12)
     assert out.stats.retrieved_documents == [2]
 
 
 def test_retrieve_without_index_or_without_signatures_or_negative_is_a_clear_error(model):
-    decoder = decoding.SpeculativeDecoder(model)
+    decoder = refdec.SpeculativeDecoder(model)
     with pytest.raises(ValueError, match="needs a corpus index"):
         decoder.generate([1, 5, 6], max_new_tokens=2, retrieve=1)
     unsigned = CorpusIndex.build(_documents(2), vocab_size=VOCAB, show_progress=False)

@@ -9,9 +9,9 @@ import torch
 from transformers import (LogitsProcessorList, MinPLogitsWarper, TemperatureLogitsWarper, TopKLogitsWarper,
                           TopPLogitsWarper)
 
-import refdec.decoding as decoding
-import refdec.sampling as sampling
-from refdec.sampling import gumbel_at, gumbel_row, kept_tokens, process_logits
+import refdec
+import refdec.decode.sampling as sampling
+from refdec.decode.sampling import gumbel_at, gumbel_row, kept_tokens, process_logits
 from tiny_models import lookup_factory, repetitive_prompts, tiny_llama
 
 SETTINGS = [
@@ -53,7 +53,7 @@ def test_same_seed_gives_the_tokens_of_plain_sampling(family_model, setting):
     accepted = rejected = 0
     for i, prompt in enumerate(repetitive_prompts(6, seed=21)):
         seed = 1000 + i
-        plain = decoding.generate(model, prompt, max_new_tokens=40, do_sample=True, seed=seed, eos_token_id=[],
+        plain = refdec.generate(model, prompt, max_new_tokens=40, do_sample=True, seed=seed, eos_token_id=[],
                                   max_draft_tokens=0, **setting)
         # a reference holding the sampled continuation with a few corrupted tokens: drafts from it are
         # accepted up to each corruption, so acceptance and rejection both happen whatever the model
@@ -65,7 +65,7 @@ def test_same_seed_gives_the_tokens_of_plain_sampling(family_model, setting):
         for max_draft, shape, refs in [(4, "cxx", None), (16, "wide", None), (64, "tree", [reference]),
                                        (8, "cxx", [reference]), ("auto", "cxx", [reference])]:
             factory = None if shape == "cxx" else lookup_factory(shape)
-            out = decoding.generate(model, prompt, max_new_tokens=40, do_sample=True, seed=seed, eos_token_id=[],
+            out = refdec.generate(model, prompt, max_new_tokens=40, do_sample=True, seed=seed, eos_token_id=[],
                                     references=refs, max_draft_tokens=max_draft, proposer_factory=factory,
                                     **setting)
             assert out.sequences.tolist() == plain.sequences.tolist(), (name, setting, max_draft, shape)
@@ -78,7 +78,7 @@ def test_same_seed_gives_the_tokens_of_plain_sampling(family_model, setting):
 def test_different_seeds_give_different_samples():
     model = tiny_llama(scale=1.0)
     prompt = repetitive_prompts(1, seed=3)[0]
-    outs = {tuple(decoding.generate(model, prompt, max_new_tokens=8, do_sample=True, seed=s,
+    outs = {tuple(refdec.generate(model, prompt, max_new_tokens=8, do_sample=True, seed=s,
                                     max_draft_tokens=0, eos_token_id=[]).sequences[0].tolist()) for s in range(6)}
     assert len(outs) > 1
 
@@ -86,9 +86,9 @@ def test_different_seeds_give_different_samples():
 def test_seed_none_draws_a_seed_and_records_it_so_the_run_replays():
     model = tiny_llama(scale=1.0)
     prompt = repetitive_prompts(1, seed=3)[0]
-    first = decoding.generate(model, prompt, max_new_tokens=10, do_sample=True, max_draft_tokens=0, eos_token_id=[])
+    first = refdec.generate(model, prompt, max_new_tokens=10, do_sample=True, max_draft_tokens=0, eos_token_id=[])
     assert first.stats.seed is not None
-    again = decoding.generate(model, prompt, max_new_tokens=10, do_sample=True, seed=first.stats.seed,
+    again = refdec.generate(model, prompt, max_new_tokens=10, do_sample=True, seed=first.stats.seed,
                               max_draft_tokens=16, eos_token_id=[])
     assert again.sequences.tolist() == first.sequences.tolist()
 
@@ -161,7 +161,7 @@ def test_first_token_distribution_over_seeds_is_the_processed_softmax(setting):
                                          setting.get("top_p"), setting.get("min_p")), dim=-1)[0].numpy()
     n = 3000
     counts = np.zeros(probs.shape[0])
-    decoder = decoding.SpeculativeDecoder(model)
+    decoder = refdec.SpeculativeDecoder(model)
     for s in range(n):
         out = decoder.generate(prompt, max_new_tokens=1, do_sample=True, seed=s, max_draft_tokens=0,
                                eos_token_id=[], **setting)

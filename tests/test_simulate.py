@@ -3,17 +3,11 @@ synthetic cases (no data, no model)."""
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 import numpy as np
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
-
-import baselines  # noqa: E402
-import simulate  # noqa: E402
-from refdec.tree import DraftTree  # noqa: E402
+from benchmarks import baselines, simulate, workloads
+from refdec import DraftTree
 
 
 class TruthProposer:
@@ -284,8 +278,6 @@ def test_reference_offsets_lists_every_occurrence_relative_to_the_anchor():
 
 
 def _synthetic_edit_cases(n_cases: int = 3) -> list:
-    import workloads
-
     rng = np.random.default_rng(3)
     cases = []
     for _ in range(n_cases):
@@ -347,8 +339,6 @@ def test_longest_candidate_copy_takes_the_best_start_and_stops_at_the_budget():
 
 def test_refdec_method_options_pass_integers_and_floats_to_the_proposer():
     pytest.importorskip("refdec")
-    import workloads
-
     case = workloads.Case(prompt=np.array([1, 2, 3], dtype=np.int32), output=np.array([4], dtype=np.int32),
                           references=[np.array([7, 8], dtype=np.int32)], name="c")
     wl = workloads.Workload("w", [case])

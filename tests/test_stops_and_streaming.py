@@ -10,7 +10,7 @@ from transformers import TextIteratorStreamer
 from transformers.generation.streamers import BaseStreamer
 
 import refdec
-import refdec.decoding as decoding
+from refdec.decode.stops import StopChecker
 from tiny_models import byte_tokenizer, repetitive_prompts, tiny_gemma3, tiny_llama
 
 NEW = 40
@@ -115,7 +115,7 @@ def test_stop_strings_match_transformers_stop_string_criteria(tiny_tokenizer):
 
 def test_stop_string_split_across_tokens_and_overhanging_the_last_token(tiny_tokenizer):
     """The token that completes the stop string is emitted, even with extra text after the stop."""
-    checker = decoding._StopChecker(set(), ["xyz"], tiny_tokenizer)
+    checker = StopChecker(set(), ["xyz"], tiny_tokenizer)
     ids = tiny_tokenizer("ab xyzw", add_special_tokens=False)["input_ids"]
     keep, reason = checker.cut(ids, len(ids))
     assert reason == "stop_string" and tiny_tokenizer.decode(ids[:keep]) == "ab xyz"
@@ -131,11 +131,11 @@ def test_a_stop_string_in_the_prompt_does_not_stop_when_a_token_completes_a_utf8
     here, where model.generate goes on)."""
     tok = byte_tokenizer({62: 0xC3, 44: 0xA9, 40: ord("a"), 50: ord("b")})  # 62 44 = the bytes of "é"
     prompt = [1, 10, 20, 30, 40, 50]  # text ending with "ab"
-    checker = decoding._StopChecker(set(), ["ab"], tok)
+    checker = StopChecker(set(), ["ab"], tok)
     assert tok.decode([62, 44]) == "é" and tok.decode(prompt[1:]).endswith("ab")
     assert checker.cut(prompt + [62, 44, 40], 3) == (3, "")
     assert checker.cut(prompt + [62, 44, 40, 50], 4) == (4, "stop_string")  # a new "ab" does stop
-    assert decoding._StopChecker(set(), ["é"], tok).cut(prompt + [62, 44, 40], 3) == (2, "stop_string")
+    assert StopChecker(set(), ["é"], tok).cut(prompt + [62, 44, 40], 3) == (2, "stop_string")
     # end to end, against transformers' StopStringCriteria (the tiny Llama writes 62 44 first)
     want = hf(llama, prompt, max_new_tokens=8, eos_token_id=None, stop_strings=["ab"], tokenizer=tok)
     out = refdec.generate(llama, prompt, tokenizer=tok, stop_strings=["ab"], max_new_tokens=8, eos_token_id=[],
@@ -168,12 +168,12 @@ def test_stop_strings_with_a_sentencepiece_byte_fallback_tokenizer():
     emoji = "\U0001F600"
     # "中" + emoji: 7 byte tokens; the 6-token window for a 1-character stop starts inside "中"
     out = byte_tokens("中" + emoji)
-    assert decoding._StopChecker(set(), [emoji], tok).cut([vocab["a"]] + out, len(out)) == (7, "stop_string")
+    assert StopChecker(set(), [emoji], tok).cut([vocab["a"]] + out, len(out)) == (7, "stop_string")
     # "éé" only in the prompt; the output "€x" must not stop on it
     prompt, out = [vocab["ab"]] + byte_tokens("éé"), byte_tokens("€") + [vocab["x"]]
     assert tok.decode(prompt + out) == "abéé€x"
-    assert decoding._StopChecker(set(), ["éé"], tok).cut(prompt + out, len(out)) == (4, "")
-    assert decoding._StopChecker(set(), ["é€"], tok).cut(prompt + out, len(out)) == (3, "stop_string")
+    assert StopChecker(set(), ["éé"], tok).cut(prompt + out, len(out)) == (4, "")
+    assert StopChecker(set(), ["é€"], tok).cut(prompt + out, len(out)) == (3, "stop_string")
 
 
 def test_text_iterator_streamer_yields_the_returned_text(llama, tiny_tokenizer):
@@ -236,7 +236,7 @@ BAD_ARGUMENTS = [
     (dict(references=["some text"]), r"references\[0\] is a str; text references need tokenizer"),
     (dict(references="text"), r"references must be a list"),
     (dict(streamer=object()), r"streamer must have put\(\) and end\(\)"),
-    (dict(index="corpus.idx"), r"index must be a refdec.CorpusIndex or None, got str"),
+    (dict(index="corpus.idx"), r"index must be a refdec.CorpusIndex, a refdec.ShardedIndex or None, got str"),
     (dict(attention_mask=torch.tensor([[0, 1, 1]])), r"attention_mask for a single prompt must be all ones"),
     (dict(attention_mask=[1, 1]), r"attention_mask for a single prompt must be all ones of its length 3"),
 ]
@@ -439,7 +439,7 @@ def test_generation_stops_at_max_position_embeddings(llama):
      dict(do_sample=True, seed=3, min_p=0.2, temperature=1.5)),
 ])
 def test_cli_generate_streams_the_text_and_prints_stats(tmp_path, tiny_tokenizer, capsys, flags, settings):
-    from refdec.cli_generate import register
+    from refdec.cli.generate import register
     import argparse
 
     model = tiny_llama()
@@ -466,7 +466,7 @@ def test_cli_generate_streams_the_text_and_prints_stats(tmp_path, tiny_tokenizer
 
 
 def test_cli_rejects_a_bad_max_draft_tokens():
-    from refdec.cli_generate import register
+    from refdec.cli.generate import register
     import argparse
 
     parser = argparse.ArgumentParser(prog="refdec")
@@ -481,7 +481,7 @@ def test_cli_generate_prompts_jsonl_writes_each_completion_in_order(tmp_path, ti
     import argparse
     import json
 
-    from refdec.cli_generate import register
+    from refdec.cli.generate import register
 
     model = tiny_llama()
     model.save_pretrained(tmp_path / "m")
@@ -515,7 +515,7 @@ def test_cli_generate_prompts_jsonl_writes_each_completion_in_order(tmp_path, ti
             raise KeyboardInterrupt
         return real_dumps(obj, *a, **kw)
 
-    import refdec.cli_generate as cli_generate
+    import refdec.cli.generate as cli_generate
 
     args = parser.parse_args(["generate", "--prompts-jsonl", str(tmp_path / "in.jsonl"), "--model",
                               str(tmp_path / "m"), "--max-new-tokens", "10", "--max-batch-size", "1"])
@@ -587,7 +587,7 @@ def test_cli_threads_must_be_positive(tmp_path, capsys, command):
 
 
 def test_cli_text_files_keep_crlf_and_name_a_non_utf8_file(tmp_path):
-    from refdec.cli import read_text_file
+    from refdec.cli.common import read_text_file
 
     (tmp_path / "crlf.py").write_bytes(b"a = 1\r\nb = 2\r\n")
     assert read_text_file(str(tmp_path / "crlf.py")) == "a = 1\r\nb = 2\r\n"  # was converted to LF
@@ -601,8 +601,8 @@ def test_jsonl_records_holding_unicode_line_separators_are_one_line_each(tmp_pat
     such a record in two (a valid --prompts-jsonl file was rejected, an index record dropped)."""
     import json
 
-    from refdec.cli_generate import read_prompts_jsonl
-    from refdec.cli_index import SourceStats, read_documents
+    from refdec.cli.generate import read_prompts_jsonl
+    from refdec.cli.index import SourceStats, read_documents
 
     texts = ["first\u2028line", "second\u2029x\x85y\x0cz", "third"]
     for key in ("prompt", "text"):

@@ -7,8 +7,9 @@ import numpy as np
 import pytest
 import torch
 
-from refdec.cache import compact, new_cache
-from refdec.masks import MaskSpec, ancestor_matrix, build_tree_inputs, mask_spec_for
+from refdec.decode.cache import compact, new_cache
+from refdec.decode.masks import MaskSpec, ancestor_matrix, build_tree_inputs
+from refdec.decode.model_support import mask_spec_for
 from refdec.tree import DraftTree, prune_to_depth
 
 # Rows: R = root (row 0), node i = row i+1.
@@ -204,7 +205,7 @@ def test_compacted_cache_equals_cache_of_plain_prefill(family_model, preallocate
 
 from hypothesis import given, settings, strategies as st  # noqa: E402
 
-from refdec.verify import accept_walk, accept_walk_lazy  # noqa: E402
+from refdec.decode.accept import accept_walk, accept_walk_lazy  # noqa: E402
 
 
 def test_walk_descends_the_branch_that_matches_the_targets():

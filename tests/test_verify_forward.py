@@ -1,4 +1,4 @@
-"""refdec.verify.tree_forward_fn: the verifier's own head (W @ h.T) gives the model's logits."""
+"""refdec.decode.head.split_forward_fn: the backbone + the verifier's own head (W @ h.T) give the model's logits."""
 
 from __future__ import annotations
 
@@ -7,18 +7,25 @@ import pytest
 import torch
 
 import tiny_models
-from refdec.cache import cache_kwarg, new_cache
-from refdec.masks import build_tree_inputs, mask_spec_for
+from refdec.decode.cache import new_cache
+from refdec.decode.model_support import cache_kwarg
+from refdec.decode.masks import build_tree_inputs
+from refdec.decode.model_support import mask_spec_for
 from refdec.tree import DraftTree
-from refdec.verify import tree_forward_fn
+from refdec.decode.head import split_forward_fn
 
 
 @pytest.mark.parametrize("make", [tiny_models.tiny_llama, tiny_models.tiny_qwen2, tiny_models.tiny_gemma3,
                                   tiny_models.tiny_gpt2])
 def test_tree_forward_equals_the_model_forward_on_a_tree(make):
     model = make()
-    forward = tree_forward_fn(model)
-    assert forward is not None
+    split = split_forward_fn(model)
+    assert split is not None
+    backbone, head = split
+
+    def forward(cache, **inputs):
+        return head.logits(backbone(cache, **inputs)[0])
+
     spec = mask_spec_for(model)
     prompt = torch.tensor([[5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16]])
     # root -> 20 -> 21, root -> 22
@@ -41,4 +48,4 @@ def test_tree_forward_equals_the_model_forward_on_a_tree(make):
 def test_hooked_head_falls_back_to_the_model_forward():
     model = tiny_models.tiny_llama()
     model.lm_head.register_forward_hook(lambda module, inputs, output: output * 2)
-    assert tree_forward_fn(model) is None
+    assert split_forward_fn(model) is None

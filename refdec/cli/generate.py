@@ -23,17 +23,7 @@ import argparse
 import json
 import sys
 
-
-def _draft_tokens(value: str):
-    if value == "auto":
-        return "auto"
-    try:
-        n = int(value)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"must be an integer >= 0 or 'auto', got {value!r}") from None
-    if n < 0:
-        raise argparse.ArgumentTypeError(f"must be an integer >= 0 or 'auto', got {value!r}")
-    return n
+from refdec.cli.common import check_input_file, draft_tokens, jsonl_lines, read_text_file, set_threads
 
 
 def register(subparsers) -> None:
@@ -77,7 +67,7 @@ def register(subparsers) -> None:
     p.add_argument("--no-repeat-ngram-size", type=int, default=None, metavar="N",
                    help="never repeat an N-gram, as model.generate does (default: the model's generation_config)")
     p.add_argument("--seed", type=int, default=None, metavar="S", help="sampling seed (default: random)")
-    p.add_argument("--max-draft-tokens", type=_draft_tokens, default="auto", metavar="N|auto",
+    p.add_argument("--max-draft-tokens", type=draft_tokens, default="auto", metavar="N|auto",
                    help="draft tree size per step: an integer (0 = plain decoding) or 'auto' (default)")
     p.add_argument("--stop", action="append", default=None, metavar="STRING",
                    help="stop once the text contains STRING, which stays in the output (repeatable)")
@@ -87,16 +77,12 @@ def register(subparsers) -> None:
 
 
 def _read(path: str) -> str:
-    from refdec.cli import read_text_file
-
     return read_text_file(path)
 
 
 def read_prompts_jsonl(path: str) -> list[dict]:
     """The requests of a ``--prompts-jsonl`` file: ``[{"prompt": str, "references": [str, ...]}]``.
     ValueError names the line of a malformed request."""
-    from refdec.cli import jsonl_lines
-
     requests = []
     text = _read(path)
     text = text[1:] if text.startswith("\ufeff") else text  # a UTF-8 byte-order mark, as some editors write
@@ -122,8 +108,7 @@ def read_prompts_jsonl(path: str) -> list[dict]:
 
 
 def run(args) -> int:
-    from refdec.cli import set_threads
-    from refdec.decoding import SpeculativeDecoder
+    from refdec import SpeculativeDecoder  # not at the top: `refdec --help` stays fast
     from refdec.models import load_default, load_model
 
     if args.retrieve < 0:
@@ -131,8 +116,6 @@ def run(args) -> int:
     if args.retrieve and not args.index:
         raise ValueError(f"--retrieve {args.retrieve} needs --index FILE (the corpus to retrieve documents from)")
     if args.index:
-        from refdec.cli import check_input_file
-
         check_input_file(args.index, "--index")
     if args.max_batch_size is not None and not args.prompts_jsonl:
         raise ValueError("--max-batch-size applies to --prompts-jsonl (one prompt decodes alone)")

@@ -16,6 +16,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterator
 
+from refdec.cli.common import check_input_file, check_output_path, jsonl_lines
+
 # Documents are tokenised in batches of this many (fast tokenizers batch in Rust).
 _TOKENIZE_BATCH = 64
 
@@ -139,8 +141,6 @@ def find_files(paths: list[str], pattern: str) -> list[Path]:
 
 def read_documents(files: list[Path], jsonl_field: str, stats: SourceStats) -> Iterator[str]:
     """Yield the documents of each file: its text, or the field of each line of a .jsonl file."""
-    from refdec.cli import jsonl_lines
-
     for path in files:
         stats.files += 1
         try:
@@ -176,7 +176,6 @@ def run_build(args: argparse.Namespace) -> int:
     import numpy as np
     from tqdm import tqdm
 
-    from refdec.cli import check_output_path
     from refdec.index import CorpusIndex, tokenizer_fingerprint
     from refdec.models import load_tokenizer
 
@@ -280,7 +279,6 @@ def header_fields(index, path: str) -> list[tuple[str, object]]:
 
 
 def run_info(args: argparse.Namespace) -> int:
-    from refdec.cli import check_input_file
     from refdec.index import CorpusIndex
 
     check_input_file(args.file, "index info")

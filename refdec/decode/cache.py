@@ -14,13 +14,17 @@ history at every step; ``keys``/``values`` are views of the filled part.
 Invariant kept by the decoding loop: the cache holds the keys/values of every
 token of the sequence except the last one (the *root* of the next tree), in
 order, so ``cache length == position of the root``.
+
+A batch's cache is one ``[B, H, S, D]`` tensor per layer (``S`` = slots shared by
+all rows); the engine moves entries with the row API below (:func:`gather_slots`,
+:func:`append_rows`, :func:`select_rows`, :func:`compact` for one row), the only
+code that touches a layer's tensors.
 """
 
 from __future__ import annotations
 
-import inspect
-
 import torch
+import torch.nn.functional as F
 from transformers import DynamicCache
 from transformers.cache_utils import DynamicLayer
 
@@ -74,34 +78,46 @@ class GrowingLayer(DynamicLayer):
             self._grow(key_states, value_states, end)
         self._key_buf[..., self._length:end, :] = key_states
         self._value_buf[..., self._length:end, :] = value_states
-        self._set_length(end)
+        self.set_length(end)
         if self.prefill_window is not None:
             visible = self.prefill_window - 1 + key_states.shape[-2]
             if visible < end:
                 return self.keys[..., end - visible:, :], self.values[..., end - visible:, :]
         return self.keys, self.values
 
-    def _set_length(self, length: int) -> None:
+    def set_length(self, length: int) -> None:
+        """The first ``length`` buffered entries become the layer's keys / values."""
         self._length = length
         self.keys = self._key_buf[..., :length, :]
         self.values = self._value_buf[..., :length, :]
+
+    def replace_buffers(self, key_buf: torch.Tensor, value_buf: torch.Tensor, length: int) -> None:
+        """New buffers ([B, H, capacity, D]) whose first ``length`` slots are the entries."""
+        self._key_buf, self._value_buf = key_buf, value_buf
+        self.set_length(length)
+
+    def keep_rows(self, rows: torch.Tensor, start: int, end: int) -> None:
+        """Keep the batch rows ``rows`` (int64 [B']) and the slots ``[start, end)``, renumbered from 0."""
+        # index_select copies; the slice past ``start`` is a view, whose capacity update() handles
+        self.replace_buffers(self._key_buf.index_select(0, rows)[:, :, start:],
+                             self._value_buf.index_select(0, rows)[:, :, start:], end - start)
 
     def crop(self, tokens_to_remove: int) -> None:
         if tokens_to_remove > 0:
             raise ValueError(f"crop takes a negative number of tokens to remove, got {tokens_to_remove}")
         if tokens_to_remove and self.is_initialized:
-            self._set_length(self._length + tokens_to_remove)
+            self.set_length(self._length + tokens_to_remove)
 
     def reset(self) -> None:
         super().reset()
         self._key_buf = self._value_buf = None
         self._length = 0
 
-    def batch_repeat_interleave(self, repeats: int) -> None:  # pragma: no cover - batching is not supported
-        raise NotImplementedError("refdec caches hold one sequence")
+    def batch_repeat_interleave(self, repeats: int) -> None:  # pragma: no cover - not used by refdec
+        raise NotImplementedError("refdec moves batch rows with refdec.decode.cache's row API")
 
     def batch_select_indices(self, indices: torch.Tensor) -> None:  # pragma: no cover
-        raise NotImplementedError("refdec caches hold one sequence")
+        raise NotImplementedError("refdec moves batch rows with refdec.decode.cache's row API")
 
 
 class _GrowingCache(DynamicCache):
@@ -123,19 +139,35 @@ def set_prefill_window(cache: DynamicCache, layer_indices: list[int], window: in
             cache.layers[layer_idx].prefill_window = window
 
 
-def cache_kwarg(module: torch.nn.Module) -> str:
-    """The name ``module.forward`` takes the KV cache under: ``cache`` in newer transformers,
-    ``past_key_values`` (deprecated there, removed in 5.40) before."""
-    return "cache" if "cache" in inspect.signature(module.forward).parameters else "past_key_values"
-
-
 def new_cache(preallocate: bool = True) -> DynamicCache:
     """An empty cache that never evicts (see module docstring)."""
     return _GrowingCache() if preallocate else DynamicCache()
 
 
+def layers(cache: DynamicCache):
+    """The initialised layers of ``cache``; raises TypeError for a layer that may evict entries
+    (only :class:`GrowingLayer` and ``DynamicLayer`` keep them all)."""
+    for layer_idx, layer in enumerate(cache.layers):
+        if not layer.is_initialized:
+            continue
+        if type(layer) not in (GrowingLayer, DynamicLayer):
+            raise TypeError(
+                f"cache layer {layer_idx} is {type(layer).__name__}; tree verification needs full layers "
+                "(refdec.decode.cache.new_cache(), or DynamicCache() without a config)"
+            )
+        yield layer
+
+
+def _set_length(layer, length: int) -> None:
+    if isinstance(layer, GrowingLayer):
+        layer.set_length(length)
+    else:
+        layer.keys = layer.keys[:, :, :length]
+        layer.values = layer.values[:, :, :length]
+
+
 def compact(cache: DynamicCache, base: int, keep_offsets: torch.Tensor | None, n_keep: int) -> None:
-    """Keep entries ``[0, base)`` followed by entries ``base + keep_offsets``, drop the rest.
+    """One row: keep entries ``[0, base)`` followed by entries ``base + keep_offsets``, drop the rest.
 
     ``base``: number of leading entries kept as they are (prefix + root).
     ``keep_offsets``: int64 tensor [n_keep], increasing offsets past ``base`` of the
@@ -145,22 +177,56 @@ def compact(cache: DynamicCache, base: int, keep_offsets: torch.Tensor | None, n
     then the length is cut.
     """
     end = base + n_keep
-    for layer_idx, layer in enumerate(cache.layers):
-        if not layer.is_initialized:
-            continue
-        if type(layer) not in (GrowingLayer, DynamicLayer):
-            raise TypeError(
-                f"cache layer {layer_idx} is {type(layer).__name__}; tree verification needs full layers "
-                "(refdec.cache.new_cache(), or DynamicCache() without a config)"
-            )
-        keys, values = layer.keys, layer.values
+    for layer in layers(cache):
         if keep_offsets is not None:
             src = keep_offsets + base
             # advanced indexing copies before the write, so overlapping src/dst is safe
-            keys[:, :, base:end] = keys[:, :, src]
-            values[:, :, base:end] = values[:, :, src]
+            layer.keys[:, :, base:end] = layer.keys[:, :, src]
+            layer.values[:, :, base:end] = layer.values[:, :, src]
+        _set_length(layer, end)
+
+
+def gather_slots(cache: DynamicCache, batch_idx: torch.Tensor, src: torch.Tensor, dst: torch.Tensor,
+                 new_len: int) -> None:
+    """Per row ``b``: slots ``dst[b, j] <- src[b, j]`` (``batch_idx`` int64 [B, 1], ``src`` / ``dst``
+    int64 [B, K]), then cut the cache to ``new_len`` slots. Padding entries repeat a real
+    (src, dst) pair, so duplicate writes carry the same value."""
+    for layer in layers(cache):
+        keys, values = layer.keys, layer.values
+        # advanced indices around a slice: [B, K, H, D]; the read copies before the write
+        keys[batch_idx, :, dst] = keys[batch_idx, :, src]
+        values[batch_idx, :, dst] = values[batch_idx, :, src]
+        _set_length(layer, new_len)
+
+
+def append_rows(cache: DynamicCache, other: DynamicCache) -> int:
+    """Appends the batch rows of ``other`` (a cache of the same model) after those of ``cache``.
+
+    Both are padded at the end of the slot dim to the longer one's length ``n``, which is
+    returned: a row's entries stay where they were, the slots after them are holes. A growing
+    layer gets room for the next steps too (as :meth:`GrowingLayer.update`), so the next
+    update does not copy again."""
+    n = 0
+    for layer, extra in zip(layers(cache), layers(other)):
+        slots, other_slots = layer.keys.shape[2], extra.keys.shape[2]
+        n = max(slots, other_slots)
+        capacity = 2 * n if isinstance(layer, GrowingLayer) else n
+        keys = torch.cat([F.pad(layer.keys, (0, 0, 0, capacity - slots)),
+                          F.pad(extra.keys, (0, 0, 0, capacity - other_slots))])
+        values = torch.cat([F.pad(layer.values, (0, 0, 0, capacity - slots)),
+                            F.pad(extra.values, (0, 0, 0, capacity - other_slots))])
         if isinstance(layer, GrowingLayer):
-            layer._set_length(end)
+            layer.replace_buffers(keys, values, n)
         else:
-            layer.keys = keys[:, :, :end]
-            layer.values = values[:, :, :end]
+            layer.keys, layer.values = keys, values
+    return n
+
+
+def select_rows(cache: DynamicCache, rows: torch.Tensor, start: int, new_len: int) -> None:
+    """Keep the batch rows ``rows`` (int64 [B']) and the slots ``[start, new_len)`` (renumbered from 0)."""
+    for layer in layers(cache):
+        if isinstance(layer, GrowingLayer):
+            layer.keep_rows(rows, start, new_len)
+        else:
+            layer.keys = layer.keys.index_select(0, rows)[:, :, start:new_len]
+            layer.values = layer.values.index_select(0, rows)[:, :, start:new_len]

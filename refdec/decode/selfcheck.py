@@ -1,16 +1,9 @@
-"""Whether tree verification is lossless for a model: a one-time self-check.
+"""A one-time self-check that tree verification is lossless for a model type refdec
+has not verified (refdec.decode.model_support).
 
-Tree verification feeds a draft tree in one forward, with ``position_ids`` and a
-4D mask saying where each node sits, and later keeps only the accepted path's
-KV entries. That is plain decoding's computation only if the model takes every
-position-dependent quantity from ``position_ids`` and the mask, never from the
-KV cache's slot indices. Models that do not (ALiBi built over slots, a local
-window cut by slot) are refused by name in :func:`refdec.masks.mask_spec_for`;
-a model type outside :data:`VERIFIED_MODEL_TYPES` is checked once, when a
-decoder is made for it: :func:`check_tree_verification` verifies a small
-branching tree, compacts the cache to a path whose nodes were not contiguous,
-verifies a second tree, and compares the path rows' logits with one plain
-forward over the same tokens.
+:func:`check_tree_verification` verifies a small branching tree, compacts the
+cache to a path whose nodes were not contiguous, verifies a second tree, and
+compares the path rows' logits with one plain forward over the same tokens.
 """
 
 from __future__ import annotations
@@ -20,16 +13,12 @@ import weakref
 import numpy as np
 import torch
 
-__all__ = ["VERIFIED_MODEL_TYPES", "TreeVerificationError", "check_tree_verification",
-           "ensure_lossless_tree_verification", "model_type", "text_config"]
+from refdec.decode.cache import compact, new_cache
+from refdec.decode.masks import build_tree_inputs
+from refdec.decode.model_support import VERIFIED_MODEL_TYPES, model_type, text_config
+from refdec.tree import DraftTree
 
-# Model types whose tree verification equals plain decoding in refdec's tests or in a
-# randomized comparison against model.generate (greedy, single prompts and batches).
-VERIFIED_MODEL_TYPES = frozenset({
-    "llama", "mistral", "qwen2", "qwen3", "gemma", "gemma2", "gemma3", "gemma3_text", "gpt2", "phi", "phi3",
-    "starcoder2", "olmo2", "smollm3", "gpt_neox", "opt", "gptj", "codegen", "falcon", "gpt_bigcode", "biogpt",
-    "gpt_neo",
-})
+__all__ = ["TreeVerificationError", "check_tree_verification", "ensure_lossless_tree_verification"]
 
 # Logits of the path rows may differ from a plain forward by rounding only (other GEMM
 # shapes): a tolerance relative to the logits' scale, per dtype.
@@ -58,25 +47,11 @@ def ensure_lossless_tree_verification(model, spec, cache_kw: str) -> None:
     _CHECKED[model] = True
 
 
-def text_config(model):
-    """The config of ``model``'s text decoder (the model's own config for a text-only model)."""
-    config = model.config
-    return config.get_text_config(decoder=True) if hasattr(config, "get_text_config") else config
-
-
-def model_type(model) -> str:
-    return str(getattr(text_config(model), "model_type", ""))
-
-
 def check_tree_verification(model, spec, cache_kw: str, prompt_len: int = 24) -> None:
     """Raise ValueError if verifying a tree (and compacting the cache to its accepted path)
-    gives ``model`` other logits than plain decoding; ``spec``: its refdec.masks.MaskSpec,
+    gives ``model`` other logits than plain decoding; ``spec``: its refdec.decode.masks.MaskSpec,
     ``cache_kw``: the name its forward takes the cache under. Costs three forwards of at
     most ``prompt_len + 7`` tokens."""
-    from refdec.cache import compact, new_cache
-    from refdec.masks import build_tree_inputs
-    from refdec.tree import DraftTree
-
     vocab = int(text_config(model).vocab_size)
     device = next(model.parameters()).device
     rng = np.random.default_rng(0)

@@ -1,14 +1,12 @@
-"""The ``refdec`` command line: a dispatcher over one module per command group."""
+"""Helpers the ``refdec`` subcommands share: files named on the command line, --threads."""
 
 from __future__ import annotations
 
 import argparse
 import os
-import sys
 from pathlib import Path
 
-DESCRIPTION = ("Lossless speculative decoding for Hugging Face causal LMs: generate text, edit files many "
-               "tokens per pass, build corpus indexes. The output is exactly what plain decoding gives.")
+__all__ = ["check_input_file", "check_output_path", "draft_tokens", "jsonl_lines", "read_text_file", "set_threads"]
 
 
 def read_text_file(path: str) -> str:
@@ -59,62 +57,19 @@ def set_threads(threads: int | None) -> None:
         return
     if threads < 1:
         raise ValueError(f"--threads must be >= 1, got {threads}")
-    import torch
+    import torch  # not at the top: `refdec --help` stays fast
 
     torch.set_num_threads(threads)
 
 
-def build_parser() -> argparse.ArgumentParser:
-    from refdec import cli_edit, cli_generate, cli_index
-
-    parser = argparse.ArgumentParser(prog="refdec", description=DESCRIPTION)
-    parser.add_argument("--version", action="version", version=f"refdec {_version()}")
-    commands = parser.add_subparsers(dest="command", metavar="{index,generate,edit}")
-    cli_index.register(commands)
-    cli_generate.register(commands)
-    cli_edit.register(commands)
-    _set_parser_defaults(commands)
-    return parser
-
-
-def _set_parser_defaults(subparsers_action) -> None:
-    """Each (sub)command's parser as ``args.parser``, the innermost one the user reached."""
-    for sub_parser in subparsers_action.choices.values():
-        sub_parser.set_defaults(parser=sub_parser)
-        for action in sub_parser._actions:
-            if isinstance(action, argparse._SubParsersAction):
-                _set_parser_defaults(action)
-
-
-def _version() -> str:
-    from importlib.metadata import PackageNotFoundError, version
-
+def draft_tokens(value: str):
+    """``--max-draft-tokens``: an int >= 0 or "auto"."""
+    if value == "auto":
+        return "auto"
     try:
-        return version("refdec")
-    except PackageNotFoundError:
-        return "(not installed)"
-
-
-def main(argv: list[str] | None = None) -> int:
-    parser = build_parser()
-    args, unknown = parser.parse_known_args(argv)
-    # errors and help at the level the user typed: "refdec generate --bogus" shows generate's usage
-    command_parser = getattr(args, "parser", None)
-    if unknown:
-        (command_parser or parser).error(f"unrecognized arguments: {' '.join(unknown)}")
-    if getattr(args, "handler", None) is None:  # "refdec" or "refdec index" alone: show what to choose
-        (command_parser or parser).print_help(sys.stderr)
-        return 2
-    try:
-        return int(args.handler(args) or 0)
-    except (ValueError, ImportError, OSError) as exc:  # OSError: missing, unreadable or unwritable paths
-        print(f"refdec: error: {exc}", file=sys.stderr)
-        return 2
-    except KeyboardInterrupt:
-        sys.stdout.flush()
-        print("\nrefdec: interrupted", file=sys.stderr)  # after any partial streamed line
-        return 130
-
-
-if __name__ == "__main__":
-    sys.exit(main())
+        n = int(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be an integer >= 0 or 'auto', got {value!r}") from None
+    if n < 0:
+        raise argparse.ArgumentTypeError(f"must be an integer >= 0 or 'auto', got {value!r}")
+    return n

@@ -1,66 +1,25 @@
-"""Acceptance walk over a verified draft tree.
+"""The LM head, run by the verifier itself where that is cheaper.
 
-Given the target token at every tree row (row 0 = root, row ``1 + node_idx`` =
-draft node ``node_idx``; the target at a row is the token the target model
-emits *after* that row), start at the root and descend while some child of the
-current row proposes exactly the current row's target. The accepted path is the
-sequence of nodes descended into; the bonus token is the target at the last
-row reached. Greedy and position-keyed sampling share this walk: only the way
-targets are chosen differs (see refdec.sampling).
+On a CPU the head of a large-vocabulary model is most of a forward (Gemma 3 270M's
+262k-token head costs ~4 ms a row on 2 threads). For models with a plain linear
+head (refdec.decode.model_support.PLAIN_HEAD_MODEL_TYPES) the verifier runs the
+model's backbone on every tree row and the head only on the rows the acceptance
+walk visits (:class:`LazyRowLogits`; :class:`LockstepLazyWalks` for a batch, one
+head GEMM per round for all rows).
 """
 
 from __future__ import annotations
 
-import numpy as np
+import time
 
+import numpy as np
+import torch
+
+from refdec.decode.accept import accept_walk_steps, first_child_rows
+from refdec.decode.model_support import PLAIN_HEAD_MODEL_TYPES, cache_kwarg, text_config
 from refdec.tree import DraftTree
 
-
-def accept_walk(tree: DraftTree, targets: np.ndarray) -> tuple[np.ndarray, int]:
-    """Return ``(accepted_nodes, bonus_token)``.
-
-    ``targets``: int64 array of shape (1 + n,), per row as in the module docstring.
-    ``accepted_nodes``: int64 array (k,) of node indices along the accepted path,
-    root-to-leaf (empty when nothing was accepted).
-    """
-    n = len(tree)
-    if n == 0:
-        return np.zeros(0, dtype=np.int64), int(targets[0])
-    parent_rows = tree.parents.astype(np.int64) + 1
-    # a node is "correct" iff it proposes its parent row's target
-    correct = tree.token_ids.astype(np.int64) == targets[parent_rows]
-    accepted = []
-    row = 0
-    candidates = np.flatnonzero(correct)
-    while candidates.size:
-        kids = candidates[parent_rows[candidates] == row]
-        if kids.size == 0:
-            break
-        node = int(kids[0])  # siblings carry distinct tokens in a trie; take the first otherwise
-        accepted.append(node)
-        row = node + 1
-        candidates = candidates[candidates > node]  # descendants come later in topological order
-    return np.asarray(accepted, dtype=np.int64), int(targets[row])
-
-
-def accept_walk_lazy(tree: DraftTree, target_of_row) -> tuple[np.ndarray, int]:
-    """The same walk, asking ``target_of_row(row, depth) -> int`` only for the rows on the path.
-
-    Used for sampling, where a target costs a pass over the vocabulary: a step that
-    accepts ``k`` nodes computes ``k + 1`` targets, whatever the tree size.
-    """
-    walk = accept_walk_steps(tree)
-    request = next(walk)
-    try:
-        while True:
-            request = walk.send(int(target_of_row(*request)))
-    except StopIteration as done:
-        return done.value
-
-
-# Model types whose causal-LM head is exactly ``lm_head(last_hidden_state)`` (then Gemma's optional
-# final logit soft-capping): the verifier may compute those logits itself.
-_PLAIN_HEAD_MODEL_TYPES = frozenset({"gemma", "gemma2", "gemma3_text", "llama", "mistral", "qwen2", "qwen3", "gpt2"})
+__all__ = ["LazyRowLogits", "LockstepLazyWalks", "PlainHead", "split_forward_fn", "tree_forward_fn"]
 
 
 class PlainHead:
@@ -82,8 +41,6 @@ class PlainHead:
 
     def logits(self, hidden):
         """float [r, V] for ``hidden`` float [r, D] (r >= 1)."""
-        import torch
-
         rows = hidden.shape[0]
         if rows < self.min_rows:
             hidden = torch.cat([hidden, hidden[:1].expand(self.min_rows - rows, -1)], dim=0)
@@ -104,13 +61,8 @@ def split_forward_fn(model):
     (:class:`LazyRowLogits`, :class:`LockstepLazyWalks`): on a CPU the head is most of a
     forward.
     """
-    import torch
-
-    from refdec.cache import cache_kwarg
-    from refdec.compat import text_config
-
     config = text_config(model)
-    if getattr(config, "model_type", None) not in _PLAIN_HEAD_MODEL_TYPES:
+    if getattr(config, "model_type", None) not in PLAIN_HEAD_MODEL_TYPES:
         return None
     backbone = getattr(model, getattr(model, "base_model_prefix", ""), None)
     head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
@@ -142,20 +94,6 @@ def tree_forward_fn(model):
         return head.logits(backbone_forward(cache, **inputs)[0])
 
     return forward
-
-
-def first_child_rows(tree: DraftTree) -> np.ndarray:
-    """int64 [1 + n]: the row of each row's first (best) child, -1 for leaves.
-
-    Row 0 is the root, row ``1 + node_idx`` node ``node_idx``; nodes come best-first, so
-    a row's first child is its most probable one."""
-    n = len(tree)
-    out = np.full(n + 1, -1, dtype=np.int64)
-    if n:
-        parent_rows = tree.parents.astype(np.int64) + 1
-        child_rows = np.arange(1, n + 1, dtype=np.int64)
-        out[parent_rows[::-1]] = child_rows[::-1]  # the last write per parent is its lowest-index child
-    return out
 
 
 class LazyRowLogits:
@@ -211,10 +149,6 @@ class LazyRowLogits:
         self.rows_computed += len(rows)
 
     def _compute(self, row: int) -> None:
-        import time
-
-        import torch
-
         t0 = time.perf_counter()
         rows = self.chunk_rows(row, self.chunk)
         logits = self.head.logits(self.hidden[torch.tensor(rows, dtype=torch.long, device=self.hidden.device)])
@@ -231,28 +165,6 @@ class LazyRowLogits:
         if row not in self._logits:
             self._compute(row)
         return self._logits[row]
-
-
-def accept_walk_steps(tree: DraftTree):
-    """:func:`accept_walk_lazy` as a generator, for walks that wait on each other.
-
-    Yields ``(row, depth)`` whenever the walk needs the target of ``row``; the caller
-    passes the target (int) back with ``send``. The walk ends with ``StopIteration`` whose
-    ``value`` is ``(accepted_nodes, bonus_token)``, as :func:`accept_walk_lazy` returns.
-    """
-    parent_rows = tree.parents.astype(np.int64) + 1
-    token_ids = tree.token_ids
-    accepted = []
-    row = 0
-    while True:
-        target = int((yield row, len(accepted)))
-        kids = np.flatnonzero(parent_rows == row)
-        match = kids[token_ids[kids] == target]
-        if match.size == 0:
-            return np.asarray(accepted, dtype=np.int64), target
-        node = int(match[0])
-        accepted.append(node)
-        row = node + 1
 
 
 class LockstepLazyWalks:
@@ -324,10 +236,6 @@ class LockstepLazyWalks:
 
     def _compute(self, asked: dict[int, int]) -> None:
         """One head call for the chunks of the walks in ``asked`` (walk_idx -> tree row)."""
-        import time
-
-        import torch
-
         t0 = time.perf_counter()
         chunk = self.chunk
         if self.adaptive:

@@ -162,7 +162,7 @@ class PathLogitsProcessor:
 
     def target(self, logits_row: torch.Tensor, sequence: list[int], prompt_len: int, sampler, position: int) -> int:
         """The token emitted after ``sequence`` from its processed ``logits_row`` (float [V]):
-        ``sampler`` (refdec.sampling.TargetSampler) samples it at ``position``, or argmax."""
+        ``sampler`` (refdec.decode.sampling.TargetSampler) samples it at ``position``, or argmax."""
         scores = self(logits_row, sequence, prompt_len)
         return sampler.sample(scores, position) if sampler.do_sample else int(scores.argmax())
 

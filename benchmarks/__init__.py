@@ -1,0 +1,28 @@
+"""refdec's benchmarks, one package: run each from the repository root as a module,
+
+    python -m benchmarks.simulate --quick       # model-free drafting replay (needs the data)
+    python -m benchmarks.e2e --quick            # the real model against HF greedy / prompt lookup
+
+with the flags each prints under ``--help``. Results (JSON with the git commit, the command,
+the machine and torch's thread count) go to ``benchmarks/out/``; benchmarks/RESULTS.md records
+the figures with the commands that made them.
+
+Shared modules, one job each:
+
+    paths       where the benchmarks write: the cache (``$REFDEC_BENCH_CACHE``) and results folders
+    data        the data root (``$REFDEC_DATA``, else ``../shared/data``), a reader per data file,
+                the Python-source corpus reader (one skip rule)
+    tokens      token ids with the default model's tokenizer, cached
+    workloads   the workloads (Case, Workload, load_workload); edit prompts from refdec.edit_prompt
+    corpora     the stdlib corpus index (and the draftretriever datastore), built once, cached
+    report      the one result writer (write_result), markdown tables
+    baselines   peer drafters (prompt lookup, oracle chain, ArcticInference, draftretriever)
+    tiny_model  a tiny random Llama from a transformers config (long_run.py)
+
+Benchmarks: simulate, retrieval_sim (model-free); e2e, e2e_batch, prefill, profile_loop,
+make_outputs (the real model); index_bench, memory_bench, retrieval_bench, step_cost,
+long_run (the index, retrieval, proposer and decoder alone); plot (figures).
+
+The benchmarks import refdec's public names only (a few ablations set a private attribute,
+each marked where it does).
+"""

@@ -1,0 +1,109 @@
+"""The verification cost curve of one model on one machine: seconds per forward against
+draft-tree size (measured by refdec.calibration, consumed by refdec.budget)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+__all__ = ["CostCurve", "DEFAULT_CPU_CURVE", "flat_curve"]
+
+_FORMAT = 2  # 2: head_chunk_seconds, head_chunk_rows
+
+
+@dataclass(frozen=True)
+class CostCurve:
+    """Forward cost (seconds) at draft-tree sizes ``nodes``, linearly interpolated between
+    them and extrapolated linearly past the last point.
+
+    ``nodes``: increasing ints >= 0 (draft nodes; a forward feeds ``1 + n`` rows).
+    ``seconds``: the forward time at each size (minimum over repeats); with
+    ``head_chunk_seconds`` set, the backbone's time only (no LM head).
+    ``head_chunk_seconds``: None when ``seconds`` include every row's head, else the
+    time of the head on one chunk of ``head_chunk_rows`` rows (lazy head).
+    """
+
+    nodes: tuple
+    seconds: tuple
+    meta: dict | None = field(default=None, compare=False)
+    head_chunk_seconds: float | None = None
+    head_chunk_rows: int = 4
+
+    def __post_init__(self) -> None:
+        nodes = tuple(int(n) for n in self.nodes)
+        seconds = tuple(float(s) for s in self.seconds)
+        if len(nodes) != len(seconds) or not nodes:
+            raise ValueError(f"CostCurve needs as many nodes as seconds (>= 1), got {len(nodes)} and {len(seconds)}")
+        if any(b <= a for a, b in zip(nodes, nodes[1:])) or nodes[0] < 0:
+            raise ValueError(f"CostCurve nodes must be increasing ints >= 0, got {nodes}")
+        if any(not np.isfinite(s) or s <= 0 for s in seconds):
+            raise ValueError(f"CostCurve seconds must be finite and > 0, got {seconds}")
+        object.__setattr__(self, "nodes", nodes)
+        object.__setattr__(self, "seconds", seconds)
+        if self.head_chunk_seconds is not None:
+            head = float(self.head_chunk_seconds)
+            if not np.isfinite(head) or head < 0:
+                raise ValueError(f"CostCurve head_chunk_seconds must be finite and >= 0, got {self.head_chunk_seconds}")
+            object.__setattr__(self, "head_chunk_seconds", head)
+        if isinstance(self.head_chunk_rows, bool) or int(self.head_chunk_rows) < 1:
+            raise ValueError(f"CostCurve head_chunk_rows must be an int >= 1, got {self.head_chunk_rows!r}")
+        object.__setattr__(self, "head_chunk_rows", int(self.head_chunk_rows))
+
+    @property
+    def lazy_head(self) -> bool:
+        return self.head_chunk_seconds is not None
+
+    def head_seconds(self, expected_accepted):
+        """Head cost of a step that accepts ``expected_accepted`` nodes (float or float64 array):
+        0 for a curve whose ``seconds`` include the head; else the chunks the walk visits,
+        ``max(1, (k + 2.5) / rows)`` (k + 1 rows on the path plus, on average, half a chunk)."""
+        if self.head_chunk_seconds is None:
+            return np.zeros_like(np.asarray(expected_accepted, dtype=np.float64))
+        chunks = np.maximum(1.0, (np.asarray(expected_accepted, dtype=np.float64) + 2.5) / self.head_chunk_rows)
+        return self.head_chunk_seconds * chunks
+
+    def table(self, max_nodes: int) -> np.ndarray:
+        """float64 array of shape (max_nodes + 1,): the cost of n = 0 .. max_nodes draft nodes."""
+        n = np.arange(max_nodes + 1, dtype=np.float64)
+        xs = np.asarray(self.nodes, dtype=np.float64)
+        ys = np.asarray(self.seconds, dtype=np.float64)
+        out = np.interp(n, xs, ys)
+        if len(xs) >= 2 and max_nodes > xs[-1]:
+            slope = max(0.0, (ys[-1] - ys[-2]) / (xs[-1] - xs[-2]))
+            tail = n > xs[-1]
+            out[tail] = ys[-1] + slope * (n[tail] - xs[-1])
+        return out
+
+    def __call__(self, n: int, expected_accepted: float = 0.0) -> float:
+        """Seconds for a step verifying ``n`` nodes that accepts ``expected_accepted`` of them."""
+        return float(self.table(int(n))[int(n)] + self.head_seconds(expected_accepted))
+
+    def relative(self) -> dict:
+        """{n: cost(n) / cost(0)} at the measured sizes (cost(0) interpolated if not measured), a
+        lazy head counted for a step that accepts nothing."""
+        base = self(0)
+        head = float(self.head_seconds(0.0))
+        return {n: (s + head) / base for n, s in zip(self.nodes, self.seconds)}
+
+    def to_json(self) -> dict:
+        return {"format": _FORMAT, "nodes": list(self.nodes), "seconds": list(self.seconds),
+                "head_chunk_seconds": self.head_chunk_seconds, "head_chunk_rows": self.head_chunk_rows,
+                "meta": self.meta or {}}
+
+    @classmethod
+    def from_json(cls, data: dict) -> "CostCurve":
+        if data.get("format") != _FORMAT:
+            raise ValueError(f"calibration format {data.get('format')!r}, expected {_FORMAT}")
+        return cls(tuple(data["nodes"]), tuple(data["seconds"]), data.get("meta"),
+                   data.get("head_chunk_seconds"), int(data.get("head_chunk_rows", 4)))
+
+
+def flat_curve(seconds: float = 1.0) -> CostCurve:
+    """A GPU-like curve: verifying any tree costs as much as one token."""
+    return CostCurve((0, 1), (seconds, seconds))
+
+
+# A CPU-like curve (DESIGN.md: Gemma 3 270M, 2 threads, 512 cached tokens) for models that are
+# not worth calibrating (tiny test models) and when calibration is switched off.
+DEFAULT_CPU_CURVE = CostCurve((0, 1, 16, 64, 128), (0.100, 0.105, 0.280, 0.500, 0.810))

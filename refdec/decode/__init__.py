@@ -1,0 +1,18 @@
+"""The decoding engine: one propose → verify → accept loop for a batch of requests.
+
+Modules, front to back:
+
+* ``decoder``   -- ``generate`` / ``SpeculativeDecoder``: validate, make requests, lay out outputs
+* ``inputs``, ``settings`` -- the call's prompts, references, seeds, sampling and logits settings
+* ``requests``  -- one request's sequence, stops, drafter and budget
+* ``engine``    -- the loop; ``scheduler`` (continuous batching), ``prefill``, ``drafts``
+* ``verify``    -- one forward over the batch's trees + the acceptance walks (target selection)
+* ``masks``     -- tree and prefill attention masks; ``batch`` -- the running batch's KV slots
+* ``cache``     -- the KV cache and its row API; ``runner`` -- the model's forwards
+* ``head``      -- the lazy LM head; ``accept`` -- the acceptance walk; ``sampling``, ``processors``
+* ``model_support`` -- what refdec knows about model types; ``selfcheck`` -- the check for unverified ones
+* ``stops``, ``results``
+
+The public names are re-exported by ``refdec`` (``refdec.generate``, ``refdec.SpeculativeDecoder``,
+``refdec.DecodingStats``, ``refdec.GenerateOutput``); this package imports nothing at import time.
+"""

