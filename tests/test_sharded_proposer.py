@@ -176,3 +176,30 @@ def test_a_sharded_retriever_names_the_shard_without_signatures():
     sharded = ShardedIndex([CorpusIndex.build([[1, 2, 3]], show_progress=False, signatures=True), index([[4, 5, 6]])])
     with pytest.raises(ValueError, match=r"shards\[1\] \(built in memory\) has no MinHash signatures"):
         sharded.retriever()
+
+
+def test_decoding_with_shards_takes_the_passes_of_the_unsplit_corpus():
+    # The engine drafts through Proposer: the same trees give the same verify passes and tokens.
+    # The corpus holds the model's own greedy continuations, a token changed every 13.
+    import refdec
+    from tiny_models import repetitive_prompts, tiny_llama
+
+    model = tiny_llama(seed=0)
+    prompts = repetitive_prompts(4, seed=13)
+    documents = []
+    for prompt in prompts:
+        out = refdec.generate(model, prompt, max_new_tokens=24, eos_token_id=[], max_draft_tokens=0)
+        doc = out.sequences[0].tolist()[len(prompt) - 4:]
+        documents.append(arr([(t + 7) % 96 if j % 13 == 12 else t for j, t in enumerate(doc)]))
+    whole = CorpusIndex.build(documents, vocab_size=96, show_progress=False)
+    sharded = ShardedIndex([CorpusIndex.build(documents[:2], vocab_size=96, show_progress=False),
+                            CorpusIndex.build(documents[2:], vocab_size=96, show_progress=False)])
+    from_corpus = 0
+    for prompt in prompts:
+        one, split = (refdec.generate(model, prompt, index=i, max_new_tokens=24, eos_token_id=[], max_draft_tokens=16)
+                      for i in (whole, sharded))
+        assert split.sequences[0].tolist() == one.sequences[0].tolist()
+        assert (split.stats.forward_passes, split.stats.accepted_by_source) == (
+            one.stats.forward_passes, one.stats.accepted_by_source)
+        from_corpus += split.stats.accepted_by_source.get("corpus", 0)
+    assert from_corpus > 10
