@@ -4,6 +4,7 @@
 #ifndef REFDEC_AUTOMATON_VIEW_H_
 #define REFDEC_AUTOMATON_VIEW_H_
 
+#include <cstddef>
 #include <cstdint>
 #include <vector>
 
@@ -49,8 +50,17 @@ class AutomatonView {
   // count(state) == 1, else -1. Its continuation is token_at(pos+1 ...) up to
   // document_end(pos).
   virtual int64_t unique_end_pos(int32_t state) const = 0;
-  // Replaces *out with the outgoing transitions of the state (any order).
-  virtual void children(int32_t state, std::vector<Edge>* out) const = 0;
+  // Replaces *out with the outgoing transitions of the state (any order)
+  // and returns true; a state with more than max_children transitions
+  // leaves *out empty and returns false without reading them (the draft
+  // builder skips such states: the near-root states of a large corpus have
+  // tens of thousands).
+  virtual bool children(int32_t state, std::vector<Edge>* out, size_t max_children) const = 0;
+  // children() without a limit.
+  void children(int32_t state, std::vector<Edge>* out) const { children(state, out, SIZE_MAX); }
+  // Number of outgoing transitions of the state (FrozenIndex: from its CSR
+  // offsets, without reading the edges; a corrupt target still counts).
+  virtual int64_t num_children(int32_t state) const = 0;
 
   // Total number of tokens over all documents.
   virtual int64_t num_tokens() const = 0;

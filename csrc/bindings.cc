@@ -4,16 +4,21 @@
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
+#include <cfloat>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <memory>
 #include <string>
-#include <tuple>
 #include <vector>
 
 #include "automaton_view.h"
+#include "copy_cursor.h"
 #include "draft_tree.h"
 #include "frozen_index.h"
 #include "matcher.h"
+#include "params.h"
 #include "proposer_core.h"
 #include "suffix_automaton.h"
 
@@ -23,16 +28,16 @@ using namespace refdec;
 namespace {
 
 using TokenArray = py::array_t<int32_t, py::array::c_style | py::array::forcecast>;
-
-// Python class raised for IndexFormatError (set by refdec.index); ValueError until then.
-PyObject* g_format_error = nullptr;
+// Taken with noconvert(): only a C-contiguous int32 array, no copy.
+using ExactTokenArray = py::array_t<int32_t, py::array::c_style>;
 
 struct Tokens {
   const int32_t* data;
   int64_t size;
 };
 
-Tokens tokens_of(const TokenArray& a, const char* name) {
+template <typename Array>
+Tokens tokens_of(const Array& a, const char* name) {
   if (a.ndim() != 1)
     throw std::invalid_argument(std::string(name) + " must be a 1-D array of token ids, got " +
                                 std::to_string(a.ndim()) + " dimensions");
@@ -46,8 +51,29 @@ py::array_t<T> to_numpy(const std::vector<T>& v) {
   return out;
 }
 
-py::tuple draft_to_numpy(const DraftResult& r) {
-  return py::make_tuple(to_numpy(r.token_ids), to_numpy(r.parents), to_numpy(r.scores), to_numpy(r.source_ids));
+// A draft tree as Python receives it (ProposerCore.propose, testing.build_draft):
+// DraftResult's vectors as numpy arrays, nodes in topological order. A struct
+// sequence (named fields, like os.stat_result): made and read at C speed, once
+// per drafting step.
+PyStructSequence_Field kDraftArraysFields[] = {
+    {"token_ids", "int32 [n]: the token each node proposes"},
+    {"parents", "int32 [n]: parent node index, -1 for children of the root"},
+    {"scores", "float32 [n]: estimated probability that the path to the node is accepted"},
+    {"source_ids", "int32 [n]: the source that scored the node highest"},
+    {nullptr, nullptr},
+};
+PyStructSequence_Desc kDraftArraysDesc = {"refdec._C.DraftArrays", "A draft tree's arrays (see refdec.DraftTree).",
+                                          kDraftArraysFields, 4};
+PyTypeObject* g_draft_arrays_type = nullptr;  // made once at import, never freed
+
+py::object draft_arrays(const DraftResult& r) {
+  py::object out = py::reinterpret_steal<py::object>(PyStructSequence_New(g_draft_arrays_type));
+  if (!out) throw py::error_already_set();
+  PyStructSequence_SetItem(out.ptr(), 0, to_numpy(r.token_ids).release().ptr());
+  PyStructSequence_SetItem(out.ptr(), 1, to_numpy(r.parents).release().ptr());
+  PyStructSequence_SetItem(out.ptr(), 2, to_numpy(r.scores).release().ptr());
+  PyStructSequence_SetItem(out.ptr(), 3, to_numpy(r.source_ids).release().ptr());
+  return out;
 }
 
 // A view argument that pybind11 let through as None (a null pointer).
@@ -62,23 +88,172 @@ void check_state(const AutomatonView& v, int64_t state) {
                                 std::to_string(state));
 }
 
+// ---- parameter classes built from the field tables (params.h) ----
+
+// The shortest decimal that reads back as the same float32 ("0.1", not
+// 0.10000000149011612), so a field set to 0.1 reads 0.1 and prints so.
+double shortest_double(float value) {
+  if (!std::isfinite(value)) return value;
+  char buf[32];
+  for (int digits = 1; digits <= FLT_DIG + 3; ++digits) {
+    std::snprintf(buf, sizeof(buf), "%.*g", digits, static_cast<double>(value));
+    if (std::strtof(buf, nullptr) == value) break;
+  }
+  return std::strtod(buf, nullptr);
+}
+
+bool is_numpy(py::handle value, const char* kind) {
+  static py::object np = py::module_::import("numpy");
+  return py::isinstance(value, np.attr(kind));
+}
+
+template <typename Params>
+py::object get_field(const Params& params, const ParamField<Params>& field) {
+  if (field.integer != nullptr) return py::int_(params.*field.integer);
+  return py::float_(shortest_double(params.*field.real));
+}
+
+// "[lo, hi]" as Python prints the bounds (ints for an int field, floats otherwise).
+template <typename Params>
+std::string range_text(const ParamField<Params>& field) {
+  if (field.integer != nullptr) {
+    const auto lo = static_cast<int64_t>(field.lo), hi = static_cast<int64_t>(field.hi);
+    return "[" + std::to_string(lo) + ", " + std::to_string(hi) + "]";
+  }
+  return "[" + std::string(py::repr(py::float_(field.lo))) + ", " +
+         std::string(py::repr(py::float_(field.hi))) + "]";
+}
+
+// Sets one field from a Python value: an int field takes an int (not a bool),
+// a float field a real number within float32, both within the field's range;
+// anything else is a ValueError naming the field, the value and the range.
+template <typename Params>
+void set_field(Params* params, const ParamField<Params>& field, py::handle value, const char* struct_name) {
+  const bool is_bool = PyBool_Check(value.ptr());
+  if (field.integer != nullptr) {
+    const bool integral = !is_bool && (PyLong_Check(value.ptr()) || is_numpy(value, "integer"));
+    int overflow = 0;
+    long long v = 0;
+    if (integral) {
+      py::object index = py::reinterpret_steal<py::object>(PyNumber_Index(value.ptr()));
+      if (!index) throw py::error_already_set();
+      v = PyLong_AsLongLongAndOverflow(index.ptr(), &overflow);
+    }
+    if (!integral || overflow != 0 || !in_range(field, static_cast<double>(v)))
+      throw py::value_error(std::string(struct_name) + "." + field.name + " must be an int in " + range_text(field) +
+                            ", got " + std::string(py::repr(value)));
+    params->*field.integer = static_cast<int32_t>(v);
+    return;
+  }
+  const bool real = !is_bool && (PyFloat_Check(value.ptr()) || PyLong_Check(value.ptr()) ||
+                                 is_numpy(value, "integer") || is_numpy(value, "floating"));
+  double v = 0.0;
+  if (real) {
+    v = PyFloat_AsDouble(value.ptr());
+    if (v == -1.0 && PyErr_Occurred()) {  // an int too large for a double
+      PyErr_Clear();
+      v = std::nan("");
+    }
+  }
+  if (!real || !in_range(field, v) || std::fabs(v) > FLT_MAX)
+    throw py::value_error(std::string(struct_name) + "." + field.name + " must be a finite number in " +
+                          range_text(field) + ", got " + std::string(py::repr(value)));
+  params->*field.real = static_cast<float>(v);
+}
+
+// Binds a parameter struct as a Python class: every field a checked read-write
+// attribute, construction by keyword (or position, in field order), ==, repr,
+// pickling, replace(**changes) and to_dict().
+template <typename Params, size_t N>
+void bind_params(py::module_& m, const char* name, const ParamField<Params> (&fields)[N], const char* doc) {
+  using Field = ParamField<Params>;
+  auto find = [&fields, name](const std::string& key) -> const Field& {
+    for (const Field& f : fields)
+      if (key == f.name) return f;
+    throw py::type_error(std::string(name) + "() got an unexpected keyword argument '" + key + "'");
+  };
+  auto update = [find, name](Params* p, const py::dict& changes) {
+    for (auto item : changes) set_field(p, find(py::str(item.first)), item.second, name);
+  };
+  auto to_dict = [&fields](const Params& p) {
+    py::dict out;
+    for (const Field& f : fields) out[f.name] = get_field(p, f);
+    return out;
+  };
+  py::class_<Params> cls(m, name, doc);
+  cls.def(py::init([&fields, find, name](const py::args& args, const py::kwargs& kwargs) {
+    if (args.size() > N)
+      throw py::type_error(std::string(name) + "() takes at most " + std::to_string(N) +
+                           " positional arguments (" + std::to_string(args.size()) + " given)");
+    Params p;
+    for (size_t i = 0; i < args.size(); ++i) set_field(&p, fields[i], args[i], name);
+    for (auto item : kwargs) {
+      const Field& f = find(py::str(item.first));
+      for (size_t i = 0; i < args.size(); ++i)
+        if (&fields[i] == &f)
+          throw py::type_error(std::string(name) + "() got multiple values for argument '" + f.name + "'");
+      set_field(&p, f, item.second, name);
+    }
+    return p;
+  }));
+  for (const Field& f : fields)
+    cls.def_property(
+        f.name, [&f](const Params& p) { return get_field(p, f); },
+        [&f, name](Params& p, py::handle value) { set_field(&p, f, value, name); });
+  cls.def("__eq__", [&fields](const Params& a, py::handle other) -> py::object {
+    if (!py::isinstance<Params>(other)) return py::reinterpret_borrow<py::object>(Py_NotImplemented);
+    const Params& b = other.cast<const Params&>();
+    for (const Field& f : fields)
+      if (field_value(a, f) != field_value(b, f)) return py::bool_(false);
+    return py::bool_(true);
+  });
+  cls.def("__repr__", [&fields, name](const Params& p) {
+    std::string out = std::string(name) + "(";
+    for (size_t i = 0; i < N; ++i)
+      out += (i ? ", " : "") + std::string(fields[i].name) + "=" + std::string(py::repr(get_field(p, fields[i])));
+    return out + ")";
+  });
+  cls.def("replace", [update](const Params& p, const py::kwargs& changes) {
+    Params out = p;
+    update(&out, changes);
+    return out;
+  }, "A copy with the given fields changed (checked like the constructor's).");
+  cls.def("to_dict", to_dict, "{field name: value}, in field order.");
+  cls.def("__copy__", [](const Params& p) { return p; });
+  cls.def("__deepcopy__", [](const Params& p, py::handle) { return p; });
+  cls.def(py::pickle(to_dict, [update](const py::dict& state) {
+    Params p;
+    update(&p, state);
+    return p;
+  }));
+  py::tuple names(N);
+  for (size_t i = 0; i < N; ++i) names[i] = py::str(fields[i].name);
+  cls.attr("field_names") = names;
+}
+
 }  // namespace
 
 PYBIND11_MODULE(_C, m) {
   m.doc() = "refdec C++ core: suffix automata, frozen index, matcher, draft tree builder";
 
-  py::register_exception_translator([](std::exception_ptr p) {
-    try {
-      if (p) std::rethrow_exception(p);
-    } catch (const IndexFormatError& e) {
-      PyErr_SetString(g_format_error != nullptr ? g_format_error : PyExc_ValueError, e.what());
-    }
-  });
-  m.def("_set_format_error_class", [](py::object cls) {
-    Py_XDECREF(g_format_error);
-    g_format_error = cls.ptr();
-    Py_INCREF(g_format_error);
-  });
+  auto& format_error = py::register_exception<IndexFormatError>(m, "IndexFormatError", PyExc_ValueError);
+  format_error.attr("__doc__") =
+      "An index file is not valid: foreign (bad magic), truncated, from another format version, internally "
+      "inconsistent, or built with another tokenizer (a ValueError).";
+
+  // ---- parameters ----
+  bind_params(m, "SourceParams", kSourceParamFields,
+              "How far a draft source is trusted: a match of length L starts at confidence "
+              "weight * L / (L + half_len). Fields, defaults and ranges: csrc/draft_tree.h (SourceParams, "
+              "kSourceParamFields). Construct by keyword (SourceParams(weight=0.9, half_len=4.0)); fields are "
+              "checked on assignment (ValueError naming the field, the value and the range); ==, repr, "
+              "pickling, replace(**changes) -> a changed copy, to_dict().");
+  bind_params(m, "CursorParams", kCursorParamFields,
+              "Editing mode: the tuning of the copy cursor that follows the output through the references. "
+              "What each field does, its default and its range: csrc/copy_cursor.h (CursorParams, "
+              "kCursorParamFields). Construct by keyword (CursorParams(start_run=0)); fields are checked on "
+              "assignment (ValueError naming the field, the value and the range); ==, repr, pickling, "
+              "replace(**changes) -> a changed copy, to_dict().");
 
   // ---- shared read-only queries ----
   py::class_<AutomatonView>(m, "AutomatonView")
@@ -110,7 +285,8 @@ PYBIND11_MODULE(_C, m) {
              py::gil_scoped_release release;
              const int32_t s = find_state(v, t.data, t.size);
              return next_tokens_of_state(v, s, k);
-           })
+           },
+           "[(token, count)] following the tokens, most frequent first")
       .def("continuation",
            [](const AutomatonView& v, const TokenArray& a, int64_t length) {
              if (length < 0) throw std::invalid_argument("length must be >= 0, got " + std::to_string(length));
@@ -148,21 +324,21 @@ PYBIND11_MODULE(_C, m) {
            [](const AutomatonView& v, int64_t s) { check_state(v, s); return v.length(static_cast<int32_t>(s)); })
       .def("state_count",
            [](const AutomatonView& v, int64_t s) { check_state(v, s); return v.count(static_cast<int32_t>(s)); })
-      .def("children", [](const AutomatonView& v, int64_t s) {
-        check_state(v, s);
-        std::vector<Edge> edges;
-        v.children(static_cast<int32_t>(s), &edges);
-        std::vector<std::pair<int32_t, int32_t>> out;
-        for (const Edge& e : edges) out.emplace_back(e.token, e.target);
-        return out;
-      });
+      .def("children",
+           [](const AutomatonView& v, int64_t s) {
+             check_state(v, s);
+             std::vector<Edge> edges;
+             v.children(static_cast<int32_t>(s), &edges);
+             py::dict out;
+             for (const Edge& e : edges) out[py::int_(e.token)] = e.target;
+             return out;
+           },
+           "{token: target state} of the state's transitions");
 
   // ---- mutable automaton ----
   py::class_<SuffixAutomaton, AutomatonView>(m, "SuffixAutomaton")
       .def(py::init<>())
       .def("start_document", &SuffixAutomaton::start_document)
-      .def("_set_limits_for_testing", &SuffixAutomaton::set_limits_for_testing, py::arg("max_states"),
-           py::arg("max_edges"))
       .def("extend", &SuffixAutomaton::extend, py::arg("token"))
       .def("extend_many",
            [](SuffixAutomaton& sam, const TokenArray& a) {
@@ -226,8 +402,98 @@ PYBIND11_MODULE(_C, m) {
       .def_property_readonly("format_version", [](const FrozenIndex& f) { return f.header().version; })
       .def_property_readonly("checksum", [](const FrozenIndex& f) { return f.header().checksum; });
 
-  // ---- matcher ----
-  py::class_<Matcher>(m, "Matcher")
+  // ---- drafting ----
+  g_draft_arrays_type = PyStructSequence_NewType(&kDraftArraysDesc);
+  if (g_draft_arrays_type == nullptr) throw py::error_already_set();
+  // The global keeps its own reference: the type outlives any change to the module's attributes.
+  m.attr("DraftArrays") = py::reinterpret_borrow<py::object>(reinterpret_cast<PyObject*>(g_draft_arrays_type));
+
+  py::class_<CursorState>(m, "CursorState", "Where a copy cursor stands (csrc/copy_cursor.h).")
+      .def_readonly("align", &CursorState::align)
+      .def_readonly("run", &CursorState::run)
+      .def_readonly("anchor", &CursorState::anchor);
+
+  py::class_<CopyCandidate>(m, "CopyCandidate", "A reference position where the output may go on copying "
+                                                "(csrc/copy_cursor.h).")
+      .def_readonly("pos", &CopyCandidate::pos)
+      .def_readonly("end", &CopyCandidate::end)
+      .def_readonly("match", &CopyCandidate::match)
+      .def_readonly("weight", &CopyCandidate::weight);
+
+  py::class_<ProposerCore>(m, "ProposerCore")
+      .def(py::init([](int32_t max_depth) {
+             if (max_depth < 1) throw std::invalid_argument("max_depth must be >= 1, got " + std::to_string(max_depth));
+             return std::make_unique<ProposerCore>(max_depth);
+           }),
+           py::arg("max_depth"))
+      .def("set_context", &ProposerCore::set_context, py::arg("sam"), py::arg("params"), py::arg("source_id"),
+           py::arg("loop_decay") = 1.0f, py::keep_alive<1, 2>())
+      .def(
+          "add_matcher_source",
+          [](ProposerCore& p, const AutomatonView* view, const SourceParams& params, int32_t source_id) {
+            p.add_matcher_source({non_null(view)}, params, source_id);
+          },
+          py::arg("view"), py::arg("params"), py::arg("source_id"), py::keep_alive<1, 2>())
+      .def(
+          "add_matcher_source",
+          [](ProposerCore& p, const py::tuple& shards, const SourceParams& params, int32_t source_id) {
+            std::vector<const AutomatonView*> views;
+            for (py::handle shard : shards) views.push_back(non_null(shard.cast<const AutomatonView*>()));
+            p.add_matcher_source(views, params, source_id);
+          },
+          py::arg("shards"), py::arg("params"), py::arg("source_id"), py::keep_alive<1, 2>(),
+          "shards: a tuple of automata over disjoint documents, drafted as one corpus")
+      .def("feed",
+           [](ProposerCore& p, const ExactTokenArray& a) {
+             Tokens t = tokens_of(a, "tokens");
+             py::gil_scoped_release release;
+             p.feed(t.data, t.size);
+           },
+           py::arg("tokens").noconvert(), "tokens: a C-contiguous int32 array (anything else is a TypeError)")
+      .def("propose",
+           [](ProposerCore& p, int32_t max_nodes) {
+             if (max_nodes < 0) throw std::invalid_argument("max_nodes must be >= 0, got " + std::to_string(max_nodes));
+             DraftResult r;
+             {
+               py::gil_scoped_release release;
+               p.propose(max_nodes, &r);
+             }
+             return draft_arrays(r);
+           },
+           py::arg("max_nodes"))
+      .def("set_backoff", &ProposerCore::set_backoff, py::arg("backoff"), py::arg("min_backoff_len"))
+      .def(
+          "set_cursor",
+          [](ProposerCore& p, int32_t source_id, const CursorParams& params) {
+            py::gil_scoped_release release;
+            p.set_cursor(source_id, params);
+          },
+          py::arg("source_id"), py::arg("params"))
+      .def("start_output", &ProposerCore::start_output)
+      .def("cursor_state", &ProposerCore::cursor_state, py::arg("source_id"))
+      .def("cursor_candidates", &ProposerCore::cursor_candidates, py::arg("source_id"), "best first")
+      .def(
+          "match_lengths",
+          [](ProposerCore& p) {
+            py::dict out;
+            for (const ProposerCore::SourceMatch& s : p.match_lengths()) out[py::int_(s.source_id)] = s.match_len;
+            return out;
+          },
+          "{source_id: match length}");
+
+  m.attr("FORMAT_VERSION") = kFormatVersion;
+
+  // ---- test-only entry points ----
+  py::module_ testing = m.def_submodule("testing", "Entry points for tests only: not used by refdec itself.");
+  testing.def(
+      "set_limits",
+      [](SuffixAutomaton& sam, int64_t max_states, int64_t max_edges) {
+        sam.set_limits_for_testing(max_states, max_edges);
+      },
+      py::arg("sam"), py::arg("max_states"), py::arg("max_edges"),
+      "Lowers the automaton's state / hashed-edge limits to exercise its 'full' error.");
+
+  py::class_<Matcher>(testing, "Matcher", "Longest-suffix matching of a token stream (csrc/matcher.h).")
       .def(py::init([](const AutomatonView* view) { return std::make_unique<Matcher>(non_null(view)); }),
            py::arg("view"), py::keep_alive<1, 2>())
       .def("reset", &Matcher::reset)
@@ -240,119 +506,39 @@ PYBIND11_MODULE(_C, m) {
       .def_property_readonly("state", &Matcher::state)
       .def_property_readonly("match_length", &Matcher::match_length);
 
-  // ---- draft trees ----
-  m.def(
+  py::class_<DraftSource>(testing, "DraftSource", "One source of a draft: an automaton matched at a state "
+                                                  "(csrc/draft_tree.h).")
+      .def(py::init([](const AutomatonView* view, int32_t state, int32_t match_len, const SourceParams& params,
+                       int32_t source_id) {
+             check_state(*non_null(view), state);
+             DraftSource s;
+             s.view = view;
+             s.state = state;
+             s.match_len = match_len;
+             s.params = params;
+             s.source_id = source_id;
+             return s;
+           }),
+           py::arg("view"), py::arg("state"), py::arg("match_len"), py::arg("params") = SourceParams(),
+           py::arg("source_id") = 0, py::keep_alive<1, 2>())
+      .def_readonly("state", &DraftSource::state)
+      .def_readonly("match_len", &DraftSource::match_len)
+      .def_readonly("params", &DraftSource::params)
+      .def_readonly("source_id", &DraftSource::source_id);
+
+  testing.def(
       "build_draft",
-      [](const std::vector<std::tuple<const AutomatonView*, int32_t, int32_t, float, float, int32_t>>& specs,
-         int32_t max_nodes, int32_t max_depth) {
+      [](const std::vector<DraftSource>& sources, int32_t max_nodes, int32_t max_depth) {
         if (max_nodes < 0) throw std::invalid_argument("max_nodes must be >= 0, got " + std::to_string(max_nodes));
         if (max_depth < 0) throw std::invalid_argument("max_depth must be >= 0, got " + std::to_string(max_depth));
-        std::vector<DraftSource> sources;
-        for (const auto& t : specs) {
-          DraftSource s;
-          s.view = std::get<0>(t);
-          s.state = std::get<1>(t);
-          s.match_len = std::get<2>(t);
-          s.weight = std::get<3>(t);
-          s.half_len = std::get<4>(t);
-          s.source_id = std::get<5>(t);
-          if (s.view == nullptr) throw std::invalid_argument("source automaton must not be None");
-          check_state(*s.view, s.state);
-          sources.push_back(s);
-        }
         DraftResult r;
         {
           py::gil_scoped_release release;
           DraftTreeBuilder builder;
           builder.build(sources, max_nodes, max_depth, &r);
         }
-        return draft_to_numpy(r);
+        return draft_arrays(r);
       },
       py::arg("sources"), py::arg("max_nodes"), py::arg("max_depth"),
-      "sources: list of (automaton, state, match_len, weight, half_len, source_id); returns "
-      "(token_ids int32[n], parents int32[n], scores float32[n], source_ids int32[n])");
-
-  py::class_<ProposerCore>(m, "ProposerCore")
-      .def(py::init([](int32_t max_depth) {
-             if (max_depth < 1) throw std::invalid_argument("max_depth must be >= 1, got " + std::to_string(max_depth));
-             return std::make_unique<ProposerCore>(max_depth);
-           }),
-           py::arg("max_depth"))
-      .def("set_context", &ProposerCore::set_context, py::arg("sam"), py::arg("weight"), py::arg("half_len"),
-           py::arg("source_id"), py::arg("loop_decay") = 1.0f, py::keep_alive<1, 2>())
-      .def(
-          "add_matcher_source",
-          [](ProposerCore& p, const AutomatonView* view, float weight, float half_len, int32_t source_id) {
-            p.add_matcher_source(non_null(view), weight, half_len, source_id);
-          },
-          py::arg("view"), py::arg("weight"), py::arg("half_len"), py::arg("source_id"), py::keep_alive<1, 2>())
-      .def("feed",
-           [](ProposerCore& p, const TokenArray& a) {
-             Tokens t = tokens_of(a, "tokens");
-             py::gil_scoped_release release;
-             p.feed(t.data, t.size);
-           })
-      .def("propose",
-           [](ProposerCore& p, int32_t max_nodes) {
-             if (max_nodes < 0) throw std::invalid_argument("max_nodes must be >= 0, got " + std::to_string(max_nodes));
-             DraftResult r;
-             {
-               py::gil_scoped_release release;
-               p.propose(max_nodes, &r);
-             }
-             return draft_to_numpy(r);
-           },
-           py::arg("max_nodes"))
-      .def("set_backoff", &ProposerCore::set_backoff, py::arg("backoff"), py::arg("min_backoff_len"))
-      .def(
-          "set_cursor",
-          [](ProposerCore& p, int32_t source_id, const py::dict& kw) {
-            CursorParams c;
-            for (auto item : kw) {
-              const std::string key = py::str(item.first);
-              py::handle v = item.second;
-              if (key == "match_gain") c.match_gain = v.cast<float>();
-              else if (key == "match_cap") c.match_cap = v.cast<int32_t>();
-              else if (key == "distance_gain") c.distance_gain = v.cast<float>();
-              else if (key == "distance_scale") c.distance_scale = v.cast<float>();
-              else if (key == "back_penalty") c.back_penalty = v.cast<float>();
-              else if (key == "null_score") c.null_score = v.cast<float>();
-              else if (key == "anchor_bonus") c.anchor_bonus = v.cast<float>();
-              else if (key == "diag_bonus") c.diag_bonus = v.cast<float>();
-              else if (key == "copy_decay") c.copy_decay = v.cast<float>();
-              else if (key == "depth_decay") c.depth_decay = v.cast<float>();
-              else if (key == "decay_levels") c.decay_levels = v.cast<int32_t>();
-              else if (key == "hazard_power") c.hazard_power = v.cast<float>();
-              else if (key == "hazard_scale") c.hazard_scale = v.cast<float>();
-              else if (key == "copy_hazard_power") c.copy_hazard_power = v.cast<float>();
-              else if (key == "copy_hazard_scale") c.copy_hazard_scale = v.cast<float>();
-              else if (key == "confirm_run") c.confirm_run = v.cast<int32_t>();
-              else if (key == "start_run") c.start_run = v.cast<int32_t>();
-              else if (key == "max_candidates") c.max_candidates = v.cast<int32_t>();
-              else if (key == "max_backoff") c.max_backoff = v.cast<int32_t>();
-              else if (key == "max_scan") c.max_scan = v.cast<int32_t>();
-              else if (key == "max_substitutions") c.max_substitutions = v.cast<int32_t>();
-              else if (key == "unigram_k") c.unigram_k = v.cast<int32_t>();
-              else if (key == "unigram_weight") c.unigram_weight = v.cast<float>();
-              else if (key == "unigram_below") c.unigram_below = v.cast<float>();
-              else throw std::invalid_argument("unknown cursor parameter " + key);
-            }
-            py::gil_scoped_release release;
-            p.set_cursor(source_id, c);
-          },
-          py::arg("source_id"), py::arg("params"),
-          "params: dict of CursorParams fields (copy_cursor.h); missing fields keep their defaults")
-      .def("start_output", &ProposerCore::start_output)
-      .def("cursor_state", &ProposerCore::cursor_state, py::arg("source_id"))
-      .def(
-          "cursor_candidates",
-          [](const ProposerCore& p, int32_t source_id) {
-            std::vector<std::tuple<int64_t, int32_t, float>> out;
-            for (const CopyCandidate& c : p.cursor_candidates(source_id)) out.emplace_back(c.pos, c.match, c.weight);
-            return out;
-          },
-          py::arg("source_id"), "[(token_pos, match, weight)], best first")
-      .def("match_lengths", &ProposerCore::match_lengths);
-
-  m.attr("FORMAT_VERSION") = kFormatVersion;
+      "The best-first draft tree over the sources (DraftTreeBuilder), as DraftArrays.");
 }

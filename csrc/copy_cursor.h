@@ -9,6 +9,7 @@
 
 #include "automaton_view.h"
 #include "draft_tree.h"
+#include "params.h"
 
 namespace refdec {
 
@@ -35,7 +36,8 @@ class OccurrenceIndex {
   std::vector<int32_t> positions_;   // end positions in link-tree DFS order
 };
 
-// Tuning of the cursor (see CopyCursor).
+// Tuning of the cursor (see CopyCursor). Valid ranges: kCursorParamFields
+// below. Python: refdec.proposer.CursorParams (fields by keyword, checked).
 struct CursorParams {
   // Log-odds that the output continues at a reference position q:
   //   match_gain * min(l, match_cap) - distance_gain * log(1 + d / distance_scale)
@@ -101,6 +103,45 @@ struct CursorParams {
   // Occurrence lists longer than this are not scanned (the suffix is too
   // short to say where the output is).
   int32_t max_scan = 16384;
+};
+
+// Every CursorParams field, in declaration order, with its valid range (the
+// fields that size per-request buffers are capped: match_cap 2**31 - 1 would
+// allocate 8 GB).
+inline constexpr ParamField<CursorParams> kCursorParamFields[] = {
+    real_field("match_gain", &CursorParams::match_gain, -kInf, kInf),
+    int_field("match_cap", &CursorParams::match_cap, 1, 4096),
+    real_field("distance_gain", &CursorParams::distance_gain),
+    real_field("distance_scale", &CursorParams::distance_scale, 1e-3),
+    real_field("back_penalty", &CursorParams::back_penalty),
+    real_field("null_score", &CursorParams::null_score, -kInf, kInf),
+    real_field("anchor_bonus", &CursorParams::anchor_bonus, -kInf, kInf),
+    real_field("diag_bonus", &CursorParams::diag_bonus, -kInf, kInf),
+    real_field("copy_decay", &CursorParams::copy_decay, 0.0, 1.0),
+    real_field("depth_decay", &CursorParams::depth_decay, 0.0, 1.0),
+    int_field("decay_levels", &CursorParams::decay_levels, 1),
+    real_field("hazard_power", &CursorParams::hazard_power),
+    real_field("hazard_scale", &CursorParams::hazard_scale, 1e-3),
+    real_field("copy_hazard_power", &CursorParams::copy_hazard_power),
+    real_field("copy_hazard_scale", &CursorParams::copy_hazard_scale, 1e-3),
+    int_field("confirm_run", &CursorParams::confirm_run),
+    int_field("start_run", &CursorParams::start_run),
+    int_field("max_candidates", &CursorParams::max_candidates, 1, 4096),
+    int_field("max_backoff", &CursorParams::max_backoff, 0, 4096),
+    int_field("unigram_k", &CursorParams::unigram_k, 0, 65536),
+    real_field("unigram_weight", &CursorParams::unigram_weight, 0.0, 1.0),
+    real_field("unigram_below", &CursorParams::unigram_below),
+    int_field("max_substitutions", &CursorParams::max_substitutions, 0, 65536),
+    int_field("max_scan", &CursorParams::max_scan),
+};
+static_assert(sizeof(CursorParams) == sizeof(kCursorParamFields) / sizeof(kCursorParamFields[0]) * 4,
+              "every CursorParams field (all 4 bytes) needs its entry in kCursorParamFields");
+
+// Where a cursor stands (CopyCursor's align(), run(), anchor()).
+struct CursorState {
+  int64_t align = -1;   // reference position of the next token if the output keeps copying, -1 = none
+  int32_t run = 0;      // aligned tokens in a row
+  int64_t anchor = -1;  // where the last confirmed copy stopped, -1 = none
 };
 
 // A reference position where the output may go on copying.
@@ -170,29 +211,35 @@ class CopyCursor {
   // Softmax of the candidates' log-odds (kept in weight) with the null score; sorts best first.
   void normalise();
 
-  const OccurrenceIndex* occ_;  // not owned
-  CursorParams params_;
-  int64_t align_ = -1;
-  int64_t align_end_ = 0;  // end of the document holding align_ - 1
-  int32_t run_ = 0;
-  int64_t anchor_ = 0;
-  int64_t since_ = 0;  // output tokens since anchor_ was set
-  std::vector<CopyCandidate> candidates_;
-  std::vector<int32_t> tail_;  // ring buffer of the last match_cap output tokens
-  std::vector<std::pair<int32_t, float>> unigrams_;
-  // Substitution bookkeeping: counts per learnt pair, and the pending one
-  // (a mismatch at align whose next token will tell).
-  struct SubCount {
-    int32_t from, to;
-    int32_t hits, misses;
-  };
-  std::vector<SubCount> sub_counts_;
-  std::vector<Substitution> substitutions_;
-  int32_t pending_from_ = -1, pending_to_ = -1;
-  int64_t pending_next_ = -1;  // reference position the next token must equal
+  // Counts a learnt substitution (from -> to) once more; a new pair replaces any older one for `from`.
   void learn(int32_t from, int32_t to);
-  void refresh_substitutions();  // (1-token state, share), most frequent first
-  int64_t fed_ = 0;            // output tokens seen
+  // Rebuilds substitutions_ from sub_counts_.
+  void refresh_substitutions();
+
+  // Counts of one learnt substitution.
+  struct SubCount {
+    int32_t from;    // reference token
+    int32_t to;      // output token written in its place
+    int32_t hits;    // times the copy went on right after the substitution
+    int32_t misses;  // times `from` was copied unchanged since it was learnt
+  };
+
+  const OccurrenceIndex* occ_;             // occurrences of the reference (not owned)
+  CursorParams params_;                    // tuning (match_cap, max_candidates, distance_scale clamped valid)
+  int64_t align_ = -1;                     // see align()
+  int64_t align_end_ = 0;                  // end of the document holding align_ - 1
+  int32_t run_ = 0;                        // see run()
+  int64_t anchor_ = 0;                     // see anchor()
+  int64_t since_ = 0;                      // output tokens since anchor_ was set
+  int64_t fed_ = 0;                        // output tokens seen
+  std::vector<CopyCandidate> candidates_;  // see candidates()
+  std::vector<int32_t> tail_;              // ring buffer of the last match_cap output tokens
+  std::vector<std::pair<int32_t, float>> unigrams_;  // (1-token state, share of the reference), most frequent first
+  std::vector<SubCount> sub_counts_;       // learnt substitutions, the latest first
+  std::vector<Substitution> substitutions_;  // the same as probabilities, for the draft builder
+  int32_t pending_from_ = -1;              // a mismatch at align: the reference token ...
+  int32_t pending_to_ = -1;                // ... the output token written instead ...
+  int64_t pending_next_ = -1;              // ... and the reference position the next token must equal (-1 = none)
 };
 
 }  // namespace refdec

@@ -477,19 +477,37 @@ int64_t FrozenIndex::unique_end_pos(int32_t state) const {
   return is_leaf(state) ? static_cast<int64_t>(state - num_internal_) : -1;
 }
 
-void FrozenIndex::children(int32_t state, std::vector<Edge>* out) const {
+bool FrozenIndex::children(int32_t state, std::vector<Edge>* out, size_t max_children) const {
   out->clear();
   if (state >= 0 && state < num_internal_) {
     uint64_t lo = edge_offsets_[state];
     uint64_t hi = std::min<uint64_t>(edge_offsets_[state + 1], static_cast<uint64_t>(num_edges_));
-    for (uint64_t i = std::min(lo, hi); i < hi; ++i) {
+    lo = std::min(lo, hi);
+    if (hi - lo > max_children) return false;
+    for (uint64_t i = lo; i < hi; ++i) {
       const int32_t target = edge_targets_[i];
       if (target >= 0 && target < num_states()) out->push_back({edge_tokens_[i], target});
     }
   } else if (is_leaf(state)) {
     const int64_t p = state - num_internal_;
-    if (p + 1 < document_end(p)) out->push_back({tokens_[p + 1], state + 1});
+    if (p + 1 < document_end(p)) {
+      if (max_children < 1) return false;
+      out->push_back({tokens_[p + 1], state + 1});
+    }
   }
+  return true;
+}
+
+int64_t FrozenIndex::num_children(int32_t state) const {
+  if (state >= 0 && state < num_internal_) {
+    const uint64_t hi = std::min<uint64_t>(edge_offsets_[state + 1], static_cast<uint64_t>(num_edges_));
+    return static_cast<int64_t>(hi - std::min<uint64_t>(edge_offsets_[state], hi));
+  }
+  if (is_leaf(state)) {
+    const int64_t p = state - num_internal_;
+    return p + 1 < document_end(p) ? 1 : 0;
+  }
+  return 0;
 }
 
 }  // namespace refdec

@@ -118,7 +118,9 @@ class FrozenIndex : public AutomatonView {
   int32_t length(int32_t state) const override;
   int64_t count(int32_t state) const override;
   int64_t unique_end_pos(int32_t state) const override;
-  void children(int32_t state, std::vector<Edge>* out) const override;
+  using AutomatonView::children;
+  bool children(int32_t state, std::vector<Edge>* out, size_t max_children) const override;
+  int64_t num_children(int32_t state) const override;
   int64_t num_tokens() const override { return num_tokens_; }
   int32_t token_at(int64_t token_pos) const override;
   int64_t num_documents() const override { return num_documents_; }

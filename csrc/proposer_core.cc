@@ -6,22 +6,23 @@
 
 namespace refdec {
 
-void ProposerCore::set_context(SuffixAutomaton* sam, float weight, float half_len, int32_t source_id,
+void ProposerCore::set_context(SuffixAutomaton* sam, const SourceParams& params, int32_t source_id,
                                float loop_decay) {
   context_ = sam;
   context_params_.view = sam;
-  context_params_.weight = weight;
-  context_params_.half_len = half_len;
+  context_params_.params = params;
   context_params_.source_id = source_id;
   context_params_.live = true;
   context_params_.loop_decay = loop_decay;
 }
 
-void ProposerCore::add_matcher_source(const AutomatonView* view, float weight, float half_len, int32_t source_id) {
-  MatchedSource m{Matcher(view), DraftSource{}};
-  m.params.view = view;
-  m.params.weight = weight;
-  m.params.half_len = half_len;
+void ProposerCore::add_matcher_source(const std::vector<const AutomatonView*>& automata, const SourceParams& params,
+                                      int32_t source_id) {
+  if (automata.empty()) throw std::invalid_argument("a matcher source needs at least one automaton");
+  MatchedSource m;
+  for (const AutomatonView* view : automata) m.matchers.emplace_back(view);
+  m.params.view = automata.size() == 1 ? automata[0] : nullptr;
+  m.params.params = params;
   m.params.source_id = source_id;
   matched_.push_back(m);
 }
@@ -29,7 +30,7 @@ void ProposerCore::add_matcher_source(const AutomatonView* view, float weight, f
 void ProposerCore::feed(const int32_t* tokens, int64_t n) {
   for (int64_t i = 0; i < n; ++i) {
     if (tokens[i] < 0)
-      throw std::invalid_argument("token ids must be >= 0; tokens[" + std::to_string(i) + "] = " +
+      throw std::invalid_argument("tokens must be token ids in [0, 2**31); tokens[" + std::to_string(i) + "] = " +
                                   std::to_string(tokens[i]));
   }
   // Step 1. The context automaton grows by the tokens (one open document).
@@ -38,12 +39,13 @@ void ProposerCore::feed(const int32_t* tokens, int64_t n) {
   // the output started.
   for (MatchedSource& m : matched_) {
     if (!output_started_ || !m.cursor) {
-      m.matcher.advance_many(tokens, n);
+      for (Matcher& matcher : m.matchers) matcher.advance_many(tokens, n);
       continue;
     }
+    Matcher& matcher = m.matchers[0];
     for (int64_t i = 0; i < n; ++i) {
-      m.matcher.advance(tokens[i]);
-      m.cursor->advance(tokens[i], m.matcher.state(), m.matcher.match_length());
+      matcher.advance(tokens[i]);
+      m.cursor->advance(tokens[i], matcher.state(), matcher.match_length());
     }
   }
 }
@@ -52,6 +54,9 @@ void ProposerCore::set_cursor(int32_t source_id, const CursorParams& params) {
   bool found = false;
   for (MatchedSource& m : matched_) {
     if (m.params.source_id != source_id) continue;
+    if (m.matchers.size() != 1)
+      throw std::invalid_argument("the copy cursor needs one automaton, source_id " + std::to_string(source_id) +
+                                  " has " + std::to_string(m.matchers.size()) + " shards");
     found = true;
     m.occurrences = std::make_shared<OccurrenceIndex>(m.params.view);
     m.cursor = std::make_shared<CopyCursor>(m.occurrences.get(), params);
@@ -66,10 +71,10 @@ void ProposerCore::start_output() {
     if (m.cursor) m.cursor->reset();
 }
 
-std::tuple<int64_t, int32_t, int64_t> ProposerCore::cursor_state(int32_t source_id) const {
+CursorState ProposerCore::cursor_state(int32_t source_id) const {
   for (const MatchedSource& m : matched_)
     if (m.params.source_id == source_id && m.cursor) return {m.cursor->align(), m.cursor->run(), m.cursor->anchor()};
-  return {-1, 0, -1};
+  return CursorState{};
 }
 
 std::vector<CopyCandidate> ProposerCore::cursor_candidates(int32_t source_id) const {
@@ -86,7 +91,7 @@ void ProposerCore::push_cursor_sources(const MatchedSource& m) {
   for (const CopyCandidate& c : cands) {
     s.copy_from = c.pos;
     s.copy_end = c.end;
-    s.weight = c.weight;
+    s.params.weight = c.weight;
     s.evidence = static_cast<float>(c.pos == m.cursor->align() ? m.cursor->run() : c.match);
     sources_.push_back(s);
   }
@@ -97,7 +102,7 @@ void ProposerCore::push_cursor_sources(const MatchedSource& m) {
     for (const CopyCandidate& c : unigrams_) {
       s.copy_from = c.pos;
       s.copy_end = c.end;
-      s.weight = c.weight;
+      s.params.weight = c.weight;
       s.evidence = 0.0f;
       sources_.push_back(s);
     }
@@ -105,22 +110,17 @@ void ProposerCore::push_cursor_sources(const MatchedSource& m) {
 }
 
 void ProposerCore::propose(int32_t max_nodes, DraftResult* out) {
-  // Step 1. Snapshot every source's current match.
+  // Step 1. Snapshot every source's current match, and its back-off levels.
   sources_.clear();
+  next_group_ = 0;
   if (context_ != nullptr) {
-    DraftSource s = context_params_;
-    s.state = context_->match_state();
-    s.match_len = context_->length(s.state);
-    s.evidence = static_cast<float>(s.match_len);
-    push_source(s);
+    const int32_t state = context_->match_state();
+    matches_.assign(1, AutomatonMatch{context_, state, context_->length(state)});
+    push_levels(context_params_, top_level(false));
   }
   for (const MatchedSource& m : matched_) {
-    DraftSource s = m.params;
-    s.state = m.matcher.state();
-    s.match_len = m.matcher.match_length();
-    with_continuation(&s);
-    s.evidence = static_cast<float>(s.match_len);
-    push_source(s);
+    match_automata(m);
+    push_levels(m.params, top_level(true));
     if (output_started_ && m.cursor) push_cursor_sources(m);
   }
   // Step 2. Depth decay of the whole tree from the cursor's best candidate.
@@ -157,48 +157,88 @@ void ProposerCore::propose(int32_t max_nodes, DraftResult* out) {
   builder_.build(sources_, max_nodes, max_depth_, out);
 }
 
-void ProposerCore::with_continuation(DraftSource* s) {
-  while (s->match_len > 0) {
-    s->view->children(s->state, &edges_);
-    if (!edges_.empty()) return;
-    const int32_t l = s->view->link(s->state);
-    const int32_t len = l == kNoState ? 0 : s->view->length(l);
-    if (l == kNoState || len >= s->match_len) {
-      s->state = kRoot;
-      s->match_len = 0;
-      return;
+void ProposerCore::match_automata(const MatchedSource& m) {
+  matches_.clear();
+  for (const Matcher& matcher : m.matchers)
+    matches_.push_back({matcher.view(), matcher.state(), matcher.match_length()});
+}
+
+int32_t ProposerCore::top_level(bool continuation) {
+  // Step 1. The longest match over the automata.
+  int32_t len = 0;
+  for (const AutomatonMatch& a : matches_) len = std::max(len, a.len);
+  level_states_.assign(matches_.size(), kNoState);
+  set_level(len);
+  // Step 2. Shorter while no automaton holding the suffix continues it.
+  while (continuation && len > 0) {
+    for (size_t k = 0; k < matches_.size(); ++k)
+      if (level_states_[k] != kNoState && matches_[k].view->num_children(level_states_[k]) > 0) return len;
+    len = shorter(len);
+    set_level(len);
+  }
+  return len;
+}
+
+void ProposerCore::set_level(int32_t len) {
+  for (size_t k = 0; k < matches_.size(); ++k) {
+    const AutomatonMatch& a = matches_[k];
+    if (len <= 0 || a.len < len) {
+      level_states_[k] = kNoState;
+      continue;
     }
-    s->state = l;
-    s->match_len = len;
+    // Up the suffix links from the previous (longer) level, or the match:
+    // the state whose lengths (len(link), len(state)] hold `len`.
+    int32_t state = level_states_[k] != kNoState ? level_states_[k] : a.state;
+    for (int32_t l = a.view->link(state); l != kNoState && a.view->length(l) >= len; l = a.view->link(state))
+      state = l;
+    level_states_[k] = state;
   }
 }
 
-void ProposerCore::push_source(DraftSource s) {
-  if (s.match_len <= 0) return;
-  sources_.push_back(s);
-  // Shorter suffixes of the match: the suffix-link chain (strictly shorter
-  // lengths; the bound also guards against a corrupted automaton).
-  for (int32_t i = 0; i < backoff_; ++i) {
-    const int32_t l = s.view->link(s.state);
-    if (l == kNoState || l == kRoot) break;
-    const int32_t len = s.view->length(l);
-    if (len < min_backoff_len_ || len >= s.match_len) break;
-    s.state = l;
-    s.match_len = len;
-    s.evidence = static_cast<float>(len);
-    sources_.push_back(s);
+int32_t ProposerCore::shorter(int32_t len) const {
+  // An automaton holding the suffix: its link; one not holding it: its own
+  // (shorter) match, which the suffix's occurrences there start to include.
+  int32_t next = 0;
+  for (size_t k = 0; k < matches_.size(); ++k) {
+    if (level_states_[k] == kNoState) {
+      next = std::max(next, matches_[k].len);
+      continue;
+    }
+    const int32_t l = matches_[k].view->link(level_states_[k]);
+    if (l != kNoState) next = std::max(next, matches_[k].view->length(l));
+  }
+  return next < len ? next : 0;  // strictly shorter (a corrupted automaton may say otherwise)
+}
+
+void ProposerCore::push_levels(const DraftSource& base, int32_t len) {
+  for (int32_t level = 0; len > 0; ++level) {
+    // Step 1. The level's sources: one per automaton holding the suffix.
+    const int32_t group = matches_.size() > 1 ? next_group_++ : -1;
+    for (size_t k = 0; k < matches_.size(); ++k) {
+      if (level_states_[k] == kNoState) continue;
+      DraftSource s = base;
+      s.view = matches_[k].view;
+      s.state = level_states_[k];
+      s.match_len = len;
+      s.evidence = static_cast<float>(len);
+      s.group = group;
+      sources_.push_back(s);
+    }
+    // Step 2. The next shorter suffix, while back-off allows.
+    if (level == backoff_) return;
+    const int32_t next = shorter(len);
+    if (next <= 0 || next < min_backoff_len_) return;
+    len = next;
+    set_level(len);
   }
 }
 
-std::vector<std::pair<int32_t, int32_t>> ProposerCore::match_lengths() {
-  std::vector<std::pair<int32_t, int32_t>> out;
-  if (context_ != nullptr) out.emplace_back(context_params_.source_id, context_->length(context_->match_state()));
+std::vector<ProposerCore::SourceMatch> ProposerCore::match_lengths() {
+  std::vector<SourceMatch> out;
+  if (context_ != nullptr) out.push_back({context_params_.source_id, context_->length(context_->match_state())});
   for (const MatchedSource& m : matched_) {
-    DraftSource s = m.params;
-    s.state = m.matcher.state();
-    s.match_len = m.matcher.match_length();
-    with_continuation(&s);
-    out.emplace_back(s.source_id, s.match_len);
+    match_automata(m);
+    out.push_back({m.params.source_id, top_level(true)});
   }
   return out;
 }

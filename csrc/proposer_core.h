@@ -5,7 +5,6 @@
 
 #include <cstdint>
 #include <memory>
-#include <tuple>
 #include <vector>
 
 #include "automaton_view.h"
@@ -18,29 +17,34 @@ namespace refdec {
 
 // Holds the sources of one request. The context source is a SuffixAutomaton
 // that feed() extends (its match is link(last): the longest suffix of the
-// context that occurred before with a continuation); every other source is a
-// Matcher that feed() advances. Automata are not owned and must outlive the
-// core. Not thread-safe (one per request).
+// context that occurred before with a continuation); every other source is
+// matched by a Matcher per automaton that feed() advances. A source may be the
+// shards of one corpus (several automata over disjoint documents): it drafts
+// exactly as one automaton over all their documents would (the longest match
+// over the shards; at each node the continuation counts of the shards where the
+// string occurs, summed). Automata are not owned and must outlive the core.
+// Not thread-safe (one per request).
 class ProposerCore {
  public:
   explicit ProposerCore(int32_t max_depth) : max_depth_(max_depth) {}
 
-  // Sets the live-context source (at most one).
-  void set_context(SuffixAutomaton* sam, float weight, float half_len, int32_t source_id, float loop_decay);
-  // Adds a source matched against the context stream.
-  void add_matcher_source(const AutomatonView* view, float weight, float half_len, int32_t source_id);
-  // Editing mode for the matcher sources with this source_id (their automata
-  // must be complete: an OccurrenceIndex is built over each): from
+  // Sets the live-context source (at most one); loop_decay as DraftSource::loop_decay.
+  void set_context(SuffixAutomaton* sam, const SourceParams& params, int32_t source_id, float loop_decay);
+  // Adds a source matched against the context stream: one automaton, or the
+  // shards of one corpus (throws std::invalid_argument when empty).
+  void add_matcher_source(const std::vector<const AutomatonView*>& automata, const SourceParams& params,
+                          int32_t source_id);
+  // Editing mode for the matcher sources with this source_id (one complete
+  // automaton each, not shards: an OccurrenceIndex is built over it): from
   // start_output() on, a CopyCursor follows the output through the reference
   // and propose() adds its candidates as fixed-copy sources (see copy_cursor.h). Throws
-  // std::invalid_argument if no matcher source has the id.
+  // std::invalid_argument if no matcher source has the id, or one has shards.
   void set_cursor(int32_t source_id, const CursorParams& params);
   // The tokens fed from now on are the output: cursors start tracking them
   // (anchor at the start of the reference). Call after feeding the prompt.
   void start_output();
-  // (align, run, anchor) of the cursor of the first source with the id, or
-  // (-1, 0, -1) when it has none.
-  std::tuple<int64_t, int32_t, int64_t> cursor_state(int32_t source_id) const;
+  // The cursor of the first source with the id (CursorState{} when it has none).
+  CursorState cursor_state(int32_t source_id) const;
   // The cursor's current candidates (best first) of the first source with the id.
   std::vector<CopyCandidate> cursor_candidates(int32_t source_id) const;
   // Appends tokens to the context: extends the context automaton and advances
@@ -56,30 +60,50 @@ class ProposerCore {
   }
   // Best-first draft tree of at most max_nodes nodes.
   void propose(int32_t max_nodes, DraftResult* out);
-  // (source_id, match length) per source: the longest suffix of the context
-  // that occurs in the source with a continuation.
-  std::vector<std::pair<int32_t, int32_t>> match_lengths();
+  // One source's match: the longest suffix of the context that occurs in it
+  // with a continuation.
+  struct SourceMatch {
+    int32_t source_id;  // as given to set_context / add_matcher_source
+    int32_t match_len;  // its length (0 = none)
+  };
+  // Every source's match, the context first.
+  std::vector<SourceMatch> match_lengths();
   int32_t max_depth() const { return max_depth_; }
 
  private:
   // A matched source.
   struct MatchedSource {
-    Matcher matcher;   // position in the source's automaton
-    DraftSource params;  // weight, half_len, source_id (view/state/match_len filled per call)
+    std::vector<Matcher> matchers;  // one per automaton (the shards of a corpus; usually one)
+    DraftSource params;             // params, source_id (view: the single automaton; state, match_len per call)
     std::shared_ptr<OccurrenceIndex> occurrences;  // editing mode only
     std::shared_ptr<CopyCursor> cursor;            // editing mode only
   };
+  // Where the context's longest suffix stands in one automaton of a source.
+  struct AutomatonMatch {
+    const AutomatonView* view;  // the automaton (not owned)
+    int32_t state;              // state holding the longest suffix of the context that occurs in it
+    int32_t len;                // that suffix's length
+  };
   // Appends the cursor candidates of a source to sources_.
   void push_cursor_sources(const MatchedSource& m);
-
-
-  // Appends the source and its back-off states to sources_.
-  void push_source(DraftSource s);
-  // The longest suffix of a match that has a continuation: follows suffix
-  // links while the state has no transition (its occurrences all end
-  // documents). Updates s->state and s->match_len.
-  void with_continuation(DraftSource* s);
-
+  // Fills matches_ from a source's matchers.
+  void match_automata(const MatchedSource& m);
+  // The length of the longest suffix of the context that occurs in any
+  // automaton of matches_, or with `continuation`, the longest with a
+  // continuation (suffix links are followed while no automaton holding the
+  // suffix has a transition from it: all its occurrences end documents);
+  // level_states_ holds it. 0 = none.
+  int32_t top_level(bool continuation);
+  // Sets level_states_ to the state holding the context's suffix of length
+  // `len` in each automaton of matches_ where it occurs (kNoState elsewhere).
+  void set_level(int32_t len);
+  // The next shorter suffix (of the level `len` in level_states_) whose
+  // occurrences over all automata differ: the suffix link of one automaton
+  // made of them all. 0 = none.
+  int32_t shorter(int32_t len) const;
+  // Appends the sources of the level `len` (one per automaton holding it,
+  // grouped when there are several) and up to backoff_ shorter levels.
+  void push_levels(const DraftSource& base, int32_t len);
   int32_t max_depth_;                      // deepest node of a draft
   int32_t backoff_ = 0;                    // shorter suffix states expanded per source
   int32_t min_backoff_len_ = 1;            // shortest back-off match length
@@ -89,7 +113,9 @@ class ProposerCore {
   bool output_started_ = false;            // cursors track the fed tokens
   std::vector<DraftSource> sources_;       // scratch for the builder
   std::vector<CopyCandidate> unigrams_;    // scratch for push_cursor_sources
-  std::vector<Edge> edges_;                // scratch for with_continuation
+  std::vector<AutomatonMatch> matches_;    // scratch: the automata of the source being drafted
+  std::vector<int32_t> level_states_;      // scratch: per automaton of matches_, see set_level()
+  int32_t next_group_ = 0;                 // next DraftSource::group of this propose()
   DraftTreeBuilder builder_;               // scratch buffers
 };
 

@@ -308,8 +308,8 @@ int64_t SuffixAutomaton::unique_end_pos(int32_t state) const {
   return states_[state].end_pos;
 }
 
-int32_t SuffixAutomaton::num_children(int32_t state) const {
-  int32_t n = 0;
+int64_t SuffixAutomaton::num_children(int32_t state) const {
+  int64_t n = 0;
   if (valid(state)) {
     if (states_[state].token0 != kNoToken) ++n;
     for (int32_t e = states_[state].head; e != -1; e = edges_[e].next) ++n;
@@ -317,14 +317,26 @@ int32_t SuffixAutomaton::num_children(int32_t state) const {
   return n;
 }
 
-void SuffixAutomaton::children(int32_t state, std::vector<Edge>* out) const {
+bool SuffixAutomaton::children(int32_t state, std::vector<Edge>* out, size_t max_children) const {
   out->clear();
-  if (!valid(state)) return;
+  if (!valid(state)) return true;
+  // Step 1. The labels (the edge list), stopping past the limit; Step 2. the
+  // hashed targets.
   if (states_[state].token0 != kNoToken) out->push_back({states_[state].token0, states_[state].target0});
+  const size_t inline_edges = out->size();
   for (int32_t e = states_[state].head; e != -1; e = edges_[e].next) {
-    const int32_t token = edges_[e].token;
-    out->push_back({token, find_slot(state, token)->target});
+    if (out->size() >= max_children) {
+      out->clear();
+      return false;
+    }
+    out->push_back({edges_[e].token, kNoState});
   }
+  if (out->size() > max_children) {
+    out->clear();
+    return false;
+  }
+  for (size_t i = inline_edges; i < out->size(); ++i) (*out)[i].target = find_slot(state, (*out)[i].token)->target;
+  return true;
 }
 
 int32_t SuffixAutomaton::token_at(int64_t token_pos) const {

@@ -92,7 +92,9 @@ class SuffixAutomaton : public AutomatonView {
   int32_t length(int32_t state) const override;
   int64_t count(int32_t state) const override;
   int64_t unique_end_pos(int32_t state) const override;
-  void children(int32_t state, std::vector<Edge>* out) const override;
+  using AutomatonView::children;
+  bool children(int32_t state, std::vector<Edge>* out, size_t max_children) const override;
+  int64_t num_children(int32_t state) const override;
   int64_t num_tokens() const override { return static_cast<int64_t>(tokens_.size()); }
   int32_t token_at(int64_t token_pos) const override;
   int64_t num_documents() const override { return static_cast<int64_t>(doc_begin_.size()); }
@@ -106,8 +108,6 @@ class SuffixAutomaton : public AutomatonView {
     ensure_counts();
     return count_;
   }
-  // Number of transitions of a state.
-  int32_t num_children(int32_t state) const;
   // Calls f(state, token, target) for every transition, in hash-table order
   // (one sequential pass; used by freezing).
   template <typename F>

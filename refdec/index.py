@@ -69,12 +69,9 @@ __all__ = ["IndexFormatError", "tokenizer_fingerprint", "CorpusIndex", "ContextI
 _MAX_TOKEN = 2**31 - 1
 
 
-class IndexFormatError(ValueError):
-    """An index file is not valid: foreign (bad magic), truncated, from another
-    format version, internally inconsistent, or built with another tokenizer."""
-
-
-_C._set_format_error_class(IndexFormatError)
+# An index file is not valid (a ValueError): declared in C++ (csrc/frozen_index.h), raised by
+# FrozenIndex.load and by CorpusIndex.load for a tokenizer mismatch.
+IndexFormatError = _C.IndexFormatError
 
 
 _FINGERPRINTS: dict[int, tuple] = {}  # id(tokenizer) -> (weakref, len(tokenizer), fingerprint)
@@ -412,6 +409,13 @@ class CorpusIndex(_Queries):
 
     # ------------------------------------------------------------------ properties
 
+    @property
+    def automaton(self):
+        """The frozen automaton that answers queries and drafts (``refdec._C.FrozenIndex``, an
+        ``AutomatonView``; the index freezes first if it grew). Read-only and shared: the
+        Proposer matches against it."""
+        return self._frozen_index()
+
     def _frozen_index(self):
         if self._frozen is None:
             self._frozen = _C.FrozenIndex.freeze(self._sam, self._fingerprint or "", self._vocab_size)
@@ -491,8 +495,12 @@ class ShardedIndex:
     most frequent merged branch (handing over to the one shard that still
     holds the text as soon as only one does). Shards must share the vocabulary
     size and tokenizer fingerprint (else ValueError naming both). Read-only and
-    thread-safe like its shards. The Proposer takes one CorpusIndex today;
-    drafting from every shard needs one matcher source per shard there.
+    thread-safe like its shards.
+
+    ``Proposer(index=sharded)`` drafts from every shard as one corpus: a matcher per
+    shard, the longest match over them, and at each draft node the continuation counts
+    of the shards where the text occurs summed: the same tree as one index over all the
+    documents. :meth:`retriever` serves the shards' MinHash signatures as one set.
     """
 
     def __init__(self, shards) -> None:
@@ -509,6 +517,8 @@ class ShardedIndex:
                 raise ValueError(f"shards[{i}] vocab_size {shard.vocab_size} differs from shards[0]'s "
                                  f"{first.vocab_size}")
         self.shards = shards
+        self._retriever = None               # refdec.retrieval.Retriever, made on first use
+        self._lazy_lock = threading.Lock()   # guards _retriever (shared between threads)
 
     @classmethod
     def load_many(cls, paths, tokenizer=None) -> "ShardedIndex":
@@ -552,6 +562,44 @@ class ShardedIndex:
     def verify(self) -> bool:
         return all(s.verify() for s in self.shards)
 
+    def retriever(self):
+        """The ``refdec.retrieval.Retriever`` over the documents of all the shards (``doc_idx``
+        as :meth:`document` numbers them), from the shards' MinHash signatures (made once).
+        Raises ValueError naming the shard that has no signatures, or whose signatures were
+        made with other MinHash settings than shard 0's."""
+        if self._retriever is not None:
+            return self._retriever
+        with self._lazy_lock:
+            if self._retriever is None:
+                self._retriever = self._make_retriever()
+        return self._retriever
+
+    def _make_retriever(self):
+        signatures = []
+        for i, shard in enumerate(self.shards):
+            sigs = shard.signatures
+            if sigs is None:
+                where = f"loaded from {shard.path!r}" if shard.path else "built in memory"
+                raise ValueError(f"shards[{i}] ({where}) has no MinHash signatures for retrieval; rebuild it with "
+                                 "`refdec index build` (writes them by default) or CorpusIndex.build(..., "
+                                 "signatures=True) and save it")
+            settings = (sigs.num_perm, sigs.seed, sigs.ngram)
+            if signatures and settings != (signatures[0].num_perm, signatures[0].seed, signatures[0].ngram):
+                raise ValueError(f"shards[{i}] MinHash signatures have (num_perm, seed, ngram) = {settings}, "
+                                 f"shards[0]'s {(signatures[0].num_perm, signatures[0].seed, signatures[0].ngram)}")
+            signatures.append(sigs)
+        first = signatures[0]
+        merged = DocumentSignatures(np.concatenate([s.matrix for s in signatures]),
+                                    np.concatenate([s.sizes for s in signatures]),
+                                    num_perm=first.num_perm, seed=first.seed, ngram=first.ngram)
+        return Retriever(merged, self.document)
+
+    @property
+    def automata(self) -> tuple:
+        """The shards' frozen automata (``refdec._C.FrozenIndex``), in shard order: what a
+        Proposer matches and drafts from, as one corpus."""
+        return tuple(s.automaton for s in self.shards)
+
     def document(self, doc_idx: int) -> np.ndarray:
         n = self.num_documents
         if isinstance(doc_idx, bool) or not isinstance(doc_idx, (int, np.integer)) or not -n <= doc_idx < n:
@@ -593,6 +641,12 @@ class ContextIndex(_Queries):
             self._sam.extend_many(_as_tokens(tokens))
 
     def _view(self):
+        return self._sam
+
+    @property
+    def automaton(self):
+        """The live automaton over the context (``refdec._C.SuffixAutomaton``, an
+        ``AutomatonView``); it grows with :meth:`extend` (and a Proposer's ``accept``)."""
         return self._sam
 
     def extend(self, tokens) -> None:

@@ -5,7 +5,10 @@ Three sources continue the current context (prompt + accepted tokens):
 * ``context``   -- the live context itself (:class:`~refdec.index.ContextIndex`):
   repeated spans, loops, the original file in an edit prompt.
 * ``reference`` -- per-request reference documents (one automaton over them).
-* ``corpus``    -- a frozen :class:`~refdec.index.CorpusIndex`.
+* ``corpus``    -- a frozen :class:`~refdec.index.CorpusIndex`, or a
+  :class:`~refdec.index.ShardedIndex` drafted as one corpus (the longest
+  match over the shards; continuation counts summed over the shards where
+  the text occurs: the same tree as one index over all their documents).
 
 Each source keeps the longest suffix of the context that occurs in it
 (O(1) amortised per accepted token). :meth:`Proposer.propose` makes ONE C++
@@ -27,158 +30,55 @@ are stable whether or not a source is present).
 
 from __future__ import annotations
 
-import dataclasses
-from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
 import numpy as np
 
 from refdec import _C
-from refdec.index import ContextIndex, CorpusIndex, _as_tokens
+from refdec._C import CursorParams, SourceParams
+from refdec.index import ContextIndex, CorpusIndex, ShardedIndex, _as_tokens
 from refdec.tree import DraftTree
 
 __all__ = ["CursorParams", "Drafter", "Proposer", "SourceParams"]
 
+# CursorParams and SourceParams are the C++ structs (csrc/copy_cursor.h, csrc/draft_tree.h, which
+# document every field, its default and its range), bound with checked read-write fields.
+
 
 @runtime_checkable
 class Drafter(Protocol):
-    """What a decoding loop asks of any drafter, one per request: refdec's own loop
-    (refdec.decode), the vLLM adapter (refdec.vllm) and the benchmarks' baselines.
-    :class:`Proposer` is refdec's."""
+    """What a decoding loop asks of a drafter, one request at a time (refdec's engine, the vLLM
+    adapter and the benchmarks' baselines type against it; :class:`Proposer` is one)::
 
-    def start(self, prompt_ids: np.ndarray) -> None:
-        """A new request: ``prompt_ids`` int32 [prompt_len]."""
-
-    def propose(self, max_nodes: int) -> DraftTree:
-        """A draft tree of at most ``max_nodes`` nodes continuing the sequence (may be empty)."""
-
-    def accept(self, tokens: np.ndarray) -> None:
-        """The tokens emitted since the last call (accepted + bonus): int32 [k]."""
-
-    def last_match_lengths(self) -> dict[str, int]:
-        """Current match length per source name (the budget's hint)."""
-
-
-_INT32_MAX = 2**31 - 1
-_FLOAT32_MAX = float(np.finfo(np.float32).max)
-
-
-def _check_fields(params, ranges: dict) -> None:
-    """Type and range of every field of a params dataclass: ints (not bools) in [lo, hi]
-    (hi None: 2**31 - 1), floats finite, within float32, in [lo, hi] (``ranges[name] = (lo, hi)``,
-    default [0, inf))."""
-    for f in dataclasses.fields(params):
-        value = getattr(params, f.name)
-        lo, hi = ranges.get(f.name, (0, float("inf")))
-        if f.type in (int, "int"):
-            hi = _INT32_MAX if hi is None or hi == float("inf") else hi
-            ok = isinstance(value, (int, np.integer)) and not isinstance(value, bool) and lo <= value <= hi
-            kind = f"an int in [{lo}, {hi}]"
-        else:  # the C++ side holds float32
-            ok = (isinstance(value, (int, float, np.integer, np.floating)) and not isinstance(value, bool)
-                  and np.isfinite(value) and abs(value) <= _FLOAT32_MAX and lo <= value <= hi)
-            kind = f"a finite number in [{lo}, {hi}]"
-        if not ok:
-            raise ValueError(f"{type(params).__name__}.{f.name} must be {kind}, got {value!r}")
-
-
-@dataclass(frozen=True)
-class SourceParams:
-    """Per-source confidence: ``weight * L / (L + half_len)`` for a match of length L."""
-
-    weight: float = 1.0
-    half_len: float = 2.0
-
-    def __post_init__(self) -> None:
-        _check_fields(self, {"weight": (0.0, 1.0)})
-
-
-@dataclass(frozen=True)
-class CursorParams:
-    """Editing mode: the copy cursor that follows the output through the references
-    (``csrc/copy_cursor.h``).
-
-    The cursor keeps an *alignment* (where in the reference the output is
-    copying from) and an *anchor* (where the last confirmed copy of at least
-    ``confirm_run`` tokens stopped). When the output leaves the alignment it
-    re-synchronises: for the longest suffix match and up to ``max_backoff``
-    shorter ones, the occurrence whose continuation starts nearest the anchor,
-    plus the anchor itself (the re-join after an insertion), each scored
-
-        log-odds(q) = match_gain * min(l, match_cap) - distance_gain * log(1 + d / distance_scale)
-
-    (l = trailing output tokens equal to the reference before q; d = q - anchor,
-    or back_penalty * (anchor - q) before the anchor), plus ``anchor_bonus`` for
-    the anchor and ``diag_bonus`` for the diagonal anchor + k, k = output tokens
-    since the anchor (k reference tokens replaced by k new ones). The best
-    ``max_candidates`` become fixed-copy branches of the reference source with
-    weight softmax(log-odds, null_score); each copied token multiplies the score
-    by ``copy_decay``. While the cursor is on, each source's path score at
-    depth d is multiplied by its survival ``((s + e) / (s + e + d)) ** p`` (a
-    hazard ~ p / (s + e + j) per level that falls the longer the copy held):
-    e = the source's match length with ``p, s = hazard_power, hazard_scale``,
-    or a cursor candidate's aligned run with ``copy_hazard_power,
-    copy_hazard_scale``. A copy backed by a long match keeps its score deep
-    down; weakly backed alternatives yield the budget after a few levels.
-    ``depth_decay`` < 1 (1 = off, the default) also scores every node
-    ``combined score * g ** min(depth, levels)`` with
-    ``g = 1 - (1 - depth_decay) * 4 / (4 + r)`` (r = the best candidate's aligned
-    run) and ``levels = decay_levels * max_nodes / 64``. While the best candidate's
-    weight is below ``unigram_below``, the ``unigram_k`` most frequent
-    reference tokens are added too, each copied from its occurrence nearest the
-    anchor, with weight ``unigram_weight * (its share of the reference)``.
-    Before the first output token the alignment is the top of the first
-    reference with ``start_run`` aligned tokens of evidence (an edit rewrites the
-    file from its top: the first step drafts one full-depth copy; 0 = the top is
-    only the anchor), when the prompt frames the reference that way
-    (:func:`frames_reference`: it shows the file's first tokens right after its
-    own closing tokens, the fence; a prompt that only quotes a document gets 0).
-    Substitutions (a reference token written as another while the copy goes on
-    right after it: re-indentation, a rename) are learnt, the latest
-    ``max_substitutions`` kept; a cursor chain copying such a token forks into
-    both, the new one with probability hits / (hits + misses + 1).
+        drafter.start(prompt_ids)                  # once per request
+        while ...:
+            tree = drafter.propose(max_nodes)      # a DraftTree of <= max_nodes nodes
+            ...verify...
+            drafter.accept(accepted_and_bonus)     # the tokens emitted this step
     """
 
-    match_gain: float = 2.0
-    match_cap: int = 16
-    distance_gain: float = 2.0
-    distance_scale: float = 32.0
-    back_penalty: float = 4.0
-    null_score: float = 3.0
-    anchor_bonus: float = 1.0
-    diag_bonus: float = 1.0
-    copy_decay: float = 1.0
-    depth_decay: float = 1.0
-    decay_levels: int = 16
-    hazard_power: float = 1.5
-    hazard_scale: float = 1.0
-    copy_hazard_power: float = 1.0
-    copy_hazard_scale: float = 1.0
-    confirm_run: int = 8
-    start_run: int = 16
-    max_candidates: int = 3
-    max_backoff: int = 6
-    unigram_k: int = 16
-    unigram_weight: float = 1.0
-    unigram_below: float = 0.5
-    max_substitutions: int = 8
-    max_scan: int = 16384
+    def start(self, prompt_ids: np.ndarray) -> None:
+        """Begins a request. ``prompt_ids``: int32 array of shape (prompt_len,), token ids >= 0."""
 
-    def __post_init__(self) -> None:
-        _check_fields(self, {"match_gain": (-np.inf, np.inf), "null_score": (-np.inf, np.inf),
-                             "anchor_bonus": (-np.inf, np.inf), "diag_bonus": (-np.inf, np.inf),
-                             "distance_scale": (1e-3, np.inf), "copy_decay": (0.0, 1.0),
-                             "depth_decay": (0.0, 1.0), "decay_levels": (1, None), "hazard_scale": (1e-3, np.inf),
-                             "copy_hazard_scale": (1e-3, np.inf), "unigram_weight": (0.0, 1.0),
-                             # buffers of these sizes are allocated per request
-                             "match_cap": (1, 4096), "max_candidates": (1, 4096), "max_backoff": (0, 4096),
-                             "unigram_k": (0, 65536), "max_substitutions": (0, 65536)})
+    def propose(self, max_nodes: int) -> DraftTree:
+        """A draft tree continuing the context: at most ``max_nodes`` nodes (may be empty), as
+        :class:`~refdec.tree.DraftTree` arrays of shape (n,): token_ids int32, parents int32
+        (-1 = child of the root, the last accepted token; parents[i] < i), scores float32,
+        source_ids int32 (indexes into ``source_names``)."""
+
+    def accept(self, tokens: np.ndarray) -> None:
+        """Appends the tokens emitted this step (the accepted path + the bonus token): int32 array
+        of shape (k,), k >= 1 normally (0 is allowed and changes nothing)."""
+
+    def last_match_lengths(self) -> dict[str, int]:
+        """{source name: length of the context's longest suffix that the source can continue}
+        (0 = none), e.g. to size the next draft."""
 
 
 DEFAULT_PARAMS = {
-    "context": SourceParams(1.0, 2.0),
-    "reference": SourceParams(1.0, 2.0),
-    "corpus": SourceParams(0.9, 4.0),
+    "context": SourceParams(weight=1.0, half_len=2.0),
+    "reference": SourceParams(weight=1.0, half_len=2.0),
+    "corpus": SourceParams(weight=0.9, half_len=4.0),
 }
 
 
@@ -190,27 +90,6 @@ DEFAULT_PARAMS = {
 # edited files: 41.57 -> 41.56 tokens/step at 64 nodes, neutral).
 LOOP_DECAY = 0.7
 EDITING_LOOP_DECAY = 1.0
-
-_TREE_FIELDS = ("token_ids", "parents", "scores", "source_ids", "source_names")
-_FAST_TREE = tuple(f.name for f in dataclasses.fields(DraftTree)) == _TREE_FIELDS
-
-
-def _make_tree(token_ids, parents, scores, source_ids, source_names) -> DraftTree:
-    """DraftTree from arrays the C++ builder already guarantees valid
-    (int32/float32, 1-D, one length, -1 <= parents[i] < i), skipping DraftTree's
-    re-validation (it costs more than the whole build). Tokens are >= 0 unless a
-    CorpusIndex body is corrupt (``verify()`` False): the decoder drops such nodes.
-    Falls back to the validating constructor if DraftTree's fields change."""
-    if not _FAST_TREE:
-        return DraftTree(token_ids, parents, scores, source_ids, source_names)
-    tree = object.__new__(DraftTree)
-    object.__setattr__(tree, "token_ids", token_ids)
-    object.__setattr__(tree, "parents", parents)
-    object.__setattr__(tree, "scores", scores)
-    object.__setattr__(tree, "source_ids", source_ids)
-    object.__setattr__(tree, "source_names", source_names)
-    return tree
-
 
 def frames_reference(prompt: np.ndarray, reference: np.ndarray, head: int = 8, tail: int = 2) -> bool:
     """Whether ``prompt`` (int32 [L]) holds the first ``head`` tokens of ``reference`` (int32 [R])
@@ -260,12 +139,13 @@ class Proposer:
 
     source_names: tuple[str, ...] = ("context", "reference", "corpus")
 
-    def __init__(self, index: CorpusIndex | None = None, references: list[np.ndarray] | None = None, *,
+    def __init__(self, index: CorpusIndex | ShardedIndex | None = None, references: list[np.ndarray] | None = None, *,
                  max_depth: int = 64, params: dict[str, SourceParams] | None = None,
                  backoff: int = 1, min_backoff_len: int = 1, loop_decay: float | None = None,
                  cursor: CursorParams | bool | None = None) -> None:
-        if index is not None and not isinstance(index, CorpusIndex):
-            raise ValueError(f"index must be a refdec.CorpusIndex or None, got {type(index).__name__}")
+        if index is not None and not isinstance(index, (CorpusIndex, ShardedIndex)):
+            raise ValueError(f"index must be a refdec.CorpusIndex, a refdec.ShardedIndex or None, "
+                             f"got {type(index).__name__}")
         for name, value, lowest in (("max_depth", max_depth, 1), ("backoff", backoff, 0),
                                     ("min_backoff_len", min_backoff_len, 1)):
             if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < lowest:
@@ -278,19 +158,22 @@ class Proposer:
             cursor = CursorParams() if cursor else None  # refdec:cursor=1 in the simulator
         if not (cursor is None or isinstance(cursor, CursorParams)):
             raise ValueError(f"cursor must be a refdec.CursorParams, True, False or None, got {cursor!r}")
-        self.cursor = cursor
+        self.cursor = None if cursor is None else cursor.replace()  # a copy: the caller may change theirs
         if loop_decay is None:
             loop_decay = EDITING_LOOP_DECAY if cursor is not None else LOOP_DECAY
         if (isinstance(loop_decay, bool) or not isinstance(loop_decay, (int, float, np.integer, np.floating))
                 or not 0.0 <= loop_decay <= 1.0):
             raise ValueError(f"loop_decay must be a number in [0, 1] or None, got {loop_decay!r}")
         self.loop_decay = float(loop_decay)
-        self.params = dict(DEFAULT_PARAMS)
-        if params:
-            unknown = set(params) - set(self.source_names)
-            if unknown:
-                raise ValueError(f"params has unknown source names {sorted(unknown)}; known: {self.source_names}")
-            self.params.update(params)
+        params = params or {}
+        unknown = set(params) - set(self.source_names)
+        if unknown:
+            raise ValueError(f"params has unknown source names {sorted(unknown)}; known: {self.source_names}")
+        for name, value in params.items():
+            if not isinstance(value, SourceParams):
+                raise ValueError(f"params[{name!r}] must be a refdec.proposer.SourceParams, got {value!r}")
+        # copies: SourceParams are mutable, and DEFAULT_PARAMS is shared
+        self.params = {name: params.get(name, DEFAULT_PARAMS[name]).replace() for name in self.source_names}
         self._references = [_as_tokens(r, f"references[{i}]") for i, r in enumerate(references or [])]
         self._context: ContextIndex | None = None
         self._reference_sam = None
@@ -302,25 +185,24 @@ class Proposer:
         core = _C.ProposerCore(self.max_depth)
         core.set_backoff(self.backoff, self.min_backoff_len)
         self._context = ContextIndex()
-        p = self.params["context"]
-        core.set_context(self._context._sam, p.weight, p.half_len, 0, self.loop_decay)
+        core.set_context(self._context.automaton, self.params["context"], 0, self.loop_decay)
         self._reference_sam = None
         if self._references:
             sam = _C.SuffixAutomaton()
             for ref in self._references:
                 sam.add_document(ref)
             self._reference_sam = sam
-            p = self.params["reference"]
-            core.add_matcher_source(sam, p.weight, p.half_len, 1)
+            core.add_matcher_source(sam, self.params["reference"], 1)
             if self.cursor is not None and sam.num_tokens > 0:
                 cursor = self.cursor
                 first = next(ref for ref in self._references if len(ref))
                 if cursor.start_run > 0 and not frames_reference(prompt, first):
-                    cursor = dataclasses.replace(cursor, start_run=0)
-                core.set_cursor(1, dataclasses.asdict(cursor))
-        if self.index is not None:
-            p = self.params["corpus"]
-            core.add_matcher_source(self.index._frozen_index(), p.weight, p.half_len, 2)
+                    cursor = cursor.replace(start_run=0)
+                core.set_cursor(1, cursor)
+        if isinstance(self.index, ShardedIndex):
+            core.add_matcher_source(self.index.automata, self.params["corpus"], 2)
+        elif self.index is not None:
+            core.add_matcher_source(self.index.automaton, self.params["corpus"], 2)
         core.feed(prompt)
         core.start_output()
         self._core = core
@@ -333,32 +215,37 @@ class Proposer:
     def propose(self, max_nodes: int) -> DraftTree:
         """Best-first draft tree of at most ``max_nodes`` nodes continuing the context (may be empty)."""
         core = self._require_started()
-        if isinstance(max_nodes, bool) or not isinstance(max_nodes, (int, np.integer)) or max_nodes < 0:
+        if (type(max_nodes) is not int and (isinstance(max_nodes, bool) or not isinstance(max_nodes, np.integer))
+                or max_nodes < 0):
             raise ValueError(f"max_nodes must be a non-negative integer, got {max_nodes!r}")
-        token_ids, parents, scores, source_ids = core.propose(int(max_nodes))
-        return _make_tree(token_ids, parents, scores, source_ids, self.source_names)
+        draft = core.propose(int(max_nodes))  # refdec._C.DraftArrays
+        return DraftTree._trusted(draft.token_ids, draft.parents, draft.scores, draft.source_ids, self.source_names)
 
     def accept(self, tokens: np.ndarray) -> None:
         """Appends the tokens emitted this step (accepted + bonus): O(len(tokens)) amortised."""
-        self._require_started().feed(_as_tokens(tokens))
+        core = self._require_started()
+        try:
+            core.feed(tokens)  # an int32 array, as the decoder passes; a negative id: ValueError naming it
+        except TypeError:  # anything else: checked and converted
+            core.feed(_as_tokens(tokens))
 
     def last_match_lengths(self) -> dict[str, int]:
         """Current match length per source name (0 for an absent source)."""
         out = dict.fromkeys(self.source_names, 0)
         if self._core is not None:
-            for source_id, length in self._core.match_lengths():
-                out[self.source_names[source_id]] = int(length)
+            for source_id, length in self._core.match_lengths().items():
+                out[self.source_names[source_id]] = length
         return out
 
     def cursor_state(self) -> dict[str, int]:
         """Editing mode: ``{"align", "run", "anchor"}`` of the reference copy cursor
         (token positions in the concatenated references; -1 = none)."""
-        align, run, anchor = self._require_started().cursor_state(1)
-        return {"align": int(align), "run": int(run), "anchor": int(anchor)}
+        state = self._require_started().cursor_state(1)
+        return {"align": state.align, "run": state.run, "anchor": state.anchor}
 
     def cursor_candidates(self) -> list[tuple[int, int, float]]:
         """Editing mode: the cursor's candidates ``(token_pos, match, weight)``, best first."""
-        return [(int(p), int(m), float(w)) for p, m, w in self._require_started().cursor_candidates(1)]
+        return [(c.pos, c.match, c.weight) for c in self._require_started().cursor_candidates(1)]
 
     @property
     def context(self) -> ContextIndex | None:

@@ -57,6 +57,18 @@ class DraftTree:
         object.__setattr__(self, "scores", scores)
         object.__setattr__(self, "source_ids", source_ids)
 
+    @classmethod
+    def _trusted(cls, token_ids: np.ndarray, parents: np.ndarray, scores: np.ndarray, source_ids: np.ndarray,
+                 source_names: tuple[str, ...]) -> "DraftTree":
+        """A tree from arrays its maker guarantees valid (int32 / int32 / float32 / int32, 1-D, one
+        length, -1 <= parents[i] < i): the C++ builder's output. Skips ``__post_init__``'s checks,
+        which cost more than a whole build; token ids may be negative only for a corrupt
+        CorpusIndex body (``verify()`` False), nodes the decoder drops."""
+        tree = object.__new__(cls)
+        tree.__dict__.update(token_ids=token_ids, parents=parents, scores=scores, source_ids=source_ids,
+                             source_names=source_names)
+        return tree
+
     def __len__(self) -> int:
         return int(self.token_ids.shape[0])
 

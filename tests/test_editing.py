@@ -269,7 +269,7 @@ def test_bad_cursor_params_are_value_errors_naming_the_field(kwargs, message):
 @pytest.mark.parametrize("kwargs, message", [
     (dict(weight=5.0), r"SourceParams.weight must be a finite number in \[0.0, 1.0\], got 5.0"),
     (dict(weight=float("inf")), r"SourceParams.weight .* got inf"),
-    (dict(half_len=-1.0), r"SourceParams.half_len must be a finite number in \[0, inf\], got -1.0"),
+    (dict(half_len=-1.0), r"SourceParams.half_len must be a finite number in \[0.0, inf\], got -1.0"),
 ])
 def test_bad_source_params_are_value_errors_naming_the_field(kwargs, message):
     # a weight above 1 gave draft scores above 1, documented as probabilities

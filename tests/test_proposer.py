@@ -12,6 +12,8 @@ import pytest
 
 from refdec import CorpusIndex, DraftTree, Proposer
 from refdec import _C
+from refdec._C import testing
+from refdec.proposer import SourceParams
 
 CONTEXT, REFERENCE, CORPUS = 0, 1, 2
 
@@ -235,11 +237,13 @@ def test_build_draft_combines_sources_explicitly():
     sam.add_document(arr([1, 2, 3]))
     sam.add_document(arr([1, 2, 4]))
     state = sam.find_state(arr([1, 2]))
-    token_ids, parents, scores, source_ids = _C.build_draft([(sam, state, 2, 1.0, 0.0, 7)], 8, 4)
-    assert token_ids.tolist() == [3, 4]
-    assert parents.tolist() == [-1, -1]
-    np.testing.assert_allclose(scores, [0.5, 0.5])
-    assert source_ids.tolist() == [7, 7]
+    source = testing.DraftSource(view=sam, state=state, match_len=2,
+                                 params=SourceParams(weight=1.0, half_len=0.0), source_id=7)
+    draft = testing.build_draft([source], max_nodes=8, max_depth=4)
+    assert draft.token_ids.tolist() == [3, 4]
+    assert draft.parents.tolist() == [-1, -1]
+    np.testing.assert_allclose(draft.scores, [0.5, 0.5])
+    assert draft.source_ids.tolist() == [7, 7]
 
 
 # Context 1 2 3 9 2 4 1 2: the longest match "1 2" (L=2) continues with 3 only;
@@ -270,3 +274,65 @@ def test_backoff_adds_the_continuations_of_a_shorter_match():
 def test_integer_arguments_are_validated(kwargs, name):
     with pytest.raises(ValueError, match=name):
         Proposer(**kwargs)
+
+
+# A matched state with more than 256 continuations (DraftTreeBuilder::kMaxFanout) proposes none
+# of them: such near-root states say little, and a corpus's have tens of thousands. Documents
+# "1 t" for n tokens t, prompt "5 1": the match "1" has n children of one occurrence each.
+#
+#   n = 256:  root(1) ─┬─ 1000 (1/256 of the confidence)     n = 257:  root(1)  (no node)
+#                      ├─ 1001
+#                      ...
+@pytest.mark.parametrize("source", ["corpus", "reference"])
+@pytest.mark.parametrize("n, drafted", [(256, 256), (257, 0)])
+def test_a_match_with_more_than_256_continuations_proposes_none(source, n, drafted):
+    documents = [arr([1, 1000 + t]) for t in range(n)]
+    if source == "corpus":
+        proposer = Proposer(index=CorpusIndex.build(documents, show_progress=False), backoff=0)
+    else:
+        proposer = Proposer(references=documents, backoff=0)
+    proposer.start(arr([5, 1]))
+    tree = proposer.propose(300)
+    assert len(tree) == drafted
+    assert sorted(tree.token_ids.tolist()) == list(range(1000, 1000 + drafted))
+
+
+@pytest.mark.parametrize("tokens", [[7, 8], (7, 8), np.array([7, 8], dtype=np.int64),
+                                    np.array([0, 7, 0, 8], dtype=np.int32)[1::2]],
+                         ids=["list", "tuple", "int64", "strided int32"])
+def test_accept_takes_any_integer_sequence_as_an_int32_array(tokens):
+    expected = Proposer()
+    expected.start(arr(REPEAT_PROMPT))
+    expected.accept(arr([7, 8]))
+    proposer = Proposer()
+    proposer.start(arr(REPEAT_PROMPT))
+    proposer.accept(tokens)
+    assert proposer.context.tokens().tolist() == expected.context.tokens().tolist()
+    assert proposer.propose(16).token_ids.tolist() == expected.propose(16).token_ids.tolist()
+
+
+@pytest.mark.parametrize("tokens, message", [
+    (np.array([1.5]), "integer token ids"),
+    (np.array([2**31], dtype=np.int64), r"\[0, 2\*\*31\); tokens\[0\] = 2147483648"),
+    (np.array([4, -3], dtype=np.int32), r"tokens\[1\] = -3"),
+])
+def test_accept_refuses_what_is_not_token_ids_naming_the_value(tokens, message):
+    proposer = Proposer()
+    proposer.start(arr(REPEAT_PROMPT))
+    with pytest.raises(ValueError, match=message):
+        proposer.accept(tokens)
+
+
+def test_a_proposed_tree_has_every_draft_tree_field_and_passes_its_validation():
+    # Proposer builds its trees with DraftTree._trusted (no re-validation): a field added to
+    # DraftTree must be set there too, and the arrays must be what the validating constructor makes.
+    import dataclasses
+
+    proposer = Proposer(max_depth=12)
+    proposer.start(arr(REPEAT_PROMPT))
+    tree = proposer.propose(32)
+    assert set(vars(tree)) == {f.name for f in dataclasses.fields(DraftTree)}
+    checked = DraftTree(tree.token_ids, tree.parents, tree.scores, tree.source_ids, tree.source_names)
+    for name in ("token_ids", "parents", "scores", "source_ids"):
+        assert getattr(tree, name).dtype == getattr(checked, name).dtype
+        np.testing.assert_array_equal(getattr(tree, name), getattr(checked, name))

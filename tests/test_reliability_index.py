@@ -491,9 +491,9 @@ def test_a_none_automaton_is_a_value_error_not_a_crash():
     from refdec import _C
 
     with pytest.raises(ValueError, match="view must be an automaton, not None"):
-        _C.Matcher(None)
+        _C.testing.Matcher(None)
     with pytest.raises(ValueError, match="view must be an automaton, not None"):
-        _C.ProposerCore(8).add_matcher_source(None, 1.0, 2.0, 1)
+        _C.ProposerCore(8).add_matcher_source(None, _C.SourceParams(), 1)
 
 
 def test_an_automaton_at_its_state_limit_refuses_tokens_with_a_clear_error_and_stays_usable():
@@ -503,7 +503,7 @@ def test_an_automaton_at_its_state_limit_refuses_tokens_with_a_clear_error_and_s
     from refdec import _C
 
     sam = _C.SuffixAutomaton()
-    sam._set_limits_for_testing(40, 10**6)
+    _C.testing.set_limits(sam, max_states=40, max_edges=10**6)
     tokens = np.asarray([5, 6, 7, 5, 6, 8] * 20, dtype=np.int32)
     with pytest.raises(ValueError, match=r"suffix automaton is full: \d+ states.*split the corpus into shards"):
         sam.add_document(tokens)
