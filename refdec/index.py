@@ -62,11 +62,10 @@ from tqdm.auto import tqdm
 
 from refdec import _C
 from refdec.atomic import atomic_write
+from refdec.tokens import MAX_TOKEN_ID, as_token_ids
 from refdec.retrieval import DocumentSignatures, Retriever, deduplicate, signature_path
 
 __all__ = ["IndexFormatError", "tokenizer_fingerprint", "CorpusIndex", "ContextIndex", "ShardedIndex"]
-
-_MAX_TOKEN = 2**31 - 1
 
 
 # An index file is not valid (a ValueError): declared in C++ (csrc/frozen_index.h), raised by
@@ -101,34 +100,6 @@ def _compute_fingerprint(tokenizer) -> str:
     return hashlib.sha256(payload.encode("utf-8")).hexdigest()
 
 
-def _as_tokens(tokens, name: str = "tokens") -> np.ndarray:
-    """Validates token ids and returns them as a C-contiguous int32 array of shape (n,)."""
-    if isinstance(tokens, np.ndarray) and tokens.dtype == np.int32 and tokens.ndim == 1:
-        if tokens.size and int(tokens.min()) < 0:
-            bad = int(np.nonzero(tokens < 0)[0][0])
-            raise ValueError(f"{name} must be token ids in [0, 2**31); {name}[{bad}] = {int(tokens[bad])}")
-        return np.ascontiguousarray(tokens)
-    if isinstance(tokens, (str, bytes)):
-        raise ValueError(f"{name} must be a sequence of token ids, got {type(tokens).__name__}")
-    arr = np.asarray(tokens)
-    if arr.size == 0:
-        return np.zeros(0, dtype=np.int32)
-    if arr.ndim != 1:
-        raise ValueError(f"{name} must be 1-D, got shape {arr.shape}")
-    if arr.dtype == object:
-        try:
-            arr = np.array([int(t) for t in arr.tolist()], dtype=np.int64)
-        except (TypeError, ValueError, OverflowError):
-            raise ValueError(f"{name} must contain integer token ids, got {arr[:5].tolist()!r}") from None
-    if arr.dtype.kind not in "iu":
-        raise ValueError(f"{name} must contain integer token ids, got dtype {arr.dtype}")
-    bad_mask = (arr < 0) | (arr > _MAX_TOKEN)
-    if bad_mask.any():
-        bad = int(np.nonzero(bad_mask)[0][0])
-        raise ValueError(f"{name} must be token ids in [0, 2**31); {name}[{bad}] = {int(arr[bad])}")
-    return np.ascontiguousarray(arr, dtype=np.int32)
-
-
 def _check_k(value, name: str) -> int:
     if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 0:
         raise ValueError(f"{name} must be a non-negative integer, got {value!r}")
@@ -143,19 +114,19 @@ class _Queries:
 
     def match_length(self, tokens) -> int:
         """Length of the longest suffix of ``tokens`` that occurs in the index."""
-        return int(self._view().match_length(_as_tokens(tokens)))
+        return int(self._view().match_length(as_token_ids(tokens)))
 
     def count(self, tokens) -> int:
         """Occurrences of ``tokens`` inside one document; ``count([]) == len(self)``."""
-        return int(self._view().count(_as_tokens(tokens)))
+        return int(self._view().count(as_token_ids(tokens)))
 
     def next_tokens(self, tokens, k: int) -> list[tuple[int, int]]:
         """Up to ``k`` (token, count) pairs following ``tokens``; most frequent first, ties by smaller token."""
-        return [(int(t), int(c)) for t, c in self._view().next_tokens(_as_tokens(tokens), _check_k(k, "k"))]
+        return [(int(t), int(c)) for t, c in self._view().next_tokens(as_token_ids(tokens), _check_k(k, "k"))]
 
     def continuation(self, tokens, length: int) -> np.ndarray:
         """int32 array of shape (<= length,): tokens that follow one occurrence of ``tokens``."""
-        return self._view().continuation(_as_tokens(tokens), _check_k(length, "length"))
+        return self._view().continuation(as_token_ids(tokens), _check_k(length, "length"))
 
 
 _TOKENIZE_BATCH = 256
@@ -170,7 +141,7 @@ def _tokenize_documents(documents, tokenizer, vocab_size: int, show_progress: bo
         progress = tqdm(total=total, desc="indexing", unit="doc")
 
     def check(doc_idx, ids):
-        arr = _as_tokens(ids, f"documents[{doc_idx}]")
+        arr = as_token_ids(ids, f"documents[{doc_idx}]")
         if vocab_size and arr.size and int(arr.max()) >= vocab_size:
             bad = int(np.nonzero(arr >= vocab_size)[0][0])
             raise ValueError(
@@ -257,7 +228,7 @@ class CorpusIndex(_Queries):
         if vocab_size is None:
             vocab_size = len(tokenizer) if tokenizer is not None else 0
         if isinstance(vocab_size, bool) or not isinstance(vocab_size, (int, np.integer)) or not (
-                0 <= vocab_size <= _MAX_TOKEN + 1):
+                0 <= vocab_size <= MAX_TOKEN_ID + 1):
             raise ValueError(f"vocab_size must be an integer in [0, 2**31], got {vocab_size!r}")
         if isinstance(documents, (str, bytes)):
             raise ValueError("documents must be an iterable of documents, got a single str")
@@ -526,11 +497,11 @@ class ShardedIndex:
         return cls([CorpusIndex.load(p, tokenizer) for p in paths])
 
     def match_length(self, tokens) -> int:
-        tokens = _as_tokens(tokens)
+        tokens = as_token_ids(tokens)
         return max(s.match_length(tokens) for s in self.shards)
 
     def count(self, tokens) -> int:
-        tokens = _as_tokens(tokens)
+        tokens = as_token_ids(tokens)
         return sum(s.count(tokens) for s in self.shards)
 
     def _merged_next(self, tokens, k: int) -> list[tuple[int, int]]:
@@ -541,10 +512,10 @@ class ShardedIndex:
         return sorted(merged.items(), key=lambda tc: (-tc[1], tc[0]))[:k]
 
     def next_tokens(self, tokens, k: int) -> list[tuple[int, int]]:
-        return self._merged_next(_as_tokens(tokens), _check_k(k, "k"))
+        return self._merged_next(as_token_ids(tokens), _check_k(k, "k"))
 
     def continuation(self, tokens, length: int) -> np.ndarray:
-        tokens = _as_tokens(tokens)
+        tokens = as_token_ids(tokens)
         length = _check_k(length, "length")
         out: list[int] = []
         while len(out) < length:
@@ -638,7 +609,7 @@ class ContextIndex(_Queries):
         self._sam = _C.SuffixAutomaton()
         self._sam.start_document()
         if tokens is not None:
-            self._sam.extend_many(_as_tokens(tokens))
+            self._sam.extend_many(as_token_ids(tokens))
 
     def _view(self):
         return self._sam
@@ -653,7 +624,7 @@ class ContextIndex(_Queries):
         """Appends tokens (an int, or a sequence / int array of token ids)."""
         if isinstance(tokens, (int, np.integer)) and not isinstance(tokens, bool):
             tokens = [tokens]
-        self._sam.extend_many(_as_tokens(tokens))
+        self._sam.extend_many(as_token_ids(tokens))
 
     def __len__(self) -> int:
         return int(self._sam.num_tokens)

@@ -36,7 +36,8 @@ import numpy as np
 
 from refdec import _C
 from refdec._C import CursorParams, SourceParams
-from refdec.index import ContextIndex, CorpusIndex, ShardedIndex, _as_tokens
+from refdec.index import ContextIndex, CorpusIndex, ShardedIndex
+from refdec.tokens import as_token_ids
 from refdec.tree import DraftTree
 
 __all__ = ["CursorParams", "Drafter", "Proposer", "SourceParams"]
@@ -174,14 +175,14 @@ class Proposer:
                 raise ValueError(f"params[{name!r}] must be a refdec.proposer.SourceParams, got {value!r}")
         # copies: SourceParams are mutable, and DEFAULT_PARAMS is shared
         self.params = {name: params.get(name, DEFAULT_PARAMS[name]).replace() for name in self.source_names}
-        self._references = [_as_tokens(r, f"references[{i}]") for i, r in enumerate(references or [])]
+        self._references = [as_token_ids(r, f"references[{i}]") for i, r in enumerate(references or [])]
         self._context: ContextIndex | None = None
         self._reference_sam = None
         self._core = None
 
     def start(self, prompt_ids: np.ndarray) -> None:
         """New request: indexes the prompt (live context) and the references, positions the matchers."""
-        prompt = _as_tokens(prompt_ids, "prompt_ids")
+        prompt = as_token_ids(prompt_ids, "prompt_ids")
         core = _C.ProposerCore(self.max_depth)
         core.set_backoff(self.backoff, self.min_backoff_len)
         self._context = ContextIndex()
@@ -227,7 +228,7 @@ class Proposer:
         try:
             core.feed(tokens)  # an int32 array, as the decoder passes; a negative id: ValueError naming it
         except TypeError:  # anything else: checked and converted
-            core.feed(_as_tokens(tokens))
+            core.feed(as_token_ids(tokens))
 
     def last_match_lengths(self) -> dict[str, int]:
         """Current match length per source name (0 for an absent source)."""
