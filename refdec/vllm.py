@@ -23,7 +23,7 @@ Options (read from the environment in every vLLM process, validated at start-up)
 ``REFDEC_VLLM_INDEX``                a corpus index file, or several separated by ``:``
                                      (a :class:`refdec.ShardedIndex`); mmap, once per worker
 ``REFDEC_VLLM_TREE_NODES``           refdec's tree size before the chain is chosen
-                                     (default 2 x num_speculative_tokens)
+                                     (default num_speculative_tokens, at least 8)
 ``REFDEC_VLLM_DRAFT_COST``           a drafted token's cost in accepted tokens (default 0.1):
                                      the chain ends where a token's estimated acceptance
                                      probability is below it
@@ -94,7 +94,7 @@ class ServerOptions:
     """The server-wide options (see the module docstring), one set per vLLM process."""
 
     index_paths: tuple[str, ...] = ()
-    tree_nodes: int | None = None  # None: 2 x num_speculative_tokens
+    tree_nodes: int | None = None  # None: num_speculative_tokens (at least 8)
     draft_cost: float = DEFAULT_DRAFT_COST
     draft_by_default: bool = True
     max_reference_chars: int = DEFAULT_MAX_REFERENCE_CHARS
@@ -360,7 +360,8 @@ class _RequestDraft:
     req_state: object  # vLLM's CachedRequestState: a new object under the same id is a new request
     proposer: object | None  # refdec.Proposer, or None: no drafts for this request
     num_tokens_fed: int = 0  # prompt + output tokens the proposer has seen
-    last_chain: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int32))
+    max_tokens: int | None = None  # the request's SamplingParams.max_tokens
+    last_chain: list = field(default_factory=list)  # the chain sent last step (token ids)
     num_drafted: int = 0
     num_accepted: int = 0
 
@@ -385,7 +386,7 @@ class Proposer:
         self.num_speculative_tokens = int(spec.num_speculative_tokens)
         self.max_model_len = int(vllm_config.model_config.max_model_len)
         self.options = ServerOptions.from_env()
-        self.tree_nodes = self.options.tree_nodes or 2 * self.num_speculative_tokens
+        self.tree_nodes = self.options.tree_nodes or max(self.num_speculative_tokens, 8)
         self._model_config = vllm_config.model_config
         self._tokenizer = None
         self.index = None
@@ -457,29 +458,31 @@ class Proposer:
         elif state.num_tokens_fed < num_tokens:
             new_tokens = token_ids_cpu[batch_slot, state.num_tokens_fed:num_tokens]
             chain = state.last_chain
-            if chain.size:
-                m = min(chain.size, new_tokens.size - 1)
-                agree = np.flatnonzero(new_tokens[:m] != chain[:m])
-                state.num_accepted += int(agree[0]) if agree.size else m
+            if chain:  # new tokens = the accepted draft prefix + 1 token of vLLM's
+                accepted = 0
+                for drafted, emitted in zip(chain, new_tokens[:-1].tolist()):
+                    if drafted != emitted:
+                        break
+                    accepted += 1
+                state.num_accepted += accepted
             if state.proposer is not None:
                 state.proposer.accept(new_tokens)
             state.num_tokens_fed = num_tokens
-        state.last_chain = state.last_chain[:0]
+        state.last_chain = []
         if state.proposer is None:
             return []
         max_len = min(self.num_speculative_tokens, self.max_model_len - num_tokens - 1)
-        params = getattr(req_state, "sampling_params", None)
-        max_tokens = getattr(params, "max_tokens", None)
+        max_tokens = state.max_tokens
         if max_tokens is not None:  # no drafts past the request's last token
-            max_len = min(max_len, int(max_tokens) - len(req_state.output_token_ids) - 1)
+            max_len = min(max_len, max_tokens - len(req_state.output_token_ids) - 1)
         if max_len <= 0:
             return []
         tree = state.proposer.propose(self.tree_nodes)
         chain = best_chain(tree.token_ids, tree.parents, tree.scores, max_len, self.options.draft_cost,
-                           out=self._chain_buf)
-        state.last_chain = chain.copy()
-        state.num_drafted += chain.size
-        return chain.tolist()
+                           out=self._chain_buf).tolist()
+        state.last_chain = chain
+        state.num_drafted += len(chain)
+        return chain
 
     def _start(self, req_id: str, req_state, row_tokens: np.ndarray, num_tokens: int) -> _RequestDraft:
         """A new (or resumed) request: its proposer over the prompt, then its outputs so far. O(context), once."""
@@ -493,7 +496,9 @@ class Proposer:
         except ValueError as exc:  # the front end refuses these; a request that got here anyway drafts nothing
             logger.warning("refdec: request %s: %s; it continues without drafts", req_id, exc)
             options = RequestOptions(draft=False)
-        state = _RequestDraft(req_state, None, num_tokens_fed=num_tokens)
+        max_tokens = getattr(params, "max_tokens", None)
+        state = _RequestDraft(req_state, None, num_tokens_fed=num_tokens,
+                              max_tokens=None if max_tokens is None else int(max_tokens))
         self._requests[req_id] = state
         if not options.draft:
             return state
