@@ -111,11 +111,11 @@ class Server:
         cmd = serve_command(model_dir) + [
             "--host", "127.0.0.1", "--port", str(self.port), "--dtype", "float32", "--enforce-eager",
             "--max-model-len", str(max_model_len), "--max-num-seqs", "16", "--seed", "0",
-            "--served-model-name", "model", "--per-request-spec-decode-metrics", "summary",
-            "--disable-uvicorn-access-log"]
+            "--served-model-name", "model", "--disable-uvicorn-access-log",
+            "--no-enable-prefix-caching"]  # every cell pays its prefill (cells share a server)
         spec = speculative_config(method, k)
-        if spec:
-            cmd += ["--speculative-config", json.dumps(spec)]
+        if spec:  # vLLM refuses per-request metrics without speculation
+            cmd += ["--speculative-config", json.dumps(spec), "--per-request-spec-decode-metrics", "summary"]
         log_dir.mkdir(parents=True, exist_ok=True)
         self.log_path = log_dir / f"serve-{method}.log"
         self.log = open(self.log_path, "w")
@@ -187,6 +187,10 @@ def serve_benchmark(args) -> dict:
     workloads = args.workloads.split(",")
     clients_list = [int(c) for c in args.clients.split(",")]
     requests = {w: load_requests(w, args.limit) for w in workloads}
+    if args.max_tokens:
+        for reqs in requests.values():
+            for req in reqs:
+                req["max_tokens"] = args.max_tokens
     results = {"command": " ".join(sys.argv), "k": args.k, "model_dir": model_dir, "cells": [],
                "load_before": os.getloadavg(), "env": {k: v for k, v in os.environ.items() if k.startswith(("VLLM_", "REFDEC_"))}}
     servers = []
@@ -226,7 +230,7 @@ def check_identity(results: dict) -> None:
     """Marks each cell with the number of outputs whose token ids differ from method none's at the
     same workload and client count (None where there is no none cell)."""
     base = {(c["workload"], c["clients"]): {r["name"]: r["token_ids"] for r in c["rows"]}
-            for c in results["cells"] if c.get("method") == "none"}
+            for c in results["cells"] if c.get("method") == "none" and "rows" in c}
     for c in results["cells"]:
         ref = base.get((c.get("workload"), c.get("clients")))
         c["mismatches"] = None if ref is None or "rows" not in c else sum(
@@ -351,6 +355,7 @@ def main(argv=None) -> None:
     ap.add_argument("--k", type=int, default=32, help="num_speculative_tokens for every drafter")
     ap.add_argument("--limit", type=int, default=10, help="requests per workload")
     ap.add_argument("--max-model-len", type=int, default=4096)
+    ap.add_argument("--max-tokens", type=int, default=None, help="override max_tokens (edits 512, chat 256)")
     ap.add_argument("--drafting-cost", action="store_true", help="the adapter's per-step cost only (no server)")
     ap.add_argument("--batch-sizes", default="1,8,16,32,64")
     ap.add_argument("--steps", type=int, default=200)

@@ -389,6 +389,8 @@ class Proposer:
         self.tree_nodes = self.options.tree_nodes or max(self.num_speculative_tokens, 8)
         self._model_config = vllm_config.model_config
         self._tokenizer = None
+        if self._model_config.tokenizer is not None:  # at start-up, not in the first request's step
+            self._get_tokenizer()
         self.index = None
         if self.options.index_paths:
             self.index = load_index(self.options.index_paths, tokenizer=self._get_tokenizer())

@@ -246,7 +246,7 @@ def make_proposer(monkeypatch):
         for name, value in env.items():
             monkeypatch.setenv(name, value)
         config = SimpleNamespace(speculative_config=SimpleNamespace(num_speculative_tokens=k),
-                                 model_config=SimpleNamespace(max_model_len=256, tokenizer="unused"))
+                                 model_config=SimpleNamespace(max_model_len=256, tokenizer=None))
         proposer = rv.Proposer(config)
         proposer._tokenizer = FakeTokenizer()
         return proposer
