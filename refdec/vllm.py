@@ -459,14 +459,8 @@ class Proposer:
             state = self._start(req_id, req_state, token_ids_cpu[batch_slot], num_tokens)
         elif state.num_tokens_fed < num_tokens:
             new_tokens = token_ids_cpu[batch_slot, state.num_tokens_fed:num_tokens]
-            chain = state.last_chain
-            if chain:  # new tokens = the accepted draft prefix + 1 token of vLLM's
-                accepted = 0
-                for drafted, emitted in zip(chain, new_tokens[:-1].tolist()):
-                    if drafted != emitted:
-                        break
-                    accepted += 1
-                state.num_accepted += accepted
+            if state.last_chain:  # one verification: the accepted draft prefix + 1 token of vLLM's
+                state.num_accepted += min(len(new_tokens) - 1, len(state.last_chain))
             if state.proposer is not None:
                 state.proposer.accept(new_tokens)
             state.num_tokens_fed = num_tokens

@@ -421,3 +421,61 @@ def test_several_index_files_are_one_sharded_index(make_proposer, monkeypatch, t
     drafts = runner.step()
     assert tok.decode(drafts["add"]).startswith("urn a +")
     assert tok.decode(drafts["mul"]).startswith("urn a *")
+
+
+# ---------------------------------------------------------------------------------------------
+# refdec.models.vllm_model_dir: the checkpoint layout vLLM loads
+
+
+def test_vllm_model_dir_names_the_architecture_and_the_tied_embedding(tmp_path):
+    import json
+
+    import torch
+    from safetensors import safe_open
+    from safetensors.torch import save_file
+
+    from refdec.models import vllm_model_dir
+
+    source = tmp_path / "tied"
+    source.mkdir()
+    (source / "config.json").write_text(json.dumps({"model_type": "llama", "tie_word_embeddings": True}))
+    (source / "tokenizer.json").write_text("{}")
+    matrix = torch.arange(12, dtype=torch.float32).reshape(4, 3)
+    save_file({"lm_head.weight": matrix, "model.norm.weight": torch.ones(3)}, str(source / "model.safetensors"))
+    target = vllm_model_dir(source)
+    assert target == tmp_path / "tied-vllm"
+    assert json.loads((target / "config.json").read_text())["architectures"] == ["LlamaForCausalLM"]
+    with safe_open(str(target / "model.safetensors"), "pt") as f:
+        assert sorted(f.keys()) == ["model.embed_tokens.weight", "model.norm.weight"]
+        assert torch.equal(f.get_tensor("model.embed_tokens.weight"), matrix)
+    assert (target / "tokenizer.json").exists()
+    assert vllm_model_dir(source) == target  # written once
+
+
+def test_vllm_model_dir_links_weights_that_need_no_renaming(tmp_path):
+    import json
+
+    import torch
+    from safetensors.torch import save_file
+
+    from refdec.models import vllm_model_dir
+
+    source = tmp_path / "ok"
+    source.mkdir()
+    (source / "config.json").write_text(json.dumps({"model_type": "llama", "architectures": ["LlamaForCausalLM"],
+                                                    "tie_word_embeddings": True}))
+    save_file({"model.embed_tokens.weight": torch.ones(2, 2)}, str(source / "model.safetensors"))
+    target = vllm_model_dir(source, tmp_path / "out")
+    assert (target / "model.safetensors").read_bytes() == (source / "model.safetensors").read_bytes()
+
+
+def test_vllm_model_dir_refuses_what_it_cannot_write(tmp_path):
+    import json
+
+    from refdec.models import vllm_model_dir
+
+    with pytest.raises(ValueError, match="is not a model directory"):
+        vllm_model_dir(tmp_path)
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "no-such-type"}))
+    with pytest.raises(ValueError, match="model_type 'no-such-type' has no causal LM class"):
+        vllm_model_dir(tmp_path)

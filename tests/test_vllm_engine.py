@@ -377,3 +377,33 @@ def test_server_chat_prediction(server, model_dir, baseline, tokenizer):
     assert status == 200, body
     assert body["choices"][0]["message"]["content"] == tokenizer.decode(expected, skip_special_tokens=True)
     assert body["usage"]["completion_tokens_details"]["accepted_prediction_tokens"] >= 40, body["usage"]
+
+
+# ---------------------------------------------------------------------------------------------
+# The default model, as refdec.models.vllm_model_dir writes it
+
+
+def test_default_model_loads_in_vllm_and_its_greedy_tokens_match_transformers():
+    """vLLM builds the causal LM (config.json's architectures) with its tied embedding filled
+    (model.embed_tokens.weight): greedy tokens equal transformers' (skipped unless the default
+    model was converted already: ~/.cache/refdec/gemma-3-270m; converting takes minutes)."""
+    from refdec.models import default_model_dir, load_model, vllm_model_dir
+
+    if not (default_model_dir() / "config.json").exists():
+        pytest.skip("the default model is not converted (refdec.models.load_default() converts it)")
+    import torch
+
+    model, tok = load_model(str(default_model_dir()))
+    prompt = "def fibonacci(n):\n    "
+    ids = tok(prompt, return_tensors="pt").input_ids
+    with torch.no_grad():
+        expected = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=24,
+                                  do_sample=False)[0, ids.shape[1]:].tolist()
+    del model
+    llm = vllm.LLM(model=str(vllm_model_dir()), dtype="float32", enforce_eager=True, max_model_len=512, seed=0)
+    try:
+        out = llm.generate([prompt], _greedy(24))[0]
+    finally:
+        _shutdown(llm)
+    assert list(out.outputs[0].token_ids) == expected
+    assert len(set(expected)) > 1  # not the all-id-0 output of an empty embedding
