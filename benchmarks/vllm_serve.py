@@ -272,10 +272,12 @@ class _StandInRunner:
             self.num_tokens[i] = len(prompt)
             self.requests[self.req_ids[i]] = SimpleNamespace(
                 num_prompt_tokens=len(prompt), output_token_ids=[],
-                sampling_params=SimpleNamespace(extra_args={"refdec_references": [reference]}, max_tokens=None))
+                sampling_params=SimpleNamespace(extra_args={"refdec_references": [reference]} if reference else None,
+                                                max_tokens=None))
         self.drafts = [[] for _ in range(b)]
         self.emitted = 0  # tokens emitted (accepted drafts + 1 a request a step)
         self.request_steps = 0
+        self.replay = False  # True: each output once (a replay), False: outputs cycle (a cost loop)
 
     def advance(self):
         """Each request emits its accepted draft prefix + 1 true token (vLLM's verification)."""
@@ -287,6 +289,8 @@ class _StandInRunner:
                 n += 1
             new = output[pos:pos + n + 1]
             if len(new) == 0:  # the output is used up: start it over (same tokens again)
+                if self.replay:
+                    continue
                 self.out_pos[i] = 0
                 continue
             self.emitted += len(new)
@@ -347,6 +351,67 @@ def drafting_cost(args) -> dict:
     return out
 
 
+def replay(args) -> dict:
+    """Model-free replay of a serve run's no-speculation outputs (``--replay FILE``): per method
+    and draft cost, the verification steps and drafted tokens each drafter would need to emit
+    exactly those outputs (vLLM's ngram function itself; refdec through its adapter)."""
+    from vllm.v1.spec_decode.ngram_proposer import _find_longest_matched_ngram_and_propose_tokens as ngram_draft
+
+    from refdec import vllm_plugin
+    from refdec.models import load_tokenizer
+    from refdec.vllm import Proposer
+
+    vllm_plugin.install_runner_hook = lambda: None
+    tok = load_tokenizer()
+    run = json.loads(Path(args.replay).read_text())
+    out = {"command": " ".join(sys.argv), "source": args.replay, "k": args.k, "rows": []}
+    for cell in run["cells"]:
+        if cell.get("method") != "none" or cell.get("clients") != 1 or "rows" not in cell:
+            continue
+        reqs = {r["name"]: r for r in load_requests(cell["workload"], args.limit)}
+        cases = [(np.asarray(tok(reqs[r["name"]]["prompt"]).input_ids, np.int32), reqs[r["name"]]["reference"],
+                  np.asarray(r["token_ids"], np.int32)) for r in cell["rows"]]
+        methods = [("ngram", None, None)] + [(f"refdec cost {c:g}", c, False) for c in args.costs] + (
+            [(f"refdec-pred cost {c:g}", c, True) for c in args.costs] if cell["workload"] == "edits" else [])
+        for name, cost, with_reference in methods:
+            steps = drafted = 0
+            for prompt, reference, output in cases:
+                if cost is None:
+                    context, pos = list(prompt), 0
+                    while pos < len(output):
+                        draft = ngram_draft(np.asarray(context, np.int32), 5, 5, 10**6, args.k).tolist()
+                        n = 0
+                        while n < len(draft) and pos + n < len(output) and draft[n] == output[pos + n]:
+                            n += 1
+                        context += output[pos:pos + n + 1].tolist()
+                        pos += n + 1
+                        steps += 1
+                        drafted += len(draft)
+                    continue
+                os.environ["REFDEC_VLLM_DRAFT_COST"] = str(cost)
+                config = SimpleNamespace(speculative_config=SimpleNamespace(num_speculative_tokens=args.k),
+                                         model_config=SimpleNamespace(max_model_len=10**6, tokenizer=None))
+                proposer = Proposer(config)
+                proposer._tokenizer = tok
+                runner = _StandInRunner(proposer, [(prompt, reference if with_reference else None, output)],
+                                        len(prompt) + len(output) + 1)
+                runner.replay = True
+                runner.step()
+                while runner.out_pos[0] < len(output):
+                    runner.advance()
+                    runner.step()
+                steps += runner.request_steps
+                drafted += proposer.request_stats()["req-0"]["drafted"]
+            os.environ.pop("REFDEC_VLLM_DRAFT_COST", None)
+            tokens = int(sum(len(o) for _, _, o in cases))
+            row = {"workload": cell["workload"], "method": name, "steps": steps, "drafted": drafted,
+                   "tokens": tokens, "tokens_per_step": tokens / steps}
+            out["rows"].append(row)
+            print(f"{cell['workload']:6s} {name:22s} steps {steps:5d}  drafted {drafted:6d}  "
+                  f"tokens/step {tokens / steps:6.2f}", flush=True)
+    return out
+
+
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--methods", default="none,ngram,refdec,refdec-pred")
@@ -359,7 +424,13 @@ def main(argv=None) -> None:
     ap.add_argument("--drafting-cost", action="store_true", help="the adapter's per-step cost only (no server)")
     ap.add_argument("--batch-sizes", default="1,8,16,32,64")
     ap.add_argument("--steps", type=int, default=200)
+    ap.add_argument("--replay", default=None, help="a serve run's JSON: replay its no-speculation outputs")
+    ap.add_argument("--costs", default="0,0.05,0.1,0.2,0.3", help="REFDEC_VLLM_DRAFT_COST values for --replay")
     args = ap.parse_args(argv)
+    if args.replay:
+        args.costs = [float(c) for c in args.costs.split(",")]
+        print(f"wrote {write_result('replay', replay(args))}")
+        return
     if args.drafting_cost:
         print(f"wrote {write_result('drafting', drafting_cost(args))}")
         return

@@ -24,9 +24,13 @@ Options (read from the environment in every vLLM process, validated at start-up)
                                      (a :class:`refdec.ShardedIndex`); mmap, once per worker
 ``REFDEC_VLLM_TREE_NODES``           refdec's tree size before the chain is chosen
                                      (default num_speculative_tokens, at least 8)
-``REFDEC_VLLM_DRAFT_COST``           a drafted token's cost in accepted tokens (default 0.1):
-                                     the chain ends where a token's estimated acceptance
-                                     probability is below it
+``REFDEC_VLLM_TOKEN_COST``           the time of verifying one more token, as a fraction of a
+                                     step's fixed time (default 0.05: Gemma 3 270M on this
+                                     project's CPU; a GPU's is smaller): sets the draft cost of
+                                     each step from the batch (see :func:`draft_cost`)
+``REFDEC_VLLM_DRAFT_COST``           a fixed draft cost instead (accepted tokens a drafted token
+                                     must be worth): the chain ends where a token's estimated
+                                     acceptance probability is below it
 ``REFDEC_VLLM_DRAFT``                ``on`` (default) or ``off``: drafting for requests that
                                      do not say (``refdec_draft``)
 ``REFDEC_VLLM_MAX_REFERENCE_CHARS``  the most characters of references one request may bring
@@ -50,7 +54,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 __all__ = [
-    "Proposer", "ServerOptions", "RequestOptions", "best_chain", "load_index", "parse_request_options",
+    "Proposer", "ServerOptions", "RequestOptions", "best_chain", "draft_cost", "load_index", "parse_request_options",
     "prediction_text", "speculative_config", "PROPOSER_CLASS", "REFERENCES_KEY", "DRAFT_KEY",
 ]
 
@@ -65,11 +69,12 @@ ENV_PREFIX = "REFDEC_VLLM_"
 ENV_INDEX = "REFDEC_VLLM_INDEX"
 ENV_TREE_NODES = "REFDEC_VLLM_TREE_NODES"
 ENV_DRAFT_COST = "REFDEC_VLLM_DRAFT_COST"
+ENV_TOKEN_COST = "REFDEC_VLLM_TOKEN_COST"
 ENV_DRAFT = "REFDEC_VLLM_DRAFT"
 ENV_MAX_REFERENCE_CHARS = "REFDEC_VLLM_MAX_REFERENCE_CHARS"
-ENV_NAMES = (ENV_INDEX, ENV_TREE_NODES, ENV_DRAFT_COST, ENV_DRAFT, ENV_MAX_REFERENCE_CHARS)
+ENV_NAMES = (ENV_INDEX, ENV_TREE_NODES, ENV_TOKEN_COST, ENV_DRAFT_COST, ENV_DRAFT, ENV_MAX_REFERENCE_CHARS)
 
-DEFAULT_DRAFT_COST = 0.1
+DEFAULT_TOKEN_COST = 0.05
 DEFAULT_MAX_REFERENCE_CHARS = 1_000_000
 
 _ON = ("1", "on", "true", "yes")
@@ -95,7 +100,8 @@ class ServerOptions:
 
     index_paths: tuple[str, ...] = ()
     tree_nodes: int | None = None  # None: num_speculative_tokens (at least 8)
-    draft_cost: float = DEFAULT_DRAFT_COST
+    draft_cost: float | None = None  # None: from the batch each step (token_cost)
+    token_cost: float = DEFAULT_TOKEN_COST
     draft_by_default: bool = True
     max_reference_chars: int = DEFAULT_MAX_REFERENCE_CHARS
 
@@ -116,12 +122,13 @@ class ServerOptions:
                     raise ValueError(f"{ENV_INDEX}: {path!r} is not a file (give one index path, or several "
                                      f"separated by {os.pathsep!r})")
         tree_nodes = _env_int(environ, ENV_TREE_NODES, None, lowest=1)
-        draft_cost = _env_float(environ, ENV_DRAFT_COST, DEFAULT_DRAFT_COST)
+        draft_cost = _env_float(environ, ENV_DRAFT_COST, None)
+        token_cost = _env_float(environ, ENV_TOKEN_COST, DEFAULT_TOKEN_COST)
         max_chars = _env_int(environ, ENV_MAX_REFERENCE_CHARS, DEFAULT_MAX_REFERENCE_CHARS, lowest=1)
         draft = environ.get(ENV_DRAFT, "on").strip().lower()
         if draft not in _ON + _OFF:
             raise ValueError(f"{ENV_DRAFT} must be 'on' or 'off', got {environ.get(ENV_DRAFT)!r}")
-        return cls(index_paths, tree_nodes, draft_cost, draft in _ON, max_chars)
+        return cls(index_paths, tree_nodes, draft_cost, token_cost, draft in _ON, max_chars)
 
 
 def _env_int(environ, name: str, default, *, lowest: int):
@@ -137,7 +144,7 @@ def _env_int(environ, name: str, default, *, lowest: int):
     return value
 
 
-def _env_float(environ, name: str, default: float) -> float:
+def _env_float(environ, name: str, default):
     raw = environ.get(name, "").strip()
     if not raw:
         return default
@@ -230,6 +237,25 @@ def prediction_text(prediction) -> str:
 
 # ---------------------------------------------------------------------------------------------
 # Tree -> chain
+
+
+def draft_cost(token_cost: float, num_requests: int, emitted_per_request: float, drafted_per_request: float) -> float:
+    """The acceptance probability a drafted token needs to pay for its verification, this step.
+
+    A step verifies B requests' last tokens and drafts and takes ``a + b * (B + drafted)`` time
+    (a: the fixed part, weights and scheduling; b: one more token); it emits E tokens a request
+    (accepted drafts + 1). One more drafted token, accepted with probability s, adds s tokens for
+    b more time: it raises throughput when ``s / b > B * E / (a + b * B * (1 + D))``, i.e. when
+
+        s > x * B * E / (1 + x * B * (1 + D)),    x = b / a = ``token_cost``,
+
+    with D the tokens drafted a request. One request on a CPU (x = 0.05, E = 15, D = 22): 0.35;
+    eight: 0.51; as the batch grows the bound tends to E / (1 + D), the batch's own yield per
+    verified token: a loaded server drafts only what is likelier than its average to be accepted,
+    an idle one drafts deep."""
+    b = num_requests * token_cost
+    return b * emitted_per_request / (1.0 + b * (1.0 + drafted_per_request))
+
 
 
 def _best_chain_py(token_ids, parents, scores, max_len: int, draft_cost: float, out: np.ndarray) -> int:
@@ -387,6 +413,10 @@ class Proposer:
         self.max_model_len = int(vllm_config.model_config.max_model_len)
         self.options = ServerOptions.from_env()
         self.tree_nodes = self.options.tree_nodes or max(self.num_speculative_tokens, 8)
+        self._emitted_avg = 2.0  # tokens emitted a request a step (running mean)
+        self._drafted_avg = 0.0  # tokens drafted a request a step (running mean)
+        self._step_emitted = self._step_drafted = self._step_fed = self._step_drafting = 0
+        self._step_cost = 0.0
         self._model_config = vllm_config.model_config
         self._tokenizer = None
         if self._model_config.tokenizer is not None:  # at start-up, not in the first request's step
@@ -405,8 +435,9 @@ class Proposer:
         self._chain_buf = np.empty(self.num_speculative_tokens, dtype=np.int32)
         best_chain(np.zeros(1, np.int32), np.full(1, -1, np.int32), np.ones(1, np.float32), 1, 0.0)  # compile
         vllm_plugin.install_runner_hook()
-        logger.info("refdec proposer: k=%d, tree nodes %d, draft cost %.3g, index %s", self.num_speculative_tokens,
-                    self.tree_nodes, self.options.draft_cost, list(self.options.index_paths) or None)
+        logger.info("refdec proposer: k=%d, tree nodes %d, draft cost %s, index %s", self.num_speculative_tokens,
+                    self.tree_nodes, self.options.draft_cost if self.options.draft_cost is not None else
+                    f"from the batch (token cost {self.options.token_cost:g})", list(self.options.index_paths) or None)
 
     # -- vLLM's interface ----------------------------------------------------------------
 
@@ -432,6 +463,12 @@ class Proposer:
             raise RuntimeError("refdec.vllm.Proposer.propose was called without the batch's request ids: the "
                                "runner hook (refdec.vllm_plugin.install_runner_hook) is not installed")
         drafts: list[list[int]] = []
+        if self.options.draft_cost is not None:
+            self._step_cost = self.options.draft_cost
+        else:
+            num_requests = sum(1 for sampled in sampled_token_ids if sampled)
+            self._step_cost = draft_cost(self.options.token_cost, num_requests, self._emitted_avg, self._drafted_avg)
+        self._step_emitted = self._step_drafted = self._step_fed = self._step_drafting = 0
         for batch_slot, sampled in enumerate(sampled_token_ids):
             if not sampled:  # a partial prefill, or a discarded row
                 drafts.append([])
@@ -443,6 +480,10 @@ class Proposer:
                 logger.exception("refdec: drafting failed for request %s; it continues without drafts", req_id)
                 self._requests[req_id] = _RequestDraft(self._vllm_requests.get(req_id), None)
                 drafts.append([])
+        if self._step_fed:  # running means over the last ~10 steps
+            self._emitted_avg += 0.1 * (self._step_emitted / self._step_fed - self._emitted_avg)
+        if self._step_drafting:
+            self._drafted_avg += 0.1 * (self._step_drafted / self._step_drafting - self._drafted_avg)
         if len(self._requests) > len(self._vllm_requests):  # requests vLLM no longer holds
             for req_id in [r for r in self._requests if r not in self._vllm_requests]:
                 del self._requests[req_id]
@@ -461,6 +502,8 @@ class Proposer:
             new_tokens = token_ids_cpu[batch_slot, state.num_tokens_fed:num_tokens]
             if state.last_chain:  # one verification: the accepted draft prefix + 1 token of vLLM's
                 state.num_accepted += min(len(new_tokens) - 1, len(state.last_chain))
+            self._step_emitted += len(new_tokens)
+            self._step_fed += 1
             if state.proposer is not None:
                 state.proposer.accept(new_tokens)
             state.num_tokens_fed = num_tokens
@@ -474,8 +517,10 @@ class Proposer:
         if max_len <= 0:
             return []
         tree = state.proposer.propose(self.tree_nodes)
-        chain = best_chain(tree.token_ids, tree.parents, tree.scores, max_len, self.options.draft_cost,
+        chain = best_chain(tree.token_ids, tree.parents, tree.scores, max_len, self._step_cost,
                            out=self._chain_buf).tolist()
+        self._step_drafted += len(chain)
+        self._step_drafting += 1
         state.last_chain = chain
         state.num_drafted += len(chain)
         return chain

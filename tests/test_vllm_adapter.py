@@ -150,9 +150,10 @@ def test_server_options_defaults_and_values(tmp_path):
     a.write_bytes(b"x")
     b.write_bytes(b"x")
     opts = rv.ServerOptions.from_env({"REFDEC_VLLM_INDEX": f"{a}:{b}", "REFDEC_VLLM_TREE_NODES": "40",
-                                      "REFDEC_VLLM_DRAFT_COST": "0.25", "REFDEC_VLLM_DRAFT": "off",
-                                      "REFDEC_VLLM_MAX_REFERENCE_CHARS": "10"})
-    assert opts == rv.ServerOptions((str(a), str(b)), 40, 0.25, False, 10)
+                                      "REFDEC_VLLM_DRAFT_COST": "0.25", "REFDEC_VLLM_TOKEN_COST": "0.01",
+                                      "REFDEC_VLLM_DRAFT": "off", "REFDEC_VLLM_MAX_REFERENCE_CHARS": "10"})
+    assert opts == rv.ServerOptions(index_paths=(str(a), str(b)), tree_nodes=40, draft_cost=0.25, token_cost=0.01,
+                                    draft_by_default=False, max_reference_chars=10)
 
 
 @pytest.mark.parametrize("env, message", [
@@ -243,6 +244,7 @@ def make_proposer(monkeypatch):
         monkeypatch.delenv(name, raising=False)
 
     def make(k=8, **env):
+        env.setdefault("REFDEC_VLLM_DRAFT_COST", "0")  # every drafted token pays: whole chains, exact tests
         for name, value in env.items():
             monkeypatch.setenv(name, value)
         config = SimpleNamespace(speculative_config=SimpleNamespace(num_speculative_tokens=k),
@@ -279,6 +281,32 @@ def test_each_request_drafts_from_its_own_reference_while_slots_move(make_propos
     assert set(proposer.request_stats()) == {"a", "b"}
     stats = proposer.request_stats()
     assert stats["a"]["drafted"] == 16 and stats["a"]["accepted"] == 8   # " brown f" accepted, "ox" new
+
+
+def test_draft_cost_from_the_batch():
+    # one request on a CPU (x = 0.05), 15 tokens emitted and 22 drafted a step: 0.35; eight: 0.51
+    assert rv.draft_cost(0.05, 1, 15.0, 22.0) == pytest.approx(0.75 / 2.15)
+    assert rv.draft_cost(0.05, 8, 15.0, 22.0) == pytest.approx(6.0 / 10.2)
+    # a huge batch: the batch's yield per verified token, E / (1 + D)
+    assert rv.draft_cost(0.05, 10**9, 15.0, 22.0) == pytest.approx(15.0 / 23.0)
+    assert rv.draft_cost(0.05, 0, 15.0, 22.0) == 0.0
+
+
+def test_a_loaded_batch_drafts_shorter_chains_than_one_request(make_proposer, monkeypatch):
+    """Same request, same tree: alone it gets the deep chain; among 60 requests (the bound near
+    the batch's yield) only the tokens its tree scores likelier than that."""
+    monkeypatch.delenv("REFDEC_VLLM_DRAFT_COST", raising=False)
+    lengths = {}
+    for batch in (1, 60):
+        proposer = make_proposer(k=32, REFDEC_VLLM_DRAFT_COST="")
+        proposer._emitted_avg, proposer._drafted_avg = 4.0, 16.0
+        runner = FakeRunner(proposer, max_slots=batch)
+        for i in range(batch):
+            # a short match ("the"): the copy's scores fall with depth, 0.51, 0.40, 0.33, ... 0.11
+            runner.add(f"r{i}", _ids("A: the"), {"refdec_references": REF_A})
+        lengths[batch] = len(runner.step()["r0"])
+    # cost alone 0.05 * 4 / (1 + 0.05 * 17) = 0.11: ~11 tokens; among 60: 12 / 52 = 0.23: ~5
+    assert lengths[1] >= 8 and 2 <= lengths[60] <= lengths[1] - 4, lengths
 
 
 def test_finished_and_vanished_requests_are_freed(make_proposer):
