@@ -7,7 +7,9 @@
 Serving: one server per method on the default model (Gemma 3 270M, CPU, float32, eager), driven
 with the OpenAI client over the loopback; methods alternate by server, each runs every
 (workload, clients) cell. ``refdec`` and ``refdec-pred`` share one server: refdec-pred sends the
-original file as OpenAI Predicted Outputs' ``prediction`` (edits only). Per cell: output tokens/s
+original file as OpenAI Predicted Outputs' ``prediction`` (edits only); ``refdec@0.1`` /
+``refdec-pred@0.1``: a server with a fixed REFDEC_VLLM_DRAFT_COST=0.1 instead of the draft cost
+from the batch. Per cell: output tokens/s
 (all output tokens / wall time of the cell), per-request latency p50/p99, accepted draft tokens
 (usage.completion_tokens_details.accepted_prediction_tokens, filled by refdec's plugin from
 vLLM's per-request speculative-decoding metrics) and whether every output's token ids equal the
@@ -78,6 +80,7 @@ def write_result(kind: str, obj) -> Path:
 # -- servers ------------------------------------------------------------------------------------
 
 def speculative_config(method: str, k: int) -> dict | None:
+    method = method.partition("@")[0]
     if method == "none":
         return None
     if method == "ngram":  # vLLM's defaults: prompt_lookup_min = prompt_lookup_max = 5
@@ -105,6 +108,7 @@ def serve_command(model_dir: str) -> list[str]:
 
 class Server:
     def __init__(self, model_dir: str, method: str, k: int, max_model_len: int, log_dir: Path):
+        """``method`` may end in ``@COST`` (refdec with a fixed REFDEC_VLLM_DRAFT_COST)."""
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))
             self.port = s.getsockname()[1]
@@ -120,7 +124,10 @@ class Server:
         self.log_path = log_dir / f"serve-{method}.log"
         self.log = open(self.log_path, "w")
         t0 = time.time()
-        self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT)
+        env = dict(os.environ)
+        if "@" in method:
+            env["REFDEC_VLLM_DRAFT_COST"] = method.partition("@")[2]
+        self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT, env=env)
         self.base = f"http://127.0.0.1:{self.port}"
         while time.time() - t0 < 600:
             if self.proc.poll() is not None:
@@ -193,14 +200,12 @@ def serve_benchmark(args) -> dict:
                 req["max_tokens"] = args.max_tokens
     results = {"command": " ".join(sys.argv), "k": args.k, "model_dir": model_dir, "cells": [],
                "load_before": os.getloadavg(), "env": {k: v for k, v in os.environ.items() if k.startswith(("VLLM_", "REFDEC_"))}}
-    servers = []
+    servers: dict[str, list[str]] = {}  # refdec and refdec-pred (same @cost) share one server
     for method in methods:
-        if method == "refdec-pred" and "refdec" in methods:
-            continue  # shares refdec's server
-        servers.append((method, ["refdec", "refdec-pred"] if method == "refdec" and "refdec-pred" in methods
-                        else ["refdec-pred"] if method == "refdec-pred" else [method]))
+        servers.setdefault(method.replace("refdec-pred", "refdec"), []).append(method)
+    servers = list(servers.items())
     for server_method, cell_methods in servers:
-        print(f"# starting {server_method} (load {os.getloadavg()[0]:.1f})", flush=True)
+        print(f"# starting {server_method} for {cell_methods} (load {os.getloadavg()[0]:.1f})", flush=True)
         try:
             server = Server(model_dir, server_method, args.k, args.max_model_len, REPO / "benchmarks" / "out")
         except RuntimeError as exc:
@@ -211,10 +216,11 @@ def serve_benchmark(args) -> dict:
             for workload in workloads:
                 for clients in clients_list:
                     for method in cell_methods:
-                        if method == "refdec-pred" and workload != "edits":
+                        prediction = method.startswith("refdec-pred")
+                        if prediction and workload != "edits":
                             continue
                         load = os.getloadavg()[0]
-                        cell = run_cell(server, requests[workload], clients, prediction=method == "refdec-pred")
+                        cell = run_cell(server, requests[workload], clients, prediction=prediction)
                         cell.update(method=method, workload=workload, load=load, server_start_s=server.start_s)
                         results["cells"].append(cell)
                         print(f"{workload:6s} c={clients} {method:12s} {cell['tokens_per_s']:7.2f} tok/s  "
