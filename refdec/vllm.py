@@ -435,6 +435,7 @@ class Proposer:
         self._batch_req_ids: list[str] | None = None
         self._vllm_requests: Mapping[str, object] = {}
         self._chain_buf = np.empty(self.num_speculative_tokens, dtype=np.int32)
+        self._warned_unbound = False
         best_chain(np.zeros(1, np.int32), np.full(1, -1, np.int32), np.ones(1, np.float32), 1, 0.0)  # compile
         vllm_plugin.install_runner_hook()
         logger.info("refdec proposer: k=%d, tree nodes %d, draft cost %s, index %s", self.num_speculative_tokens,
@@ -461,9 +462,12 @@ class Proposer:
     def propose(self, sampled_token_ids: list[list[int]], num_tokens_no_spec: np.ndarray,
                 token_ids_cpu: np.ndarray, slot_mappings=None, **kwargs) -> list[list[int]]:
         req_ids = self._batch_req_ids
-        if req_ids is None:
-            raise RuntimeError("refdec.vllm.Proposer.propose was called without the batch's request ids: the "
-                               "runner hook (refdec.vllm_plugin.install_runner_hook) is not installed")
+        if req_ids is None:  # only if vLLM drafts past the hooked method: no drafts, never a wrong request's
+            if not self._warned_unbound:
+                logger.error("refdec.vllm.Proposer.propose was called without the batch's request ids (the runner "
+                             "hook refdec.vllm_plugin.install_runner_hook did not run): no drafts")
+                self._warned_unbound = True
+            return [[] for _ in sampled_token_ids]
         drafts: list[list[int]] = []
         if self.options.draft_cost is not None:
             self._step_cost = self.options.draft_cost
@@ -480,7 +484,8 @@ class Proposer:
                 drafts.append(self._propose_one(req_id, batch_slot, num_tokens_no_spec, token_ids_cpu))
             except Exception:  # never take the worker down: this request goes on without drafts
                 logger.exception("refdec: drafting failed for request %s; it continues without drafts", req_id)
-                self._requests[req_id] = _RequestDraft(self._vllm_requests.get(req_id), None)
+                self._requests[req_id] = _RequestDraft(self._vllm_requests.get(req_id), None,
+                                                       num_tokens_fed=int(num_tokens_no_spec[batch_slot]))
                 drafts.append([])
         if self._step_fed:  # running means over the last ~10 steps
             self._emitted_avg += 0.1 * (self._step_emitted / self._step_fed - self._emitted_avg)

@@ -384,10 +384,34 @@ def test_drafts_stop_at_max_tokens_and_max_model_len(make_proposer):
     assert runner.step()["a"] == _ids(" b")
 
 
-def test_proposer_without_the_runner_hook_says_so(make_proposer):
+def test_proposer_without_the_runner_hook_says_so_and_drafts_nothing(make_proposer, caplog):
     proposer = make_proposer()
-    with pytest.raises(RuntimeError, match="runner hook"):
-        proposer.propose([[1]], np.array([3]), np.zeros((1, 8), np.int32))
+    with caplog.at_level("ERROR", logger="refdec.vllm"):
+        assert proposer.propose([[1], [2]], np.array([3, 3]), np.zeros((2, 8), np.int32)) == [[], []]
+    assert "without the batch's request ids" in caplog.text
+
+
+def test_a_request_whose_drafting_fails_goes_on_without_drafts(make_proposer, monkeypatch):
+    proposer = make_proposer()
+    runner = FakeRunner(proposer)
+    runner.add("a", _ids("A: "), {"refdec_references": REF_A})
+    runner.add("b", _ids("A: "), {"refdec_references": REF_A})
+    runner.emit("a", _ids("the quick"))
+    runner.emit("b", _ids("the quick"))
+    real_start = proposer._start
+
+    def failing_start(req_id, *args):
+        if req_id == "a":
+            raise RuntimeError("boom")
+        return real_start(req_id, *args)
+
+    monkeypatch.setattr(proposer, "_start", failing_start)
+    assert runner.step() == {"a": [], "b": _ids(" brown f")}
+    runner.emit("a", _ids(" brown"))
+    runner.emit("b", _ids(" brown"))
+    drafts = runner.step()
+    assert drafts["a"] == [] and drafts["b"] == _ids(" fox jum")
+    assert proposer.request_stats()["a"]["drafting"] is False
 
 
 def _saved_char_tokenizer(path):
