@@ -25,9 +25,9 @@ Options (read from the environment in every vLLM process, validated at start-up)
 ``REFDEC_VLLM_TREE_NODES``           refdec's tree size before the chain is chosen
                                      (default num_speculative_tokens, at least 8)
 ``REFDEC_VLLM_TOKEN_COST``           the time of verifying one more token, as a fraction of a
-                                     step's fixed time (default 0.01, chosen on this project's
-                                     CPU with the default model, benchmarks/RESULTS.md section 6):
-                                     sets each step's draft cost from the batch (:func:`draft_cost`)
+                                     step's fixed time (default 0.05, the default model on this
+                                     project's CPU, benchmarks/RESULTS.md section 6): sets each
+                                     step's draft cost from the batch (:func:`draft_cost`)
 ``REFDEC_VLLM_DRAFT_COST``           a fixed draft cost instead (accepted tokens a drafted token
                                      must be worth): the chain ends where a token's estimated
                                      acceptance probability is below it
@@ -74,7 +74,7 @@ ENV_DRAFT = "REFDEC_VLLM_DRAFT"
 ENV_MAX_REFERENCE_CHARS = "REFDEC_VLLM_MAX_REFERENCE_CHARS"
 ENV_NAMES = (ENV_INDEX, ENV_TREE_NODES, ENV_TOKEN_COST, ENV_DRAFT_COST, ENV_DRAFT, ENV_MAX_REFERENCE_CHARS)
 
-DEFAULT_TOKEN_COST = 0.01
+DEFAULT_TOKEN_COST = 0.05
 DEFAULT_MAX_REFERENCE_CHARS = 1_000_000
 
 _ON = ("1", "on", "true", "yes")
@@ -249,12 +249,12 @@ def draft_cost(token_cost: float, num_requests: int, emitted_per_request: float,
 
         s > x * B * E / (1 + x * B * (1 + D)),    x = b / a = ``token_cost``,
 
-    with D the tokens drafted a request. With the default x = 0.01, E = 15, D = 22: 0.12 for one
-    request, 0.42 for eight; as the batch grows the bound tends to E / (1 + D), the batch's own
+    with D the tokens drafted a request. With the default x = 0.05, E = 15, D = 22: 0.35 for one
+    request, 0.51 for eight; as the batch grows the bound tends to E / (1 + D), the batch's own
     yield per verified token: a loaded server drafts only what is likelier than its average to be
-    accepted, an idle one drafts deep. (x is an effective value: refdec's scores underestimate
-    long copies, so the x measured from step times, ~0.05-0.08 on this CPU, cut chains too early
-    at one request: 85.5 against 90.9 tokens/s with a fixed 0.1, benchmarks/RESULTS.md section 6.)"""
+    accepted. Measured on this CPU (benchmarks/RESULTS.md section 6): at eight clients this beats
+    a fixed 0.1 by 9-22%; at one client a fixed 0.1 (``REFDEC_VLLM_DRAFT_COST=0.1``) is ~6% faster
+    (x = 0.01, ~0.1 for one request, was slower at both)."""
     b = num_requests * token_cost
     return b * emitted_per_request / (1.0 + b * (1.0 + drafted_per_request))
 

@@ -302,10 +302,10 @@ def test_a_loaded_batch_drafts_shorter_chains_than_one_request(make_proposer, mo
         proposer._emitted_avg, proposer._drafted_avg = 4.0, 16.0
         runner = FakeRunner(proposer, max_slots=batch)
         for i in range(batch):
-            # a short match ("the"): the copy's scores fall with depth, 0.51, 0.40, 0.33, ... 0.05
+            # a short match ("the"): the copy's scores fall with depth, 0.51, 0.40, 0.33, ... 0.11
             runner.add(f"r{i}", _ids("A: the"), {"refdec_references": REF_A})
         lengths[batch] = len(runner.step()["r0"])
-    # cost alone 0.01 * 4 / (1 + 0.01 * 17) = 0.03: the whole copy; among 60: 2.4 / 11.2 = 0.21: ~5
+    # cost alone 0.05 * 4 / (1 + 0.05 * 17) = 0.11: ~11 tokens; among 60: 12 / 52 = 0.23: ~5
     assert lengths[1] >= 8 and 2 <= lengths[60] <= lengths[1] - 4, lengths
 
 
