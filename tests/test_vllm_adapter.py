@@ -12,6 +12,7 @@ import pytest
 
 import refdec
 from refdec import vllm as rv
+from refdec.vllm import chain as vllm_chain, options as vllm_options
 
 
 def _tree(token_ids, parents, scores):
@@ -31,7 +32,7 @@ TWO_BRANCHES = _tree([10, 20, 11, 21, 12, 22, 23, 24], [-1, -1, 0, 1, 2, 3, 5, 6
 @pytest.fixture(params=["python", "numba"])
 def chain_impl(request, monkeypatch):
     if request.param == "python":
-        monkeypatch.setattr(rv, "_best_chain_impl", rv._best_chain_py)
+        monkeypatch.setattr(vllm_chain, "_best_chain_impl", vllm_chain._best_chain_py)
     else:
         pytest.importorskip("numba")
         monkeypatch.setattr(rv, "_best_chain_impl", None)
@@ -70,7 +71,7 @@ def test_best_chain_never_takes_a_negative_token_or_its_subtree(chain_impl):
 def test_best_chain_python_and_numba_agree_on_random_trees():
     pytest.importorskip("numba")
     rng = np.random.default_rng(5)
-    compiled = rv._chain_impl()
+    compiled = vllm_chain._chain_impl()
     for _ in range(300):
         n = int(rng.integers(1, 40))
         parents = np.array([int(rng.integers(-1, i)) if i else -1 for i in range(n)], np.int32)
@@ -78,7 +79,7 @@ def test_best_chain_python_and_numba_agree_on_random_trees():
         scores = rng.random(n).astype(np.float32)
         max_len, cost = int(rng.integers(1, 10)), float(rng.choice([0.0, 0.1, 0.4]))
         a, b = np.empty(max_len, np.int32), np.empty(max_len, np.int32)
-        la = rv._best_chain_py(tokens, parents, scores, max_len, cost, a)
+        la = vllm_chain._best_chain_py(tokens, parents, scores, max_len, cost, a)
         lb = compiled(tokens, parents, scores, max_len, cost, b)
         assert la == lb and a[:la].tolist() == b[:lb].tolist()
 
@@ -237,10 +238,10 @@ class FakeRunner:
 
 @pytest.fixture
 def make_proposer(monkeypatch):
-    from refdec import vllm_plugin
+    from refdec.vllm import proposer as vllm_proposer
 
-    monkeypatch.setattr(vllm_plugin, "install_runner_hook", lambda: None)
-    for name in rv.ENV_NAMES:
+    monkeypatch.setattr(vllm_proposer, "install_runner_hook", lambda: None)
+    for name in vllm_options.ENV_NAMES:
         monkeypatch.delenv(name, raising=False)
 
     def make(k=8, **env):
@@ -424,9 +425,9 @@ def _saved_char_tokenizer(path):
 
 def _index_proposer(make_proposer, monkeypatch, tmp_path, index_paths):
     """A proposer whose model_config.tokenizer is a saved char tokenizer directory."""
-    from refdec import vllm_plugin
+    from refdec.vllm import proposer as vllm_proposer
 
-    monkeypatch.setattr(vllm_plugin, "install_runner_hook", lambda: None)
+    monkeypatch.setattr(vllm_proposer, "install_runner_hook", lambda: None)
     monkeypatch.setenv("REFDEC_VLLM_INDEX", ":".join(str(p) for p in index_paths))
     config = SimpleNamespace(speculative_config=SimpleNamespace(num_speculative_tokens=8),
                              model_config=SimpleNamespace(max_model_len=256, tokenizer=str(tmp_path / "tok")))

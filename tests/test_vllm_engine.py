@@ -27,7 +27,8 @@ pytestmark = [pytest.mark.slow, pytest.mark.vllm]
 vllm = pytest.importorskip("vllm", reason="vLLM is not installed (pip install -e '.[vllm]')")
 
 import refdec  # noqa: E402
-from refdec import vllm as rv  # noqa: E402
+from refdec import vllm as rv
+from refdec.vllm import chain as vllm_chain, options as vllm_options  # noqa: E402
 
 K = 8
 MAX_MODEL_LEN = 1024
@@ -84,7 +85,7 @@ def _shutdown(llm):
 
 @pytest.fixture(scope="module")
 def env_guard():
-    saved = {k: os.environ.get(k) for k in rv.ENV_NAMES + ("VLLM_CPU_KVCACHE_SPACE",)}
+    saved = {k: os.environ.get(k) for k in vllm_options.ENV_NAMES + ("VLLM_CPU_KVCACHE_SPACE",)}
     os.environ["VLLM_CPU_KVCACHE_SPACE"] = "1"
     yield
     for k, v in saved.items():

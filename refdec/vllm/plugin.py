@@ -15,19 +15,19 @@ exists (a vLLM version without one logs a warning and goes on without that part)
   ``usage.completion_tokens_details`` gets OpenAI's ``accepted_prediction_tokens`` (draft
   tokens vLLM accepted) and ``rejected_prediction_tokens`` (draft tokens it rejected).
 
-:func:`install_runner_hook` (installed by :class:`refdec.vllm.Proposer` itself, in the worker
-that builds it) hands the proposer the batch's request ids before each ``propose``: vLLM's
-``custom_class`` interface passes batch slots only.
+:func:`refdec.vllm.proposer.install_runner_hook` (installed by :class:`refdec.vllm.Proposer`
+itself, in the worker that builds it) hands the proposer the batch's request ids before each
+``propose``: vLLM's ``custom_class`` interface passes batch slots only.
 """
 
 from __future__ import annotations
 
-import functools
 import logging
 
-logger = logging.getLogger(__name__)
+from refdec.vllm.hooks import wrap_once
+from refdec.vllm.options import REFERENCES_KEY, ServerOptions, parse_request_options, prediction_text
 
-_HOOK_FLAG = "_refdec_hook"
+logger = logging.getLogger(__name__)
 
 
 def register() -> None:
@@ -39,47 +39,6 @@ def register() -> None:
             logger.warning("refdec vLLM plugin: %s not installed (%s)", install.__name__, exc)
 
 
-def _wrap(owner, name: str, make):
-    """Replaces ``owner.name`` by ``make(original)`` once (a second call is a no-op)."""
-    original = getattr(owner, name)
-    if getattr(original, _HOOK_FLAG, False):
-        return
-    wrapper = functools.wraps(original)(make(original))
-    setattr(wrapper, _HOOK_FLAG, True)
-    setattr(owner, name, wrapper)
-
-
-# -- worker: the batch's request ids ----------------------------------------------------------
-
-
-def install_runner_hook() -> None:
-    """Before vLLM's runner asks the drafter for drafts, give a refdec proposer the batch's
-    request ids (``input_batch.req_ids``, one per batch slot), vLLM's per-request states, and the
-    requests that finished or were preempted. Raises RuntimeError naming the vLLM version if its
-    runner has no such method (the proposer then cannot tell requests apart)."""
-    from vllm.v1.worker.gpu_model_runner import GPUModelRunner
-
-    from refdec.vllm import Proposer
-
-    if not hasattr(GPUModelRunner, "propose_draft_token_ids"):
-        import vllm
-
-        raise RuntimeError(f"refdec.vllm.Proposer needs vLLM's GPUModelRunner.propose_draft_token_ids, which vLLM "
-                           f"{vllm.__version__} does not have (refdec is tested with vLLM 0.32)")
-
-    def make(original):
-        def propose_draft_token_ids(self, scheduler_output, *args, **kwargs):
-            drafter = getattr(self, "drafter", None)
-            if isinstance(drafter, Proposer):
-                drafter.bind_batch(self.input_batch.req_ids, self.requests,
-                                   getattr(scheduler_output, "finished_req_ids", ()),
-                                   getattr(scheduler_output, "preempted_req_ids", None) or ())
-            return original(self, scheduler_output, *args, **kwargs)
-        return propose_draft_token_ids
-
-    _wrap(GPUModelRunner, "propose_draft_token_ids", make)
-
-
 # -- front end: validation --------------------------------------------------------------------
 
 
@@ -87,8 +46,6 @@ def install_validation_hook() -> None:
     from vllm.exceptions import VLLMValidationError
     from vllm.sampling_params import SamplingParams
     from vllm.v1.engine.input_processor import InputProcessor
-
-    from refdec.vllm import ServerOptions, parse_request_options
 
     options = ServerOptions.from_env()
 
@@ -104,7 +61,7 @@ def install_validation_hook() -> None:
             return result
         return _validate_params
 
-    _wrap(InputProcessor, "_validate_params", make)
+    wrap_once(InputProcessor, "_validate_params", make)
 
 
 # -- front end: Predicted Outputs ---------------------------------------------------------------
@@ -113,8 +70,6 @@ def install_validation_hook() -> None:
 def _add_prediction(request, params):
     """``request.prediction`` (an extra field of the OpenAI request) -> the params' references."""
     from vllm.exceptions import VLLMValidationError
-
-    from refdec.vllm import REFERENCES_KEY, prediction_text
 
     prediction = (getattr(request, "model_extra", None) or {}).get("prediction")
     if prediction is None or not hasattr(params, "extra_args"):
@@ -142,7 +97,7 @@ def install_prediction_hooks() -> None:
         return to_sampling_params
 
     for cls in (ChatCompletionRequest, CompletionRequest):
-        _wrap(cls, "to_sampling_params", make)
+        wrap_once(cls, "to_sampling_params", make)
 
 
 # -- front end: usage -------------------------------------------------------------------------
@@ -181,5 +136,5 @@ def install_usage_hooks() -> None:
             return add_prediction_usage(original(self, *args, **kwargs))
         return request_output_to_completion_response
 
-    _wrap(OpenAIServingChat, "chat_completion_full_generator", make_async)
-    _wrap(OpenAIServingCompletion, "request_output_to_completion_response", make_sync)
+    wrap_once(OpenAIServingChat, "chat_completion_full_generator", make_async)
+    wrap_once(OpenAIServingCompletion, "request_output_to_completion_response", make_sync)

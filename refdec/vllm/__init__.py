@@ -1,0 +1,55 @@
+"""refdec as the speculative proposer inside vLLM.
+
+vLLM loads :class:`Proposer` through its ``custom_class`` speculative method::
+
+    vllm serve MODEL --speculative-config \\
+        '{"method": "custom_class", "model": "refdec.vllm.Proposer", "num_speculative_tokens": 16}'
+    vllm.LLM(model=..., speculative_config=refdec.vllm.speculative_config(16))
+
+vLLM owns the loop (continuous batching, tensor/pipeline parallelism) and verifies ONE chain
+per request. Each step it calls ``propose(sampled_token_ids, num_tokens_no_spec,
+token_ids_cpu)`` with one row per *batch slot*; slots move as requests finish, so this adapter
+keys its state by *request id*, which the runner hook in :func:`refdec.vllm.proposer.install_runner_hook` hands it
+before each call (the batch's ``req_ids`` and vLLM's per-request states). Per request it keeps
+one :class:`refdec.Proposer` (live context, the request's references with the copy cursor, the
+server's corpus index), started from the prompt, advanced with the tokens vLLM accepted
+(O(new tokens) a step), and freed when the request finishes or is preempted. refdec's draft
+tree becomes the chain of highest expected accepted length less a cost per drafted token
+(:func:`best_chain`), so a draft that will not pay is cut short or not sent.
+
+Options (read from the environment in every vLLM process, validated at start-up):
+
+==================================== ========================================================
+``REFDEC_VLLM_INDEX``                a corpus index file, or several separated by ``:``
+                                     (a :class:`refdec.ShardedIndex`); mmap, once per worker
+``REFDEC_VLLM_TREE_NODES``           refdec's tree size before the chain is chosen
+                                     (default num_speculative_tokens, at least 8)
+``REFDEC_VLLM_TOKEN_COST``           the time of verifying one more token, as a fraction of a
+                                     step's fixed time (default 0.05, the default model on this
+                                     project's CPU, benchmarks/RESULTS.md section 6): sets each
+                                     step's draft cost from the batch (:func:`draft_cost`)
+``REFDEC_VLLM_DRAFT_COST``           a fixed draft cost instead (accepted tokens a drafted token
+                                     must be worth): the chain ends where a token's estimated
+                                     acceptance probability is below it
+``REFDEC_VLLM_DRAFT``                ``on`` (default) or ``off``: drafting for requests that
+                                     do not say (``refdec_draft``)
+``REFDEC_VLLM_MAX_REFERENCE_CHARS``  the most characters of references one request may bring
+                                     (default 1,000,000)
+==================================== ========================================================
+
+Per request (``SamplingParams(extra_args={...})``; over HTTP ``vllm_xargs``; on the OpenAI
+server also Predicted Outputs' ``prediction={"type": "content", "content": "..."}``):
+``refdec_references`` (a string or a list of strings: text to draft from, e.g. the file being
+edited) and ``refdec_draft`` (false / 0 / "off": no drafts for this request). Other
+``refdec_*`` keys are an error naming the key.
+"""
+
+from refdec.vllm.options import (DRAFT_KEY, PROPOSER_CLASS, REFERENCES_KEY, RequestOptions, ServerOptions,
+                                 parse_request_options, prediction_text, speculative_config)
+from refdec.vllm.chain import best_chain, draft_cost
+from refdec.vllm.proposer import Proposer, load_index
+
+__all__ = [
+    "Proposer", "ServerOptions", "RequestOptions", "best_chain", "draft_cost", "load_index", "parse_request_options",
+    "prediction_text", "speculative_config", "PROPOSER_CLASS", "REFERENCES_KEY", "DRAFT_KEY",
+]

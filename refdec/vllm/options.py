@@ -1,0 +1,189 @@
+"""refdec's options inside vLLM: the server's (environment, validated at start-up) and each
+request's (``SamplingParams.extra_args``; Predicted Outputs' ``prediction``)."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+__all__ = ["DRAFT_KEY", "PROPOSER_CLASS", "REFERENCES_KEY", "RequestOptions", "ServerOptions",
+           "parse_request_options", "prediction_text", "speculative_config"]
+
+PROPOSER_CLASS = "refdec.vllm.Proposer"
+REFERENCES_KEY = "refdec_references"
+DRAFT_KEY = "refdec_draft"
+REQUEST_KEYS = (REFERENCES_KEY, DRAFT_KEY)
+
+ENV_PREFIX = "REFDEC_VLLM_"
+ENV_INDEX = "REFDEC_VLLM_INDEX"
+ENV_TREE_NODES = "REFDEC_VLLM_TREE_NODES"
+ENV_DRAFT_COST = "REFDEC_VLLM_DRAFT_COST"
+ENV_TOKEN_COST = "REFDEC_VLLM_TOKEN_COST"
+ENV_DRAFT = "REFDEC_VLLM_DRAFT"
+ENV_MAX_REFERENCE_CHARS = "REFDEC_VLLM_MAX_REFERENCE_CHARS"
+ENV_NAMES = (ENV_INDEX, ENV_TREE_NODES, ENV_TOKEN_COST, ENV_DRAFT_COST, ENV_DRAFT, ENV_MAX_REFERENCE_CHARS)
+
+DEFAULT_TOKEN_COST = 0.05
+DEFAULT_MAX_REFERENCE_CHARS = 1_000_000
+
+_ON = ("1", "on", "true", "yes")
+_OFF = ("0", "off", "false", "no")
+
+
+def speculative_config(num_speculative_tokens: int = 16) -> dict:
+    """The ``speculative_config`` that makes vLLM draft with refdec (``vllm.LLM(...,
+    speculative_config=...)``; the same dict as JSON for ``vllm serve --speculative-config``)."""
+    if isinstance(num_speculative_tokens, bool) or not isinstance(num_speculative_tokens, int) \
+            or num_speculative_tokens < 1:
+        raise ValueError(f"num_speculative_tokens must be an integer >= 1, got {num_speculative_tokens!r}")
+    return {"method": "custom_class", "model": PROPOSER_CLASS, "num_speculative_tokens": num_speculative_tokens}
+
+
+# ---------------------------------------------------------------------------------------------
+# Options
+
+
+@dataclass(frozen=True)
+class ServerOptions:
+    """The server-wide options (see the module docstring), one set per vLLM process."""
+
+    index_paths: tuple[str, ...] = ()
+    tree_nodes: int | None = None  # None: num_speculative_tokens (at least 8)
+    draft_cost: float | None = None  # None: from the batch each step (token_cost)
+    token_cost: float = DEFAULT_TOKEN_COST
+    draft_by_default: bool = True
+    max_reference_chars: int = DEFAULT_MAX_REFERENCE_CHARS
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] | None = None) -> "ServerOptions":
+        """Reads and validates the ``REFDEC_VLLM_*`` variables; an unknown one (a typo) or a bad
+        value is a ValueError naming the variable and the value."""
+        environ = os.environ if environ is None else environ
+        unknown = sorted(k for k in environ if k.startswith(ENV_PREFIX) and k not in ENV_NAMES)
+        if unknown:
+            raise ValueError(f"unknown refdec vLLM option(s) {unknown}; known: {list(ENV_NAMES)}")
+        index_paths: tuple[str, ...] = ()
+        raw = environ.get(ENV_INDEX, "").strip()
+        if raw:
+            index_paths = tuple(p for p in raw.split(os.pathsep) if p)
+            for path in index_paths:
+                if not os.path.isfile(path):
+                    raise ValueError(f"{ENV_INDEX}: {path!r} is not a file (give one index path, or several "
+                                     f"separated by {os.pathsep!r})")
+        tree_nodes = _env_int(environ, ENV_TREE_NODES, None, lowest=1)
+        draft_cost = _env_float(environ, ENV_DRAFT_COST, None)
+        token_cost = _env_float(environ, ENV_TOKEN_COST, DEFAULT_TOKEN_COST)
+        max_chars = _env_int(environ, ENV_MAX_REFERENCE_CHARS, DEFAULT_MAX_REFERENCE_CHARS, lowest=1)
+        draft = environ.get(ENV_DRAFT, "on").strip().lower()
+        if draft not in _ON + _OFF:
+            raise ValueError(f"{ENV_DRAFT} must be 'on' or 'off', got {environ.get(ENV_DRAFT)!r}")
+        return cls(index_paths, tree_nodes, draft_cost, token_cost, draft in _ON, max_chars)
+
+
+def _env_int(environ, name: str, default, *, lowest: int):
+    raw = environ.get(name, "").strip()
+    if not raw:
+        return default
+    try:
+        value = int(raw)
+    except ValueError:
+        value = None
+    if value is None or value < lowest:
+        raise ValueError(f"{name} must be an integer >= {lowest}, got {environ.get(name)!r}")
+    return value
+
+
+def _env_float(environ, name: str, default):
+    raw = environ.get(name, "").strip()
+    if not raw:
+        return default
+    try:
+        value = float(raw)
+    except ValueError:
+        value = float("nan")
+    if not (0.0 <= value < float("inf")):
+        raise ValueError(f"{name} must be a finite number >= 0, got {environ.get(name)!r}")
+    return value
+
+
+@dataclass(frozen=True)
+class RequestOptions:
+    """One request's refdec options, parsed from ``SamplingParams.extra_args``."""
+
+    references: tuple[str, ...] = ()
+    draft: bool = True
+
+
+def parse_request_options(extra_args: Mapping | None, *, max_reference_chars: int = DEFAULT_MAX_REFERENCE_CHARS,
+                          draft_by_default: bool = True) -> RequestOptions:
+    """Validates the ``refdec_*`` keys of a request's ``extra_args`` (other keys belong to others
+    and are left alone). Raises ValueError naming the key and the bad value: references that are
+    not a string or a list of strings, an empty one, more than ``max_reference_chars`` characters
+    in all, a ``refdec_draft`` that is not a boolean, or an unknown ``refdec_*`` key."""
+    if not extra_args:
+        return RequestOptions(draft=draft_by_default)
+    unknown = sorted(k for k in extra_args if isinstance(k, str) and k.startswith("refdec_") and k not in REQUEST_KEYS)
+    if unknown:
+        raise ValueError(f"unknown refdec request option(s) {unknown}; known: {list(REQUEST_KEYS)}")
+    references: tuple[str, ...] = ()
+    raw = extra_args.get(REFERENCES_KEY)
+    if raw is not None:
+        items = [raw] if isinstance(raw, str) else raw
+        if not isinstance(items, (list, tuple)) or not all(isinstance(r, str) for r in items):
+            raise ValueError(f"{REFERENCES_KEY} must be a string or a list of strings, got {_describe(raw)}")
+        total = 0
+        for i, ref in enumerate(items):
+            if not ref:
+                raise ValueError(f"{REFERENCES_KEY}[{i}] is an empty string; give text to draft from or leave it out")
+            total += len(ref)
+        if total > max_reference_chars:
+            raise ValueError(f"{REFERENCES_KEY} holds {total:,} characters, more than the server's limit of "
+                             f"{max_reference_chars:,} ({ENV_MAX_REFERENCE_CHARS})")
+        references = tuple(items)
+    draft = draft_by_default
+    if DRAFT_KEY in extra_args:
+        draft = _parse_bool(extra_args[DRAFT_KEY], DRAFT_KEY)
+    return RequestOptions(references, draft)
+
+
+def _parse_bool(value, name: str) -> bool:
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, (int, float)) and value in (0, 1):
+        return bool(value)
+    if isinstance(value, str) and value.strip().lower() in _ON + _OFF:
+        return value.strip().lower() in _ON
+    raise ValueError(f"{name} must be true or false (or 1/0, 'on'/'off'), got {_describe(value)}")
+
+
+def _describe(value) -> str:
+    text = repr(value)
+    return f"{type(value).__name__} {text[:60] + '...' if len(text) > 60 else text}"
+
+
+def prediction_text(prediction) -> str:
+    """The text of an OpenAI Predicted Outputs ``prediction``: ``{"type": "content", "content":
+    str}`` or ``content`` as a list of ``{"type": "text", "text": str}`` parts (joined). Raises
+    ValueError naming what is wrong."""
+    if hasattr(prediction, "model_dump"):
+        prediction = prediction.model_dump()
+    if not isinstance(prediction, Mapping):
+        raise ValueError(f"prediction must be an object {{'type': 'content', 'content': ...}}, got {_describe(prediction)}")
+    if prediction.get("type", "content") != "content":
+        raise ValueError(f"prediction.type must be 'content', got {prediction.get('type')!r}")
+    content = prediction.get("content")
+    if isinstance(content, str):
+        return content
+    if isinstance(content, (list, tuple)):
+        parts = []
+        for i, part in enumerate(content):
+            if not (isinstance(part, Mapping) and part.get("type", "text") == "text" and isinstance(part.get("text"), str)):
+                raise ValueError(f"prediction.content[{i}] must be {{'type': 'text', 'text': str}}, got {_describe(part)}")
+            parts.append(part["text"])
+        return "".join(parts)
+    raise ValueError(f"prediction.content must be a string or a list of text parts, got {_describe(content)}")
+
+
+# ---------------------------------------------------------------------------------------------
+# Tree -> chain

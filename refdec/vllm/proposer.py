@@ -1,0 +1,259 @@
+"""The ``custom_class`` proposer vLLM builds in each worker (see the package docstring)."""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+import numpy as np
+from transformers import AutoTokenizer
+
+import refdec
+from refdec.index import CorpusIndex, ShardedIndex
+from refdec.vllm.chain import best_chain, draft_cost
+from refdec.vllm.hooks import wrap_once
+from refdec.vllm.options import ENV_INDEX, RequestOptions, ServerOptions, parse_request_options
+
+__all__ = ["Proposer", "install_runner_hook", "load_index"]
+
+logger = logging.getLogger(__name__)
+
+def load_index(paths, tokenizer=None):
+    """One :class:`refdec.CorpusIndex` (one path) or a :class:`refdec.ShardedIndex` (several),
+    memory-mapped; an index built with another tokenizer than ``tokenizer`` is an error naming
+    the file. None for no path."""
+    paths = [os.fspath(p) for p in (paths or ())]
+    if not paths:
+        return None
+    shards = [CorpusIndex.load(p, tokenizer=tokenizer) for p in paths]
+    return shards[0] if len(shards) == 1 else ShardedIndex(shards)
+
+
+# ---------------------------------------------------------------------------------------------
+# The vLLM proposer
+
+
+@dataclass
+class _RequestDraft:
+    """refdec's state for one request (keyed by request id, never by batch slot)."""
+
+    req_state: object  # vLLM's CachedRequestState: a new object under the same id is a new request
+    proposer: object | None  # refdec.Proposer, or None: no drafts for this request
+    num_tokens_fed: int = 0  # prompt + output tokens the proposer has seen
+    max_tokens: int | None = None  # the request's SamplingParams.max_tokens
+    last_chain: list = field(default_factory=list)  # the chain sent last step (token ids)
+    num_drafted: int = 0
+    num_accepted: int = 0
+
+
+class Proposer:
+    """vLLM's ``custom_class`` proposer: ``Proposer(vllm_config)``, then each step
+    ``propose(sampled_token_ids, num_tokens_no_spec, token_ids_cpu)`` -> one list of at most
+    ``num_speculative_tokens`` token ids per batch slot (see the module docstring).
+
+    ``sampled_token_ids``: one list per batch slot, the tokens vLLM emitted for it this step
+    (empty: a partial prefill, no draft). ``num_tokens_no_spec``: int (max_num_reqs,), tokens
+    per slot. ``token_ids_cpu``: int32 (max_num_reqs, max_model_len), each slot's prompt +
+    output tokens. Which request a slot holds comes from :meth:`bind_batch`, which the runner
+    hook calls before each ``propose``.
+    """
+
+    def __init__(self, vllm_config) -> None:
+        spec = vllm_config.speculative_config
+        self.num_speculative_tokens = int(spec.num_speculative_tokens)
+        self.max_model_len = int(vllm_config.model_config.max_model_len)
+        self.options = ServerOptions.from_env()
+        self.tree_nodes = self.options.tree_nodes or max(self.num_speculative_tokens, 8)
+        self._emitted_avg = 2.0  # tokens emitted a request a step (running mean)
+        self._drafted_avg = 0.0  # tokens drafted a request a step (running mean)
+        self._step_emitted = self._step_drafted = self._step_fed = self._step_drafting = 0
+        self._step_cost = 0.0
+        self._model_config = vllm_config.model_config
+        self._tokenizer = None
+        if self._model_config.tokenizer is not None:  # at start-up, not in the first request's step
+            self._get_tokenizer()
+        self.index = None
+        if self.options.index_paths:
+            self.index = load_index(self.options.index_paths, tokenizer=self._get_tokenizer())
+            try:  # the index object is passed through: refdec.Proposer says what it accepts
+                refdec.Proposer(index=self.index, max_depth=self.num_speculative_tokens)
+            except ValueError as exc:
+                raise ValueError(f"{ENV_INDEX}: refdec.Proposer does not take this index ({exc}); with several "
+                                 "files it needs ShardedIndex support in refdec.Proposer: give one file") from exc
+        self._requests: dict[str, _RequestDraft] = {}
+        self._batch_req_ids: list[str] | None = None
+        self._vllm_requests: Mapping[str, object] = {}
+        self._chain_buf = np.empty(self.num_speculative_tokens, dtype=np.int32)
+        self._warned_unbound = False
+        best_chain(np.zeros(1, np.int32), np.full(1, -1, np.int32), np.ones(1, np.float32), 1, 0.0)  # compile
+        install_runner_hook()
+        logger.info("refdec proposer: k=%d, tree nodes %d, draft cost %s, index %s", self.num_speculative_tokens,
+                    self.tree_nodes, self.options.draft_cost if self.options.draft_cost is not None else
+                    f"from the batch (token cost {self.options.token_cost:g})", list(self.options.index_paths) or None)
+
+    # -- vLLM's interface ----------------------------------------------------------------
+
+    def load_model(self, *args, **kwargs) -> None:
+        """No model: refdec drafts from indexes."""
+
+    def bind_batch(self, req_ids: list[str], vllm_requests: Mapping[str, object],
+                   finished_req_ids=(), preempted_req_ids=()) -> None:
+        """Called by the runner hook before each ``propose``: ``req_ids[batch_slot]`` is the request
+        in that slot this step; ``vllm_requests`` maps request id -> vLLM's CachedRequestState
+        (prompt, sampling params, outputs). Frees the state of finished and preempted requests."""
+        self._batch_req_ids = req_ids
+        self._vllm_requests = vllm_requests
+        for req_id in finished_req_ids or ():
+            self._requests.pop(req_id, None)
+        for req_id in preempted_req_ids or ():
+            self._requests.pop(req_id, None)
+
+    def propose(self, sampled_token_ids: list[list[int]], num_tokens_no_spec: np.ndarray,
+                token_ids_cpu: np.ndarray, slot_mappings=None, **kwargs) -> list[list[int]]:
+        req_ids = self._batch_req_ids
+        if req_ids is None:  # only if vLLM drafts past the hooked method: no drafts, never a wrong request's
+            if not self._warned_unbound:
+                logger.error("refdec.vllm.Proposer.propose was called without the batch's request ids (the runner "
+                             "hook refdec.vllm.proposer.install_runner_hook did not run): no drafts")
+                self._warned_unbound = True
+            return [[] for _ in sampled_token_ids]
+        drafts: list[list[int]] = []
+        if self.options.draft_cost is not None:
+            self._step_cost = self.options.draft_cost
+        else:
+            num_requests = sum(1 for sampled in sampled_token_ids if sampled)
+            self._step_cost = draft_cost(self.options.token_cost, num_requests, self._emitted_avg, self._drafted_avg)
+        self._step_emitted = self._step_drafted = self._step_fed = self._step_drafting = 0
+        for batch_slot, sampled in enumerate(sampled_token_ids):
+            if not sampled:  # a partial prefill, or a discarded row
+                drafts.append([])
+                continue
+            req_id = req_ids[batch_slot]
+            try:
+                drafts.append(self._propose_one(req_id, batch_slot, num_tokens_no_spec, token_ids_cpu))
+            except Exception:  # never take the worker down: this request goes on without drafts
+                logger.exception("refdec: drafting failed for request %s; it continues without drafts", req_id)
+                self._requests[req_id] = _RequestDraft(self._vllm_requests.get(req_id), None,
+                                                       num_tokens_fed=int(num_tokens_no_spec[batch_slot]))
+                drafts.append([])
+        if self._step_fed:  # running means over the last ~10 steps
+            self._emitted_avg += 0.1 * (self._step_emitted / self._step_fed - self._emitted_avg)
+        if self._step_drafting:
+            self._drafted_avg += 0.1 * (self._step_drafted / self._step_drafting - self._drafted_avg)
+        if len(self._requests) > len(self._vllm_requests):  # requests vLLM no longer holds
+            for req_id in [r for r in self._requests if r not in self._vllm_requests]:
+                del self._requests[req_id]
+        self._batch_req_ids = None  # a stale slot -> request map is never reused
+        return drafts
+
+    # -- one request ------------------------------------------------------------------------
+
+    def _propose_one(self, req_id: str, batch_slot: int, num_tokens_no_spec, token_ids_cpu) -> list[int]:
+        num_tokens = int(num_tokens_no_spec[batch_slot])
+        state = self._requests.get(req_id)
+        req_state = self._vllm_requests.get(req_id)
+        if state is None or state.req_state is not req_state or state.num_tokens_fed > num_tokens:
+            state = self._start(req_id, req_state, token_ids_cpu[batch_slot], num_tokens)
+        elif state.num_tokens_fed < num_tokens:
+            new_tokens = token_ids_cpu[batch_slot, state.num_tokens_fed:num_tokens]
+            if state.last_chain:  # one verification: the accepted draft prefix + 1 token of vLLM's
+                state.num_accepted += min(len(new_tokens) - 1, len(state.last_chain))
+            self._step_emitted += len(new_tokens)
+            self._step_fed += 1
+            if state.proposer is not None:
+                state.proposer.accept(new_tokens)
+            state.num_tokens_fed = num_tokens
+        state.last_chain = []
+        if state.proposer is None:
+            return []
+        max_len = min(self.num_speculative_tokens, self.max_model_len - num_tokens - 1)
+        max_tokens = state.max_tokens
+        if max_tokens is not None:  # no drafts past the request's last token
+            max_len = min(max_len, max_tokens - len(req_state.output_token_ids) - 1)
+        if max_len <= 0:
+            return []
+        tree = state.proposer.propose(self.tree_nodes)
+        chain = best_chain(tree.token_ids, tree.parents, tree.scores, max_len, self._step_cost,
+                           out=self._chain_buf).tolist()
+        self._step_drafted += len(chain)
+        self._step_drafting += 1
+        state.last_chain = chain
+        state.num_drafted += len(chain)
+        return chain
+
+    def _start(self, req_id: str, req_state, row_tokens: np.ndarray, num_tokens: int) -> _RequestDraft:
+        """A new (or resumed) request: its proposer over the prompt, then its outputs so far. O(context), once."""
+        params = getattr(req_state, "sampling_params", None)
+        extra_args = getattr(params, "extra_args", None)
+        try:
+            options = parse_request_options(extra_args, max_reference_chars=self.options.max_reference_chars,
+                                            draft_by_default=self.options.draft_by_default)
+        except ValueError as exc:  # the front end refuses these; a request that got here anyway drafts nothing
+            logger.warning("refdec: request %s: %s; it continues without drafts", req_id, exc)
+            options = RequestOptions(draft=False)
+        max_tokens = getattr(params, "max_tokens", None)
+        state = _RequestDraft(req_state, None, num_tokens_fed=num_tokens,
+                              max_tokens=None if max_tokens is None else int(max_tokens))
+        self._requests[req_id] = state
+        if not options.draft:
+            return state
+        references = None
+        if options.references:
+            tokenizer = self._get_tokenizer()
+            references = [np.asarray(tokenizer(text, add_special_tokens=False)["input_ids"], dtype=np.int32)
+                          for text in options.references]
+        num_prompt = getattr(req_state, "num_prompt_tokens", None)
+        num_prompt = num_tokens if num_prompt is None else min(int(num_prompt), num_tokens)
+        proposer = refdec.Proposer(index=self.index, references=references, max_depth=self.num_speculative_tokens,
+                                   cursor=bool(references))
+        proposer.start(row_tokens[:num_prompt])
+        if num_prompt < num_tokens:
+            proposer.accept(row_tokens[num_prompt:num_tokens])
+        state.proposer = proposer
+        return state
+
+    def _get_tokenizer(self):
+        if self._tokenizer is None:
+            mc = self._model_config
+            self._tokenizer = AutoTokenizer.from_pretrained(
+                mc.tokenizer, revision=getattr(mc, "tokenizer_revision", None),
+                trust_remote_code=bool(getattr(mc, "trust_remote_code", False)))
+        return self._tokenizer
+
+    # -- introspection (tests, benchmarks) -------------------------------------------------
+
+    def request_stats(self) -> dict[str, dict[str, int]]:
+        """Per live request id: drafted and accepted draft tokens so far, and whether it drafts."""
+        return {req_id: {"drafted": s.num_drafted, "accepted": s.num_accepted, "drafting": s.proposer is not None}
+                for req_id, s in self._requests.items()}
+
+
+# -- worker: the batch's request ids ----------------------------------------------------------
+
+
+def install_runner_hook() -> None:
+    """Before vLLM's runner asks the drafter for drafts, give a refdec proposer the batch's
+    request ids (``input_batch.req_ids``, one per batch slot), vLLM's per-request states, and the
+    requests that finished or were preempted. Raises RuntimeError naming the vLLM version if its
+    runner has no such method (the proposer then cannot tell requests apart)."""
+    from vllm.v1.worker.gpu_model_runner import GPUModelRunner  # vLLM is optional: imported where it runs
+
+    if not hasattr(GPUModelRunner, "propose_draft_token_ids"):
+        import vllm
+
+        raise RuntimeError(f"refdec.vllm.Proposer needs vLLM's GPUModelRunner.propose_draft_token_ids, which vLLM "
+                           f"{vllm.__version__} does not have (refdec is tested with vLLM 0.32)")
+
+    def make(original):
+        def propose_draft_token_ids(self, scheduler_output, *args, **kwargs):
+            drafter = getattr(self, "drafter", None)
+            if isinstance(drafter, Proposer):
+                drafter.bind_batch(self.input_batch.req_ids, self.requests,
+                                   getattr(scheduler_output, "finished_req_ids", ()),
+                                   getattr(scheduler_output, "preempted_req_ids", None) or ())
+            return original(self, scheduler_output, *args, **kwargs)
+        return propose_draft_token_ids
+
+    wrap_once(GPUModelRunner, "propose_draft_token_ids", make)
