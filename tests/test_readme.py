@@ -75,6 +75,9 @@ NOT_RUN = {
     "python3 -m venv": "environment set-up (CI's install step runs the same installs)",
     ".": "environment set-up",
     "pip install": "installs (CI's install step)",
+    "pip uninstall": "an install step (.ci/run's vLLM step runs it)",
+    "vllm serve": "vLLM (CI's vLLM step starts the same server: tests/test_vllm_engine.py)",
+    "python -m pytest tests/test_vllm": "the vLLM tests (CI's vLLM step)",
     "REFDEC_NATIVE=1": "an install",
     "python -m pytest": "the test command (this is its run)",
     "bash .ci/sanitize": "a CI step of its own",
@@ -85,9 +88,9 @@ PATH_STAND_INS = {"path/to/file.py": SAMPLE_PY, "prompt.txt": "def add(a, b):\n"
 
 
 def _command_lines(text: str) -> list[str]:
-    """The commands of a bash block: comments dropped, ``&&`` chains split."""
+    """The commands of a bash block: continued lines joined, comments dropped, ``&&`` chains split."""
     commands = []
-    for raw in text.splitlines():
+    for raw in text.replace("\\\n", " ").splitlines():
         line = raw.split(" #", 1)[0].strip() if not raw.lstrip().startswith("#") else ""
         commands += [part.strip() for part in line.split("&&") if part.strip()]
     return commands
@@ -123,6 +126,9 @@ class ReadmeRun:
             (stdlib / f"mod{i}.py").write_text(SAMPLE_PY.replace("data", f"data{i}"))
         self.stdlib = stdlib
         if model_dir is not None:  # the fast tier: a tiny model stands in for the default one
+            monkeypatch.setenv("REFDEC_CACHE", str(folder / "refdec-cache"))
+            monkeypatch.setattr(refdec.models, "_convert_default",
+                                lambda target: shutil.copytree(model_dir, target))
             monkeypatch.setattr(refdec.models, "load_default", lambda *a, **k: refdec.models.load_model(str(model_dir)))
             real_load_tokenizer = refdec.models.load_tokenizer
             monkeypatch.setattr(refdec.models, "load_tokenizer", lambda name=None, **k: real_load_tokenizer(
@@ -141,6 +147,11 @@ class ReadmeRun:
         for command in _command_lines(block.text):
             if any(command.startswith(prefix) for prefix in NOT_RUN):
                 continue
+            if command.startswith("MODEL=$(python -c "):
+                code, out, err = self._python_c(command)
+                results.append((command, code, out, err))
+                self.ran.append(command)
+                continue
             args = shlex.split(command)
             redirect = None
             if ">" in args:
@@ -157,6 +168,15 @@ class ReadmeRun:
             results.append((command, code, out, err))
             self.ran.append(command)
         return results
+
+    def _python_c(self, command: str) -> tuple[int, str, str]:
+        """``MODEL=$(python -c "CODE")``: CODE run here (its print is the value)."""
+        code = shlex.split(command[len("MODEL=$("):].rstrip(")"))[2]
+        out = io.StringIO()
+        with contextlib.redirect_stdout(out):
+            exec(code, {})
+        self.namespace["MODEL"] = out.getvalue().strip()
+        return 0, out.getvalue(), ""
 
     @staticmethod
     def _refdec(args: list[str]) -> tuple[int, str, str]:
@@ -203,6 +223,10 @@ def readme_model_dir(tmp_path_factory):
     return directory
 
 
+def _needs_vllm(block: Block) -> bool:
+    return "import vllm" in block.text or "OpenAI(" in block.text
+
+
 def check_outputs(block: Block, results) -> None:
     """What the README says a command prints, it prints."""
     for command, code, out, err in results:
@@ -238,6 +262,8 @@ def test_every_readme_block_runs_on_a_stand_in_model(tmp_path, monkeypatch, read
     for block in blocks:
         if block.language in ("", "text"):
             continue  # a diagram
+        if block.language == "python" and _needs_vllm(block):
+            continue  # run by tests/test_vllm_engine.py::test_the_readmes_vllm_snippets_run (CI's vLLM step)
         if block.language == "python":
             run.python(block)
         elif block.language == "bash":

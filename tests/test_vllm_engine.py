@@ -408,3 +408,29 @@ def test_default_model_loads_in_vllm_and_its_greedy_tokens_match_transformers():
         _shutdown(llm)
     assert list(out.outputs[0].token_ids) == expected
     assert len(set(expected)) > 1  # not the all-id-0 output of an empty embedding
+
+
+def test_the_readmes_vllm_snippets_run(server, refdec_llm, model_dir, tmp_path, monkeypatch):
+    """README "Serving with vLLM": the client snippet against this module's server and the
+    ``vllm.LLM`` snippet, in one namespace as a reader pastes them. Stand-ins, as the README
+    leaves them to the reader: ``MODEL`` is this module's tiny model, ``app.py`` a small file, the
+    server's address this module's port, ``max_tokens`` within the tiny model's window, and
+    ``vllm.LLM(...)`` returns the engine this module started with refdec (one more engine start
+    costs ~25 s); its arguments are checked to be the README's."""
+    from test_readme import readme_blocks
+
+    blocks = [b for b in readme_blocks() if b.language == "python" and ("vllm" in b.text or "OpenAI(" in b.text)]
+    assert len(blocks) == 2, "the README's vLLM section has a client snippet and a vllm.LLM snippet"
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "app.py").write_text("def foo(x):\n    return foo_helper(x) + 1\n" * 3)
+    llm_calls = []
+    monkeypatch.setattr(vllm, "LLM", lambda **kwargs: llm_calls.append(kwargs) or refdec_llm)
+    namespace = {"MODEL": model_dir}
+    for block in blocks:
+        code = block.text.replace("http://localhost:8000/v1", server + "/v1")
+        code = code.replace("max_tokens=1024", "max_tokens=64").replace("max_tokens=512", "max_tokens=64")
+        exec(compile(code, f"README.md:{block.line}", "exec"), namespace)
+    details = namespace["resp"].usage.completion_tokens_details
+    assert details.accepted_prediction_tokens + details.rejected_prediction_tokens > 0
+    assert llm_calls == [dict(model=model_dir, dtype="float32", speculative_config=rv.speculative_config(16))]
+    assert namespace["out"][0].outputs[0].token_ids
