@@ -35,7 +35,7 @@ def chain_impl(request, monkeypatch):
         monkeypatch.setattr(vllm_chain, "_best_chain_impl", vllm_chain._best_chain_py)
     else:
         pytest.importorskip("numba")
-        monkeypatch.setattr(rv, "_best_chain_impl", None)
+        monkeypatch.setattr(vllm_chain, "_best_chain_impl", None)
     return request.param
 
 
