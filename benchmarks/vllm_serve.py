@@ -43,38 +43,27 @@ from types import SimpleNamespace
 
 import numpy as np
 
+from benchmarks import data, report, workloads
+
 REPO = Path(__file__).resolve().parents[1]
 
 
-# -- data and results (two small functions: swap for the benchmarks package's shared ones) ------
-
-def data_dir() -> Path:
-    """``$REFDEC_DATA``, else ../shared/data beside the repository."""
-    return Path(os.environ.get("REFDEC_DATA") or REPO.parent / "shared" / "data")
-
+# -- data and results ---------------------------------------------------------------------------
 
 def load_requests(workload: str, limit: int = 10) -> list[dict]:
     """Requests of a workload: name, prompt text, reference (the original file; None for chat)
     and max_tokens."""
-    from refdec.edit_prompt import build_edit_prompt
-
     if workload == "edits":
-        rows = [json.loads(line) for line in open(data_dir() / "edits-click.jsonl", encoding="utf-8") if line.strip()]
         return [{"name": f"{r['path']}@{r['commit'][:8]}", "reference": r["before"], "max_tokens": 512,
-                 "prompt": build_edit_prompt(r["before"], r["message"], path=r["path"]).text} for r in rows[:limit]]
+                 "prompt": workloads.edit_prompt_text(r)} for r in data.edit_rows()[:limit]]
     if workload == "chat":
-        rows = [json.loads(line) for line in open(data_dir() / "mtbench-question.jsonl", encoding="utf-8") if line.strip()]
-        return [{"name": f"mtbench-{r['question_id']}", "reference": None, "max_tokens": 256,
-                 "prompt": f"<start_of_turn>user\n{r['turns'][0]}<end_of_turn>\n<start_of_turn>model\n"}
-                for r in rows[:limit]]
+        return [{"name": f"mtbench-{i}", "reference": None, "max_tokens": 256, "prompt": workloads.chat_prompt(q)}
+                for i, q in enumerate(data.chat_questions("mtbench", limit))]
     raise ValueError(f"workload must be 'edits' or 'chat', got {workload!r}")
 
 
 def write_result(kind: str, obj) -> Path:
-    out = REPO / "benchmarks" / "out" / f"vllm_serve-{kind}-{time.strftime('%Y%m%d-%H%M%S')}.json"
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(obj, indent=1))
-    return out
+    return report.write_result(report.result_path(None, f"vllm_serve-{kind}"), obj)
 
 
 # -- servers ------------------------------------------------------------------------------------
@@ -198,7 +187,7 @@ def serve_benchmark(args) -> dict:
         for reqs in requests.values():
             for req in reqs:
                 req["max_tokens"] = args.max_tokens
-    results = {"command": " ".join(sys.argv), "k": args.k, "model_dir": model_dir, "cells": [],
+    results = {"k": args.k, "model_dir": model_dir, "cells": [],
                "load_before": os.getloadavg(), "env": {k: v for k, v in os.environ.items() if k.startswith(("VLLM_", "REFDEC_"))}}
     servers: dict[str, list[str]] = {}  # refdec and refdec-pred (same @cost) share one server
     for method in methods:
@@ -320,21 +309,20 @@ def drafting_cost(args) -> dict:
 
     vllm_proposer.install_runner_hook = lambda: None  # in-process: no vLLM runner to hook
     tok = load_tokenizer()
-    rows = [json.loads(line) for line in open(data_dir() / "edits-click.jsonl", encoding="utf-8") if line.strip()]
-    from refdec.edit_prompt import build_edit_prompt
+    rows = data.edit_rows()
 
     def ids(text, bos=False):
         return np.asarray(tok(text, add_special_tokens=bos).input_ids, np.int32)
 
     max_b = max(int(b) for b in args.batch_sizes.split(","))
-    cases = [(ids(build_edit_prompt(r["before"], r["message"], path=r["path"]).text, True), r["before"], ids(r["after"]))
+    cases = [(ids(workloads.edit_prompt_text(r), True), r["before"], ids(r["after"]))
              for r in rows[:max_b]]
     while len(cases) < max_b:
         cases += cases[:max_b - len(cases)]
     max_len = max(len(p) for p, _, _ in cases) + (args.steps + 2) * (args.k + 1)
     config = SimpleNamespace(speculative_config=SimpleNamespace(num_speculative_tokens=args.k),
                              model_config=SimpleNamespace(max_model_len=10**6, tokenizer=None))
-    out = {"command": " ".join(sys.argv), "k": args.k, "load_before": os.getloadavg(), "batch_sizes": []}
+    out = {"k": args.k, "load_before": os.getloadavg(), "batch_sizes": []}
     for b in (int(x) for x in args.batch_sizes.split(",")):
         proposer = Proposer(config)
         proposer._tokenizer = tok
@@ -370,7 +358,7 @@ def replay(args) -> dict:
     vllm_proposer.install_runner_hook = lambda: None
     tok = load_tokenizer()
     run = json.loads(Path(args.replay).read_text())
-    out = {"command": " ".join(sys.argv), "source": args.replay, "k": args.k, "rows": []}
+    out = {"source": args.replay, "k": args.k, "rows": []}
     for cell in run["cells"]:
         if cell.get("method") != "none" or cell.get("clients") != 1 or "rows" not in cell:
             continue

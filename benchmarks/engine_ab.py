@@ -1,0 +1,99 @@
+"""The same decoding from two checkouts of refdec: tokens, verify passes and seconds per edit pair.
+
+Run it once per checkout and compare the JSON files. The benchmarks package comes from this
+tree; refdec from the checkout whose directory is first on ``sys.path``: run from that checkout
+with this tree on ``PYTHONPATH`` (the current directory comes first for ``python -m``)::
+
+    (cd OLD_CHECKOUT && PYTHONPATH=THIS_TREE python -m benchmarks.engine_ab --json old.json)
+    python -m benchmarks.engine_ab --json new.json
+    python -m benchmarks.engine_ab --compare old.json new.json
+
+Each of the first ``--limit`` edit pairs is decoded by a fresh ``SpeculativeDecoder`` (greedy,
+``max_draft_tokens="auto"``, the pair's original file as the reference), after one untimed
+warm-up. The draft-cost curve is read from the calibration cache (or measured) before any
+timing, so both checkouts use the same curve when its cache key is the same. ``--compare``
+prints whether the tokens and the pass counts are identical and the ratio of the per-pair
+minimum times over the runs given (alternate the checkouts over several runs).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+
+from benchmarks import report, workloads
+
+
+def decode(limit: int, max_new_tokens: int) -> list[dict]:
+    import refdec
+    from refdec.models import load_default
+
+    try:  # where auto_cost_curve lives differs between checkouts
+        from refdec.calibration import auto_cost_curve
+    except ImportError:
+        from refdec.budget import auto_cost_curve
+
+    model, tok = load_default()
+    auto_cost_curve(model)  # before any timing
+    cases = workloads.load_workload("edits", limit, require_output=False).cases
+    first = cases[0]
+    refdec.generate(model, first.prompt.tolist(), tokenizer=tok, references=[r.tolist() for r in first.references],
+                    max_new_tokens=4)  # warm-up
+    rows = []
+    for case in cases:
+        decoder = refdec.SpeculativeDecoder(model, tok)
+        t0 = time.perf_counter()
+        out = decoder.generate(case.prompt.tolist(), references=[r.tolist() for r in case.references],
+                               max_new_tokens=max_new_tokens)
+        seconds = time.perf_counter() - t0
+        rows.append({"case": case.name, "passes": out.stats.forward_passes, "new_tokens": out.stats.new_tokens,
+                     "seconds": seconds, "tokens": out.sequences[0, len(case.prompt):].tolist()})
+        print(f"{case.name}: {out.stats.forward_passes} passes, {out.stats.new_tokens} tokens, {seconds:.2f} s",
+              flush=True)
+    return rows
+
+
+def compare(old_paths: list[str], new_paths: list[str]) -> None:
+    def load(paths):
+        return [json.load(open(p))["rows"] for p in paths]
+
+    olds, news = load(old_paths), load(new_paths)
+    reference = olds[0]
+    runs = olds + news
+    print("tokens identical:", all(a["tokens"] == b["tokens"] for run in runs for a, b in zip(reference, run)))
+    print("passes identical:", all(a["passes"] == b["passes"] for run in runs for a, b in zip(reference, run)))
+    old = [min(run[i]["seconds"] for run in olds) for i in range(len(reference))]
+    new = [min(run[i]["seconds"] for run in news) for i in range(len(reference))]
+    print(f"passes: {sum(r['passes'] for r in reference)}; per-pair minimum seconds summed: old {sum(old):.2f}, "
+          f"new {sum(new):.2f}, new/old {sum(new) / sum(old):.3f}; per pair "
+          + ", ".join(f"{n / o:.3f}" for n, o in zip(new, old)))
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--limit", type=int, default=10, help="edit pairs (default 10)")
+    ap.add_argument("--max-new-tokens", type=int, default=512)
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--json", default=None, help="results JSON path (default benchmarks/out/engine_ab-<time>.json)")
+    ap.add_argument("--compare", nargs=2, metavar=("OLD[,OLD...]", "NEW[,NEW...]"),
+                    help="compare result files (comma-separated runs of each checkout) and exit")
+    args = ap.parse_args(argv)
+    if args.compare:
+        compare(args.compare[0].split(","), args.compare[1].split(","))
+        return 0
+    import torch
+
+    torch.set_num_threads(args.threads)
+    import refdec
+
+    rows = decode(args.limit, args.max_new_tokens)
+    path = report.write_result(report.result_path(args.json, "engine_ab"), {"refdec": refdec.__file__, "rows": rows},
+                               argv=argv)
+    print(f"wrote {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
