@@ -29,35 +29,11 @@ def draft_cost(token_cost: float, num_requests: int, emitted_per_request: float,
     return b * emitted_per_request / (1.0 + b * (1.0 + drafted_per_request))
 
 
-
-def _best_chain_py(token_ids, parents, scores, max_len: int, draft_cost: float, out: np.ndarray) -> int:
+def _best_chain_walk(token_ids, parents, scores, max_len, draft_cost, out):  # pragma: no cover - numba compiles it
+    """The walk of :func:`best_chain`: one pass in topological order keeps each node's path value
+    and depth, then the best node's path is written to ``out`` root first; returns its length.
+    Compiled by numba for numpy arrays; run as Python on lists where numba is missing."""
     n = len(token_ids)
-    value = [0.0] * n
-    depth = [0] * n
-    tokens = token_ids.tolist()
-    par = parents.tolist()
-    sc = scores.tolist()
-    best, best_value = -1, 0.0
-    for i in range(n):
-        p = par[i]
-        v, d = (0.0, 0) if p < 0 else (value[p], depth[p])
-        v = v + sc[i] - draft_cost if tokens[i] >= 0 else float("-inf")
-        d += 1
-        value[i], depth[i] = v, d
-        if d <= max_len and v > best_value:
-            best, best_value = i, v
-    if best < 0:
-        return 0
-    length = depth[best]
-    i = best
-    for j in range(length - 1, -1, -1):
-        out[j] = tokens[i]
-        i = par[i]
-    return length
-
-
-def _best_chain_nb_source(token_ids, parents, scores, max_len, draft_cost, out):  # pragma: no cover - compiled
-    n = token_ids.shape[0]
     value = np.empty(n, np.float64)
     depth = np.empty(n, np.int32)
     best = -1
@@ -89,6 +65,11 @@ def _best_chain_nb_source(token_ids, parents, scores, max_len, draft_cost, out):
     return length
 
 
+def _best_chain_py(token_ids, parents, scores, max_len: int, draft_cost: float, out: np.ndarray) -> int:
+    """:func:`_best_chain_walk` in Python, on lists (indexing a list is faster than a numpy array)."""
+    return int(_best_chain_walk(token_ids.tolist(), parents.tolist(), scores.tolist(), max_len, draft_cost, out))
+
+
 _best_chain_impl = None
 
 
@@ -103,7 +84,7 @@ def _chain_impl():
         except ImportError:  # pragma: no cover - depends on the environment
             _best_chain_impl = _best_chain_py
         else:
-            _best_chain_impl = njit(cache=False, nogil=True)(_best_chain_nb_source)
+            _best_chain_impl = njit(cache=False, nogil=True)(_best_chain_walk)
     return _best_chain_impl
 
 
