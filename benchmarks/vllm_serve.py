@@ -3,17 +3,20 @@
     python -m benchmarks.vllm_serve [--methods none,ngram,suffix,refdec,refdec-pred]
                                     [--workloads edits,chat] [--clients 1,8] [--k 32]
     python -m benchmarks.vllm_serve --drafting-cost [--batch-sizes 1,8,16,32,64]
+    python -m benchmarks.vllm_serve --step-cost [--batch-sizes 1,8] [--draft-lens 0,4,8,16,32] [--steps 20]
+    python -m benchmarks.vllm_serve --replay benchmarks/out/vllm_serve-serve-*.json [--costs batch,0,0.1]
 
 Serving: one server per method on the default model (Gemma 3 270M, CPU, float32, eager), driven
 with the OpenAI client over the loopback; methods alternate by server, each runs every
 (workload, clients) cell. ``refdec`` and ``refdec-pred`` share one server: refdec-pred sends the
 original file as OpenAI Predicted Outputs' ``prediction`` (edits only); ``refdec@0.1`` /
-``refdec-pred@0.1``: a server with a fixed REFDEC_VLLM_DRAFT_COST=0.1 instead of the draft cost
-from the batch. Per cell: output tokens/s
-(all output tokens / wall time of the cell), per-request latency p50/p99, accepted draft tokens
-(usage.completion_tokens_details.accepted_prediction_tokens, filled by refdec's plugin from
-vLLM's per-request speculative-decoding metrics) and whether every output's token ids equal the
-no-speculation output at the same client count.
+``refdec-pred@0.1``: a server with a fixed REFDEC_VLLM_DRAFT_COST=0.1 instead of the price from
+the batch; ``METHOD@NAME=VALUE``: a server with that environment variable (e.g.
+``refdec-pred@PYTHONPATH=/path/to/other/checkout`` runs another checkout's refdec side by
+side). Per cell: output tokens/s (all output tokens / wall time of the cell), per-request
+latency p50/p99, accepted draft tokens (usage.completion_tokens_details.accepted_prediction_tokens,
+filled by refdec's plugin from vLLM's per-request speculative-decoding metrics) and whether every
+output's token ids equal the no-speculation output at the same client count.
 
 Workloads: ``edits`` = the first 10 pairs of edits-click.jsonl (the prompt frames the original
 file as refdec's edit template does, up to 512 new tokens); ``chat`` = the first 10 MT-Bench
@@ -24,6 +27,12 @@ vLLM's runner, B concurrent edit requests (references = the original file), each
 request fed the tokens the updated file continues with (accepted draft + 1); reports the time of
 one step's drafting for the whole batch (p50 / p99) at each B.
 
+``--step-cost`` (in-process vLLM, no server): a step's time against the tokens it verifies, with a
+drafter whose drafts always fail; fits ``time = a + b * tokens`` and prints b / a, the
+``REFDEC_VLLM_TOKEN_COST`` of the model on this machine. ``--replay``: a serve run's
+no-speculation outputs replayed through each drafter (steps and drafted tokens they would need),
+with refdec's chain nodes' acceptance by the score refdec gave them.
+
 Raw results go to benchmarks/out/vllm_serve-*.json (git-ignored).
 """
 
@@ -33,6 +42,7 @@ import argparse
 import concurrent.futures
 import json
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -44,6 +54,8 @@ from types import SimpleNamespace
 import numpy as np
 
 from benchmarks import data, report, workloads
+import refdec
+from refdec.acceptance import SCORE_CENTERS, AcceptanceTable
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -110,13 +122,16 @@ class Server:
         if spec:  # vLLM refuses per-request metrics without speculation
             cmd += ["--speculative-config", json.dumps(spec), "--per-request-spec-decode-metrics", "summary"]
         log_dir.mkdir(parents=True, exist_ok=True)
-        self.log_path = log_dir / f"serve-{method}.log"
+        self.log_path = log_dir / f"serve-{re.sub(r'[^A-Za-z0-9@=.,-]+', '_', method)}.log"
         self.log = open(self.log_path, "w")
         t0 = time.time()
         env = dict(os.environ)
-        if "@" in method:
-            env["REFDEC_VLLM_DRAFT_COST"] = method.partition("@")[2]
-        self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT, env=env)
+        if "@" in method:  # "@0.1": a fixed REFDEC_VLLM_DRAFT_COST; "@NAME=VALUE": one variable
+            setting = method.partition("@")[2]
+            name, _, value = setting.partition("=") if "=" in setting else ("REFDEC_VLLM_DRAFT_COST", "", setting)
+            env[name] = value
+        # cwd: not the repository root, whose refdec/ `python -m` would put before PYTHONPATH
+        self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT, env=env, cwd=log_dir)
         self.base = f"http://127.0.0.1:{self.port}"
         while time.time() - t0 < 600:
             if self.proc.poll() is not None:
@@ -345,6 +360,27 @@ def drafting_cost(args) -> dict:
     return out
 
 
+def _cost_label(cost: float | None) -> str:
+    return "priced by the batch" if cost is None else f"cost {cost:g}"
+
+
+def _count_by_score_bucket(table) -> np.ndarray:
+    """Counts every chain node ``table`` (an AcceptanceTable) learns from, by the score bucket
+    of its cell: returns the float array (2, score buckets) it fills (verified, accepted)."""
+    counts = np.zeros((2, len(SCORE_CENTERS)))
+    observe = table.observe
+    n_depth = table.shape[2]
+    n_score = table.shape[1]
+
+    def counting_observe(verified_cells, accepted_cells, num_drafts=1):
+        np.add.at(counts[0], (verified_cells // n_depth) % n_score, 1)
+        np.add.at(counts[1], (accepted_cells // n_depth) % n_score, 1)
+        observe(verified_cells, accepted_cells, num_drafts)
+
+    table.observe = counting_observe
+    return counts
+
+
 def replay(args) -> dict:
     """Model-free replay of a serve run's no-speculation outputs (``--replay FILE``): per method
     and draft cost, the verification steps and drafted tokens each drafter would need to emit
@@ -365,12 +401,14 @@ def replay(args) -> dict:
         reqs = {r["name"]: r for r in load_requests(cell["workload"], args.limit)}
         cases = [(np.asarray(tok(reqs[r["name"]]["prompt"]).input_ids, np.int32), reqs[r["name"]]["reference"],
                   np.asarray(r["token_ids"], np.int32)) for r in cell["rows"]]
-        methods = [("ngram", None, None)] + [(f"refdec cost {c:g}", c, False) for c in args.costs] + (
-            [(f"refdec-pred cost {c:g}", c, True) for c in args.costs] if cell["workload"] == "edits" else [])
+        methods = [("ngram", None, None)] + [(f"refdec {_cost_label(c)}", c, False) for c in args.costs] + (
+            [(f"refdec-pred {_cost_label(c)}", c, True) for c in args.costs] if cell["workload"] == "edits" else [])
         for name, cost, with_reference in methods:
             steps = drafted = 0
+            table = AcceptanceTable(len(refdec.Proposer.source_names))  # one per worker: shared by the requests
+            counts = _count_by_score_bucket(table)
             for prompt, reference, output in cases:
-                if cost is None:
+                if name == "ngram":
                     context, pos = list(prompt), 0
                     while pos < len(output):
                         draft = ngram_draft(np.asarray(context, np.int32), 5, 5, 10**6, args.k).tolist()
@@ -382,11 +420,15 @@ def replay(args) -> dict:
                         steps += 1
                         drafted += len(draft)
                     continue
-                os.environ["REFDEC_VLLM_DRAFT_COST"] = str(cost)
+                if cost is None:  # the default: the price from the batch (here one request)
+                    os.environ.pop("REFDEC_VLLM_DRAFT_COST", None)
+                else:
+                    os.environ["REFDEC_VLLM_DRAFT_COST"] = str(cost)
                 config = SimpleNamespace(speculative_config=SimpleNamespace(num_speculative_tokens=args.k),
                                          model_config=SimpleNamespace(max_model_len=10**6, tokenizer=None))
                 proposer = Proposer(config)
                 proposer._tokenizer = tok
+                proposer.acceptance = table
                 runner = _StandInRunner(proposer, [(prompt, reference if with_reference else None, output)],
                                         len(prompt) + len(output) + 1)
                 runner.replay = True
@@ -400,9 +442,83 @@ def replay(args) -> dict:
             tokens = int(sum(len(o) for _, _, o in cases))
             row = {"workload": cell["workload"], "method": name, "steps": steps, "drafted": drafted,
                    "tokens": tokens, "tokens_per_step": tokens / steps}
+            if name != "ngram":  # chain nodes by the score refdec gave them: verified, accepted
+                verified, accepted = counts
+                row["by_score_bucket"] = [{"score_centre": float(c), "verified": int(v), "accepted": int(a)}
+                                          for c, v, a in zip(SCORE_CENTERS, verified, accepted)]
             out["rows"].append(row)
             print(f"{cell['workload']:6s} {name:22s} steps {steps:5d}  drafted {drafted:6d}  "
                   f"tokens/step {tokens / steps:6.2f}", flush=True)
+            for bucket in row.get("by_score_bucket", ()):
+                if bucket["verified"]:
+                    print(f"    score ~{bucket['score_centre']:.3f}: {bucket['verified']:5d} verified, "
+                          f"{bucket['accepted'] / bucket['verified']:.3f} accepted", flush=True)
+    return out
+
+
+# -- a step's time against the tokens it verifies (in-process vLLM, drafts that always fail) -------
+
+_DRAFT_LEN_ENV = "REFDEC_BENCH_DRAFT_LEN_FILE"
+
+
+class RejectedDrafts:
+    """A ``custom_class`` proposer that drafts N copies of token 0 for every request (the
+    greedy model never emits it: every draft is rejected, each step emits one token a request).
+    N is read each step from the file named by $REFDEC_BENCH_DRAFT_LEN_FILE."""
+
+    def __init__(self, vllm_config):
+        self.path = os.environ[_DRAFT_LEN_ENV]
+
+    def load_model(self, *args, **kwargs):
+        pass
+
+    def propose(self, sampled_token_ids, *args, **kwargs):
+        n = int(Path(self.path).read_text())
+        return [[0] * n if sampled else [] for sampled in sampled_token_ids]
+
+
+def step_cost(args) -> dict:
+    """``--step-cost``: one vLLM step's time against the tokens it verifies, B requests (the edit
+    prompts) x (1 + N drafted tokens), every draft rejected; a step's time = (time of 2 + S output
+    tokens - time of 2) / S. Fits time = a + b * tokens over the points and reports
+    b / a, the ``REFDEC_VLLM_TOKEN_COST`` of this model on this machine."""
+    import tempfile
+
+    os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+    import vllm
+
+    from refdec.models import vllm_model_dir
+
+    len_file = Path(tempfile.mkdtemp()) / "draft_len"
+    len_file.write_text("0")
+    os.environ[_DRAFT_LEN_ENV] = str(len_file)
+    llm = vllm.LLM(model=str(vllm_model_dir()), dtype="float32", enforce_eager=True, max_model_len=args.max_model_len,
+                   max_num_seqs=16, enable_prefix_caching=False, seed=0,
+                   speculative_config={"method": "custom_class", "model": "benchmarks.vllm_serve.RejectedDrafts",
+                                       "num_speculative_tokens": args.k})
+    prompts = [r["prompt"] for r in load_requests("edits", 10)]
+    out = {"k": args.k, "steps": args.steps, "load_before": os.getloadavg(), "points": []}
+    for b in (int(x) for x in args.batch_sizes.split(",")):
+        for n in (int(x) for x in args.draft_lens.split(",")):
+            len_file.write_text(str(n))
+            batch = (prompts * b)[:b]
+            t0 = time.perf_counter()
+            llm.generate(batch, vllm.SamplingParams(temperature=0, max_tokens=2, ignore_eos=True), use_tqdm=False)
+            t1 = time.perf_counter()
+            llm.generate(batch, vllm.SamplingParams(temperature=0, max_tokens=2 + args.steps, ignore_eos=True),
+                         use_tqdm=False)
+            t2 = time.perf_counter()
+            step_ms = ((t2 - t1) - (t1 - t0)) / args.steps * 1e3
+            point = {"batch": b, "drafted": n, "tokens": b * (1 + n), "step_ms": step_ms,
+                     "prefill_ms": (t1 - t0) * 1e3 - step_ms, "load": os.getloadavg()[0]}
+            out["points"].append(point)
+            print(f"B={b:2d} drafted {n:2d}  tokens {point['tokens']:4d}  step {step_ms:7.1f} ms  "
+                  f"(the batch's prefill {point['prefill_ms']:7.0f} ms)", flush=True)
+    tokens = np.array([p["tokens"] for p in out["points"]], np.float64)
+    times = np.array([p["step_ms"] for p in out["points"]])
+    b, a = np.polyfit(tokens, times, 1)
+    out.update(fixed_ms=float(a), per_token_ms=float(b), token_cost=float(b / a))
+    print(f"fit: step = {a:.1f} ms + {b:.2f} ms a verified token -> REFDEC_VLLM_TOKEN_COST = {b / a:.3f}")
     return out
 
 
@@ -419,10 +535,17 @@ def main(argv=None) -> None:
     ap.add_argument("--batch-sizes", default="1,8,16,32,64")
     ap.add_argument("--steps", type=int, default=200)
     ap.add_argument("--replay", default=None, help="a serve run's JSON: replay its no-speculation outputs")
-    ap.add_argument("--costs", default="0,0.05,0.1,0.2,0.3", help="REFDEC_VLLM_DRAFT_COST values for --replay")
+    ap.add_argument("--costs", default="batch,0,0.1,0.3", help="REFDEC_VLLM_DRAFT_COST values for --replay "
+                    "('batch': none set, the price from the batch)")
+    ap.add_argument("--step-cost", action="store_true", help="a vLLM step's time against the tokens it verifies")
+    ap.add_argument("--draft-lens", default="0,4,8,16,32", help="drafted tokens a request for --step-cost")
     args = ap.parse_args(argv)
+    if args.step_cost:
+        os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "2")
+        print(f"wrote {write_result('step-cost', step_cost(args))}")
+        return
     if args.replay:
-        args.costs = [float(c) for c in args.costs.split(",")]
+        args.costs = [None if c == "batch" else float(c) for c in args.costs.split(",")]
         print(f"wrote {write_result('replay', replay(args))}")
         return
     if args.drafting_cost:

@@ -24,6 +24,7 @@ from typing import Protocol, Sequence, runtime_checkable
 
 import numpy as np
 
+from refdec.acceptance import AcceptanceTable
 from refdec.cost_curve import DEFAULT_CPU_CURVE, CostCurve
 from refdec.tree import DraftTree
 
@@ -106,21 +107,6 @@ class MatchLengthBudget(_VerifyAsProposed):
         return f"MatchLengthBudget(min={self.min_nodes}, max={self.max_nodes}, gain={self.gain:.2f})"
 
 
-# Score buckets (upper edges) and depth buckets (lower edges of depths 2, 3, 5, ...).
-_SCORE_EDGES = np.array([0.02, 0.05, 0.1, 0.2, 0.35, 0.5, 0.7, 0.85, 0.95], dtype=np.float32)
-_SCORE_CENTERS = np.array([0.01, 0.035, 0.075, 0.15, 0.27, 0.42, 0.6, 0.77, 0.9, 0.97])
-_DEPTH_EDGES = np.array([2, 3, 5, 9, 17, 33], dtype=np.int32)
-_DEPTH_CENTERS = np.array([1, 2, 3.5, 6.5, 12.5, 24.5, 48])
-
-
-def node_depths(parents: np.ndarray) -> np.ndarray:
-    """int32 [n]: depth of each node (1 = child of the root) of a topologically ordered tree."""
-    depth = [0] * len(parents)
-    for node_idx, parent in enumerate(parents.tolist()):
-        depth[node_idx] = 1 if parent < 0 else depth[parent] + 1
-    return np.asarray(depth, dtype=np.int32)
-
-
 class AutoBudget:
     """Hardware-aware draft size: the tree prefix that maximises expected tokens per second.
 
@@ -159,14 +145,9 @@ class AutoBudget:
         self.explore_nodes = int(explore_nodes)
         self._cost = self.cost.table(self.max_nodes)  # float64 [max_nodes + 1]
         self._inv_cost = 1.0 / self._cost
-        self._shape = (self.n_sources, len(_SCORE_CENTERS), len(_DEPTH_CENTERS))
         self.prior_weight = float(prior_weight)
-        # depth bucket d's prior is bucket d-1's rate times the decay over the depth gap
-        self._gap_decay = prior_depth_decay ** np.diff(_DEPTH_CENTERS)
-        self._first_prior = np.broadcast_to(_SCORE_CENTERS[None, :], self._shape[:2]).copy()
-        self._acc = np.zeros(int(np.prod(self._shape)))
-        self._prop = np.zeros_like(self._acc)
-        self._update_rates()
+        self.acceptance = AcceptanceTable(self.n_sources, prior_weight=prior_weight,
+                                          prior_depth_decay=prior_depth_decay, decay=decay)
         self._cells = None  # cells of the last selected tree
         self._skipped = 0
         self.steps = 0
@@ -179,15 +160,12 @@ class AutoBudget:
 
     def cells(self, tree: DraftTree) -> np.ndarray:
         """int64 [n]: the calibration cell of each node."""
-        s = np.searchsorted(_SCORE_EDGES, tree.scores, side="right")
-        d = np.searchsorted(_DEPTH_EDGES, node_depths(tree.parents), side="right")
-        src = np.clip(tree.source_ids, 0, self.n_sources - 1)
-        return (src.astype(np.int64) * len(_SCORE_CENTERS) + s) * len(_DEPTH_CENTERS) + d
+        return self.acceptance.cells(tree.scores, tree.parents, tree.source_ids)
 
     def expected_accepted(self, tree: DraftTree, cells: np.ndarray | None = None) -> np.ndarray:
         """float64 [n + 1]: E(0) = 0, E(k) = expected accepted nodes of the prefix of k nodes.
         ``cells``: int64 [n], the tree's :meth:`cells` when already computed."""
-        p = self._rate[self.cells(tree) if cells is None else cells]
+        p = self.acceptance.rates[self.cells(tree) if cells is None else cells]
         out = np.zeros(len(tree) + 1)
         np.cumsum(p, out=out[1:])
         return out
@@ -249,28 +227,7 @@ class AutoBudget:
         if cells is None:
             return
         self._cells = None
-        size = self._acc.shape[0]
-        self._prop *= self.decay
-        self._acc *= self.decay
-        self._prop += np.bincount(cells, minlength=size)
-        if len(accepted_nodes):
-            self._acc += np.bincount(cells[accepted_nodes], minlength=size)
-        self._update_rates()
-
-    def _update_rates(self) -> None:
-        """Calibrated acceptance per cell: observed counts shrunk towards a prior that
-        follows the shallower depth bucket (so deep cells never verified still learn
-        from the shallow ones)."""
-        acc = self._acc.reshape(self._shape)
-        prop = self._prop.reshape(self._shape)
-        rate = np.empty(self._shape)
-        w = self.prior_weight
-        prior = self._first_prior
-        for d in range(self._shape[2]):
-            rate[:, :, d] = (acc[:, :, d] + w * prior) / (prop[:, :, d] + w)
-            if d + 1 < self._shape[2]:
-                prior = rate[:, :, d] * self._gap_decay[d]
-        self._rate = rate.ravel()
+        self.acceptance.observe(cells, cells[accepted_nodes])
 
     def __repr__(self) -> str:
         return f"AutoBudget(max_nodes={self.max_nodes}, cost={self.cost.relative()})"

@@ -8,7 +8,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from refdec.budget import AutoBudget, FixedBudget, batch_prefix_sizes, make_budget, node_depths
+from refdec.budget import AutoBudget, FixedBudget, batch_prefix_sizes, make_budget
 from refdec.cost_curve import CostCurve, flat_curve
 from refdec.tree import DraftTree
 
@@ -119,10 +119,6 @@ def test_exploration_verifies_a_few_nodes_after_skipped_steps():
 
 def test_empty_tree_stays_empty():
     assert len(AutoBudget(CPU).select(DraftTree.empty())) == 0
-
-
-def test_node_depths():
-    assert node_depths(np.array([-1, 0, 1, -1, 3, 0], dtype=np.int32)).tolist() == [1, 2, 3, 1, 2, 2]
 
 
 def test_make_budget():

@@ -12,6 +12,7 @@ import pytest
 
 import refdec
 from refdec import vllm as rv
+from refdec.acceptance import AcceptanceTable
 from refdec.vllm import chain as vllm_chain, options as vllm_options
 
 
@@ -32,10 +33,10 @@ TWO_BRANCHES = _tree([10, 20, 11, 21, 12, 22, 23, 24], [-1, -1, 0, 1, 2, 3, 5, 6
 @pytest.fixture(params=["python", "numba"])
 def chain_impl(request, monkeypatch):
     if request.param == "python":
-        monkeypatch.setattr(vllm_chain, "_best_chain_impl", vllm_chain._best_chain_py)
+        monkeypatch.setattr(vllm_chain, "_walk_trees_impl", vllm_chain._walk_trees_py)
     else:
         pytest.importorskip("numba")
-        monkeypatch.setattr(vllm_chain, "_best_chain_impl", None)
+        monkeypatch.setattr(vllm_chain, "_walk_trees_impl", None)
     return request.param
 
 
@@ -68,20 +69,100 @@ def test_best_chain_never_takes_a_negative_token_or_its_subtree(chain_impl):
     assert rv.best_chain(*tree, max_len=4).tolist() == [3]
 
 
-def test_best_chain_python_and_numba_agree_on_random_trees():
+def _walk(tree, rates, max_len, price, source_ids=None):
+    n = len(tree[0])
+    src = np.zeros(n, np.int32) if source_ids is None else np.asarray(source_ids, np.int32)
+    out = (np.zeros((1, max_len), np.int32), np.zeros((1, max_len)), np.zeros((1, max_len), np.int64),
+           np.zeros(1, np.int64))
+    rv.walk_trees(*tree, src, np.array([0, n]), np.array([max_len]), rates, price, *out)
+    length = int(out[3][0])
+    return out[0][0, :length].tolist(), out[1][0, :length].tolist(), out[2][0, :length].tolist()
+
+
+def test_chain_walk_prices_nodes_by_the_tables_rates_not_their_scores(chain_impl):
+    """A table that learnt the weak-looking branch is accepted (rate 0.9 in its cells) makes the
+    walk take it; the probabilities it reports are the table's, held non-increasing."""
+    table = AcceptanceTable(1)
+    scores, parents = TWO_BRANCHES[2], TWO_BRANCHES[1]
+    cells = table.cells(scores, parents, np.zeros(8, np.int32))
+    table.rates = np.full_like(table.rates, 0.1)
+    table.rates[cells[[1, 3, 5, 6, 7]]] = 0.9   # the 20-21-22-23-24 branch (score 0.5)
+    tokens, probs, got_cells = _walk(TWO_BRANCHES, table.rates, 8, 0.5)
+    assert tokens == [20, 21, 22, 23, 24] and probs == pytest.approx([0.9] * 5)
+    assert got_cells == cells[[1, 3, 5, 6, 7]].tolist()
+    # without a table: the scores; at price 0.5 the 0.5 branch never pays, 10-11-12 does
+    assert _walk(TWO_BRANCHES, None, 8, 0.5)[0] == [10, 11, 12]
+    # a child rated above its parent is held at the parent's probability
+    table.rates[cells[3]] = 0.95
+    assert _walk(TWO_BRANCHES, table.rates, 8, 0.0)[1][:3] == pytest.approx([0.9, 0.9, 0.9])
+
+
+def test_walk_trees_walks_each_tree_of_a_batch_on_its_own(chain_impl):
+    """Three trees in one call: each row is the tree's own chain (parents are within a tree)."""
+    short = _tree([7, 8], [-1, 0], [0.9, 0.9])
+    trees = [TWO_BRANCHES, short, TWO_BRANCHES]
+    max_lens = [8, 8, 3]
+    flat = [np.concatenate([t[i] for t in trees]) for i in range(3)]
+    n = len(flat[0])
+    out = (np.zeros((3, 8), np.int32), np.zeros((3, 8)), np.zeros((3, 8), np.int64), np.zeros(3, np.int64))
+    rv.walk_trees(*flat, np.zeros(n, np.int32), np.array([0, 8, 10, 18]), np.array(max_lens), None, 0.0, *out)
+    assert out[3].tolist() == [5, 2, 3]
+    assert [out[0][r, :out[3][r]].tolist() for r in range(3)] == [[20, 21, 22, 23, 24], [7, 8], [10, 11, 12]]
+    assert [_walk(t, None, m, 0.0)[0] for t, m in zip(trees, max_lens)] == \
+        [out[0][r, :out[3][r]].tolist() for r in range(3)]
+
+
+def test_walk_trees_python_and_numba_agree_on_random_batches():
     pytest.importorskip("numba")
     rng = np.random.default_rng(5)
-    compiled = vllm_chain._chain_impl()
-    for _ in range(300):
-        n = int(rng.integers(1, 40))
-        parents = np.array([int(rng.integers(-1, i)) if i else -1 for i in range(n)], np.int32)
+    compiled = vllm_chain._walk_impl()
+    table = AcceptanceTable(3)
+    table.rates = rng.random(table.rates.shape[0])
+    for trial in range(100):
+        sizes = rng.integers(0, 40, int(rng.integers(1, 6)))
+        parents = np.concatenate([[int(rng.integers(-1, i)) if i else -1 for i in range(n)] for n in sizes] +
+                                 [np.zeros(0)]).astype(np.int32)
+        n = int(sizes.sum())
         tokens = rng.integers(-1, 50, n).astype(np.int32)
         scores = rng.random(n).astype(np.float32)
-        max_len, cost = int(rng.integers(1, 10)), float(rng.choice([0.0, 0.1, 0.4]))
-        a, b = np.empty(max_len, np.int32), np.empty(max_len, np.int32)
-        la = vllm_chain._best_chain_py(tokens, parents, scores, max_len, cost, a)
-        lb = compiled(tokens, parents, scores, max_len, cost, b)
-        assert la == lb and a[:la].tolist() == b[:lb].tolist()
+        sources = rng.integers(0, 3, n).astype(np.int32)
+        offsets = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
+        max_lens = rng.integers(0, 10, len(sizes)).astype(np.int64)
+        rates = table.rates if trial % 2 else vllm_chain._NO_RATES
+        price = float(rng.choice([0.0, 0.1, 0.4]))
+        outs = [(np.zeros((len(sizes), 10), np.int32), np.zeros((len(sizes), 10)),
+                 np.zeros((len(sizes), 10), np.int64), np.zeros(len(sizes), np.int64)) for _ in range(2)]
+        args = (tokens, parents, scores, sources, offsets, max_lens, rates, vllm_chain._SCORE_EDGES,
+                vllm_chain._DEPTH_EDGES, price)
+        vllm_chain._walk_trees_py(*args, *outs[0])
+        compiled(*args, *outs[1])
+        for a, b in zip(*outs):
+            assert a.tolist() == b.tolist()
+        if trial % 2:  # the cells the walk reports are AcceptanceTable.cells of the chain's nodes
+            for r in range(len(sizes)):
+                tree_cells = table.cells(scores[offsets[r]:offsets[r + 1]], parents[offsets[r]:offsets[r + 1]],
+                                         sources[offsets[r]:offsets[r + 1]]).tolist()
+                assert set(outs[0][2][r, :outs[0][3][r]].tolist()) <= set(tree_cells)
+
+
+# ---------------------------------------------------------------------------------------------
+# token_price
+
+
+def test_token_price_one_request_pays_little_a_loaded_batch_its_yield():
+    probs = np.array([[0.9, 0.8, 0.3, 0.1]])
+    # one request, x = 0.05: V(m) = (1 + sum) / (1 + 0.05 (1 + m)): m = 0..4 ->
+    # 0.952, 1.727, 2.348, 2.522, 2.5 -> best m = 3, price 0.05 * 2.522 = 0.126
+    assert rv.token_price(probs, np.array([4]), 1, 0.05) == pytest.approx(0.05 * 3.0 / 1.2)
+    # the same chain in 60 rows: V(m) = 60 (1 + sum_per_row) / (1 + 0.05 * 60 (1 + m_per_row)) ->
+    # one token per row: 114 / 7 = 16.29; two: 162 / 10 = 16.2 -> price 0.05 * 16.29 = 0.81
+    many = np.repeat(probs, 60, axis=0)
+    assert rv.token_price(many, np.full(60, 4), 60, 0.05) == pytest.approx(0.05 * 114 / 7)
+    # no draft at all, or only worthless ones: the price of plain decoding
+    assert rv.token_price(np.zeros((0, 4)), np.zeros(0, np.int64), 3, 0.05) == pytest.approx(0.05 * 3 / 1.15)
+    assert rv.token_price(np.array([[0.0]]), np.array([1]), 1, 0.05) == pytest.approx(0.05 / 1.05)
+    # only the first lengths[r] entries of a row count
+    assert rv.token_price(np.array([[0.9, 0.99]]), np.array([1]), 1, 0.05) == pytest.approx(0.05 * 1.9 / 1.1)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -284,30 +365,52 @@ def test_each_request_drafts_from_its_own_reference_while_slots_move(make_propos
     assert stats["a"]["drafted"] == 16 and stats["a"]["accepted"] == 8   # " brown f" accepted, "ox" new
 
 
-def test_draft_cost_from_the_batch():
-    # one request on a CPU (x = 0.05), 15 tokens emitted and 22 drafted a step: 0.35; eight: 0.51
-    assert rv.draft_cost(0.05, 1, 15.0, 22.0) == pytest.approx(0.75 / 2.15)
-    assert rv.draft_cost(0.05, 8, 15.0, 22.0) == pytest.approx(6.0 / 10.2)
-    # a huge batch: the batch's yield per verified token, E / (1 + D)
-    assert rv.draft_cost(0.05, 10**9, 15.0, 22.0) == pytest.approx(15.0 / 23.0)
-    assert rv.draft_cost(0.05, 0, 15.0, 22.0) == 0.0
-
-
 def test_a_loaded_batch_drafts_shorter_chains_than_one_request(make_proposer, monkeypatch):
-    """Same request, same tree: alone it gets the deep chain; among 60 requests (the bound near
-    the batch's yield) only the tokens its tree scores likelier than that."""
+    """Same request, same tree: alone it gets the deep chain; in a batch of 8 a shorter one; among
+    60 requests (a verified token then costs nearly what plain decoding yields per token) no
+    draft from a weak match, while a strong match still drafts."""
     monkeypatch.delenv("REFDEC_VLLM_DRAFT_COST", raising=False)
     lengths = {}
-    for batch in (1, 60):
-        proposer = make_proposer(k=32, REFDEC_VLLM_DRAFT_COST="")
-        proposer._emitted_avg, proposer._drafted_avg = 4.0, 16.0
-        runner = FakeRunner(proposer, max_slots=batch)
-        for i in range(batch):
-            # a short match ("the"): the copy's scores fall with depth, 0.51, 0.40, 0.33, ... 0.11
-            runner.add(f"r{i}", _ids("A: the"), {"refdec_references": REF_A})
-        lengths[batch] = len(runner.step()["r0"])
-    # cost alone 0.05 * 4 / (1 + 0.05 * 17) = 0.11: ~11 tokens; among 60: 12 / 52 = 0.23: ~5
-    assert lengths[1] >= 8 and 2 <= lengths[60] <= lengths[1] - 4, lengths
+    for prompt in ("A: the", "A: the quick brown fox jumps over"):
+        for batch in (1, 8, 60):
+            proposer = make_proposer(k=32, REFDEC_VLLM_DRAFT_COST="")
+            runner = FakeRunner(proposer, max_slots=batch)
+            for i in range(batch):
+                runner.add(f"r{i}", _ids(prompt), {"refdec_references": REF_A})
+            lengths[prompt, batch] = len(runner.step()["r0"])
+    # a short match ("the"): the copy's probabilities fall with depth (0.6, 0.41, 0.26, ... at the
+    # table's prior): alone 8 tokens pay, among 8 fewer, among 60 none
+    weak = [lengths["A: the", b] for b in (1, 8, 60)]
+    assert weak[0] >= 8 and 0 < weak[1] < weak[0] and weak[2] == 0, weak
+    # a long match: the rest of the reference (" the lazy dog", 13 tokens; 0.9 and more) still drafts among 60
+    strong = [lengths["A: the quick brown fox jumps over", b] for b in (1, 8, 60)]
+    assert strong[0] == 13 and strong[0] >= strong[1] >= strong[2] >= 1, strong
+
+
+def test_the_table_learns_what_vllm_accepted_of_each_chain(make_proposer):
+    """The next step counts last step's chain: every node verified, the accepted prefix accepted
+    (vLLM emitted it + 1 token), in the cells the walk reported; a rejected draft lowers its
+    cells' rates, an accepted one raises them."""
+    proposer = make_proposer()
+    runner = FakeRunner(proposer)
+    runner.add("a", _ids("A: "), {"refdec_references": REF_A})
+    runner.add("b", _ids("B: "), {"refdec_references": REF_B})
+    runner.emit("a", _ids("the quick"))
+    runner.emit("b", _ids("pack my"))
+    drafts = runner.step()
+    cells_a = proposer._requests["a"].last_cells.copy()
+    cells_b = proposer._requests["b"].last_cells.copy()
+    assert len(cells_a) == len(drafts["a"]) == 8 and len(cells_b) == 8
+    before = proposer.acceptance.rates.copy()
+    runner.emit("a", drafts["a"] + _ids("X"))       # all 8 accepted, then vLLM's own token
+    runner.emit("b", _ids("Y"))                     # none accepted
+    runner.step()
+    table = proposer.acceptance
+    assert table.verified.sum() == pytest.approx(16) and table.accepted.sum() == pytest.approx(8)
+    assert table.accepted[np.unique(cells_a)].sum() == pytest.approx(8)
+    assert table.accepted[np.setdiff1d(np.unique(cells_b), cells_a)].sum() == 0
+    assert all(table.rates[c] > before[c] for c in np.setdiff1d(cells_a, cells_b))
+    assert all(table.rates[c] < before[c] for c in np.setdiff1d(cells_b, cells_a))
 
 
 def test_finished_and_vanished_requests_are_freed(make_proposer):

@@ -14,8 +14,11 @@ before each call (the batch's ``req_ids`` and vLLM's per-request states). Per re
 one :class:`refdec.Proposer` (live context, the request's references with the copy cursor, the
 server's corpus index), started from the prompt, advanced with the tokens vLLM accepted
 (O(new tokens) a step), and freed when the request finishes or is preempted. refdec's draft
-tree becomes the chain of highest expected accepted length less a cost per drafted token
-(:func:`best_chain`), so a draft that will not pay is cut short or not sent.
+tree becomes the chain of highest expected accepted length less a price per drafted token
+(:mod:`refdec.vllm.chain`): each node's acceptance probability is learnt from what vLLM
+accepted (:class:`refdec.acceptance.AcceptanceTable`, one per worker), and the price is set each
+step from the whole batch (:func:`token_price`), so a draft that will not pay is cut short or
+not sent.
 
 Options (read from the environment in every vLLM process, validated at start-up):
 
@@ -26,9 +29,9 @@ Options (read from the environment in every vLLM process, validated at start-up)
                                      (default num_speculative_tokens, at least 8)
 ``REFDEC_VLLM_TOKEN_COST``           the time of verifying one more token, as a fraction of a
                                      step's fixed time (default 0.05, the default model on this
-                                     project's CPU, benchmarks/RESULTS.md section 6): sets each
-                                     step's draft cost from the batch (:func:`draft_cost`)
-``REFDEC_VLLM_DRAFT_COST``           a fixed draft cost instead (accepted tokens a drafted token
+                                     project's CPU, benchmarks/RESULTS.md section 6): prices
+                                     each step's drafted tokens from the batch (:func:`token_price`)
+``REFDEC_VLLM_DRAFT_COST``           a fixed price instead (accepted tokens a drafted token
                                      must be worth): the chain ends where a token's estimated
                                      acceptance probability is below it
 ``REFDEC_VLLM_DRAFT``                ``on`` (default) or ``off``: drafting for requests that
@@ -46,10 +49,11 @@ edited) and ``refdec_draft`` (false / 0 / "off": no drafts for this request). Ot
 
 from refdec.vllm.options import (DRAFT_KEY, PROPOSER_CLASS, REFERENCES_KEY, RequestOptions, ServerOptions,
                                  parse_request_options, prediction_text, speculative_config)
-from refdec.vllm.chain import best_chain, draft_cost
+from refdec.vllm.chain import best_chain, token_price, walk_trees
 from refdec.vllm.proposer import Proposer, load_index
 
 __all__ = [
-    "Proposer", "ServerOptions", "RequestOptions", "best_chain", "draft_cost", "load_index", "parse_request_options",
+    "Proposer", "ServerOptions", "RequestOptions", "best_chain", "load_index", "parse_request_options",
+    "token_price", "walk_trees",
     "prediction_text", "speculative_config", "PROPOSER_CLASS", "REFERENCES_KEY", "DRAFT_KEY",
 ]

@@ -50,8 +50,8 @@ class ServerOptions:
 
     index_paths: tuple[str, ...] = ()
     tree_nodes: int | None = None  # None: num_speculative_tokens (at least 8)
-    draft_cost: float | None = None  # None: from the batch each step (token_cost)
-    token_cost: float = DEFAULT_TOKEN_COST
+    draft_cost: float | None = None  # a fixed price of a drafted token; None: priced by the batch each step
+    token_cost: float = DEFAULT_TOKEN_COST  # one more verified token / a step's fixed time (refdec.vllm.token_price)
     draft_by_default: bool = True
     max_reference_chars: int = DEFAULT_MAX_REFERENCE_CHARS
 

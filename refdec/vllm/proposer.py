@@ -12,7 +12,8 @@ from transformers import AutoTokenizer
 
 import refdec
 from refdec.index import CorpusIndex, ShardedIndex
-from refdec.vllm.chain import best_chain, draft_cost
+from refdec.acceptance import AcceptanceTable
+from refdec.vllm.chain import token_price, walk_trees
 from refdec.vllm.hooks import wrap_once
 from refdec.vllm.options import ENV_INDEX, RequestOptions, ServerOptions, parse_request_options
 
@@ -44,6 +45,7 @@ class _RequestDraft:
     num_tokens_fed: int = 0  # prompt + output tokens the proposer has seen
     max_tokens: int | None = None  # the request's SamplingParams.max_tokens
     last_chain: list = field(default_factory=list)  # the chain sent last step (token ids)
+    last_cells: np.ndarray | None = None  # int64: its nodes' AcceptanceTable cells
     num_drafted: int = 0
     num_accepted: int = 0
 
@@ -66,10 +68,14 @@ class Proposer:
         self.max_model_len = int(vllm_config.model_config.max_model_len)
         self.options = ServerOptions.from_env()
         self.tree_nodes = self.options.tree_nodes or max(self.num_speculative_tokens, 8)
-        self._emitted_avg = 2.0  # tokens emitted a request a step (running mean)
-        self._drafted_avg = 0.0  # tokens drafted a request a step (running mean)
-        self._step_emitted = self._step_drafted = self._step_fed = self._step_drafting = 0
-        self._step_cost = 0.0
+        # how often each kind of node is accepted, learnt from vLLM's verifications (one table
+        # per worker: every request's drafts teach it). A node's score already is its path's
+        # probability, so deep cells' prior is not lowered further (prior_depth_decay=1): a cap
+        # there would never lift, since nodes under the price are never verified.
+        self.acceptance = AcceptanceTable(len(refdec.Proposer.source_names), prior_depth_decay=1.0)
+        self._verified_cells: list[np.ndarray] = []  # this step's observations for the table
+        self._accepted_cells: list[np.ndarray] = []
+        self.last_price = 0.0  # the last step's price of a verified token (diagnostics)
         self._model_config = vllm_config.model_config
         self._tokenizer = None
         if self._model_config.tokenizer is not None:  # at start-up, not in the first request's step
@@ -85,12 +91,17 @@ class Proposer:
         self._requests: dict[str, _RequestDraft] = {}
         self._batch_req_ids: list[str] | None = None
         self._vllm_requests: Mapping[str, object] = {}
-        self._chain_buf = np.empty(self.num_speculative_tokens, dtype=np.int32)
         self._warned_unbound = False
-        best_chain(np.zeros(1, np.int32), np.full(1, -1, np.int32), np.ones(1, np.float32), 1, 0.0)  # compile
+        k = self.num_speculative_tokens
+        one = np.zeros(1, np.int32)
+        walk_trees(one, np.full(1, -1, np.int32), np.ones(1, np.float32), one, np.array([0, 1]), np.ones(1, np.int64),
+                   self.acceptance.rates, 0.0, np.zeros((1, k), np.int32), np.zeros((1, k)),
+                   np.zeros((1, k), np.int64), np.zeros(1, np.int64))  # compiles the walk (numba) at start-up
         install_runner_hook()
-        logger.info("refdec proposer: k=%d, tree nodes %d, draft cost %s, index %s", self.num_speculative_tokens,
-                    self.tree_nodes, self.options.draft_cost if self.options.draft_cost is not None else
+        price = self.options.draft_cost
+        logger.info("refdec proposer: k=%d, tree nodes %d, price of a drafted token %s, index %s",
+                    self.num_speculative_tokens, self.tree_nodes,
+                    f"fixed {price:g}" if price is not None else
                     f"from the batch (token cost {self.options.token_cost:g})", list(self.options.index_paths) or None)
 
     # -- vLLM's interface ----------------------------------------------------------------
@@ -119,38 +130,89 @@ class Proposer:
                              "hook refdec.vllm.proposer.install_runner_hook did not run): no drafts")
                 self._warned_unbound = True
             return [[] for _ in sampled_token_ids]
-        drafts: list[list[int]] = []
-        if self.options.draft_cost is not None:
-            self._step_cost = self.options.draft_cost
-        else:
-            num_requests = sum(1 for sampled in sampled_token_ids if sampled)
-            self._step_cost = draft_cost(self.options.token_cost, num_requests, self._emitted_avg, self._drafted_avg)
-        self._step_emitted = self._step_drafted = self._step_fed = self._step_drafting = 0
+        # 1. each request: advance its proposer with the tokens vLLM emitted and draft its tree
+        drafts: list[list[int]] = [[] for _ in sampled_token_ids]
+        num_rows = 0
+        drafting = []  # (batch_slot, state, tree, max_len) of the requests that draft
         for batch_slot, sampled in enumerate(sampled_token_ids):
             if not sampled:  # a partial prefill, or a discarded row
-                drafts.append([])
                 continue
+            num_rows += 1
             req_id = req_ids[batch_slot]
             try:
-                drafts.append(self._propose_one(req_id, batch_slot, num_tokens_no_spec, token_ids_cpu))
+                found = self._draft_one(req_id, batch_slot, num_tokens_no_spec, token_ids_cpu)
             except Exception:  # never take the worker down: this request goes on without drafts
-                logger.exception("refdec: drafting failed for request %s; it continues without drafts", req_id)
-                self._requests[req_id] = _RequestDraft(self._vllm_requests.get(req_id), None,
-                                                       num_tokens_fed=int(num_tokens_no_spec[batch_slot]))
-                drafts.append([])
-        if self._step_fed:  # running means over the last ~10 steps
-            self._emitted_avg += 0.1 * (self._step_emitted / self._step_fed - self._emitted_avg)
-        if self._step_drafting:
-            self._drafted_avg += 0.1 * (self._step_drafted / self._step_drafting - self._drafted_avg)
+                self._drafting_failed(req_id, batch_slot, num_tokens_no_spec)
+                continue
+            if found is not None:
+                drafting.append((batch_slot, *found))
+        # 2. their chains, priced together
+        if drafting:
+            try:
+                self._choose_chains(drafting, num_rows, drafts)
+            except Exception:  # never take the worker down: no drafts this step
+                logger.exception("refdec: choosing this step's chains failed; no drafts this step")
+                for _, state, _, _ in drafting:
+                    state.last_chain = []
+                drafts = [[] for _ in sampled_token_ids]
+        # 3. what vLLM accepted of last step's chains teaches the table
+        if self._verified_cells:
+            self.acceptance.observe(np.concatenate(self._verified_cells), np.concatenate(self._accepted_cells),
+                                    num_drafts=len(self._verified_cells))
+            self._verified_cells.clear()
+            self._accepted_cells.clear()
         if len(self._requests) > len(self._vllm_requests):  # requests vLLM no longer holds
             for req_id in [r for r in self._requests if r not in self._vllm_requests]:
                 del self._requests[req_id]
         self._batch_req_ids = None  # a stale slot -> request map is never reused
         return drafts
 
+    def _choose_chains(self, drafting: list, num_rows: int, drafts: list[list[int]]) -> None:
+        """The chains of the drafting requests' trees, in two walks of the whole batch: the best
+        path of each tree at no cost (the candidates and their probabilities), then, at the price
+        of a verified token this step (fixed, or :func:`token_price` of the candidates), each
+        tree's best path at that price. Fills ``drafts[batch_slot]``."""
+        trees = [tree for _, _, tree, _ in drafting]
+        sizes = np.fromiter((len(tree) for tree in trees), np.int64, len(trees))
+        offsets = np.zeros(len(trees) + 1, np.int64)
+        np.cumsum(sizes, out=offsets[1:])
+        token_ids = np.concatenate([tree.token_ids for tree in trees])
+        parents = np.concatenate([tree.parents for tree in trees])
+        scores = np.concatenate([tree.scores for tree in trees])
+        source_ids = np.concatenate([tree.source_ids for tree in trees])
+        max_lens = np.fromiter((max_len for _, _, _, max_len in drafting), np.int64, len(trees))
+        k = self.num_speculative_tokens
+        tokens = np.zeros((len(trees), k), np.int32)
+        probs = np.zeros((len(trees), k), np.float64)
+        cells = np.zeros((len(trees), k), np.int64)
+        lengths = np.zeros(len(trees), np.int64)
+        rates = self.acceptance.rates
+        walk_trees(token_ids, parents, scores, source_ids, offsets, max_lens, rates, 0.0, tokens, probs, cells, lengths)
+        price = self.options.draft_cost
+        if price is None:
+            price = token_price(probs, lengths, num_rows, self.options.token_cost)
+        if price > 0.0:
+            walk_trees(token_ids, parents, scores, source_ids, offsets, max_lens, rates, price, tokens, probs, cells,
+                       lengths)
+        self.last_price = price
+        for row, (batch_slot, state, _, _) in enumerate(drafting):
+            length = int(lengths[row])
+            chain = tokens[row, :length].tolist()
+            state.last_chain = chain
+            state.last_cells = cells[row, :length].copy()
+            state.num_drafted += length
+            drafts[batch_slot] = chain
+
+    def _drafting_failed(self, req_id: str, batch_slot: int, num_tokens_no_spec) -> None:
+        logger.exception("refdec: drafting failed for request %s; it continues without drafts", req_id)
+        self._requests[req_id] = _RequestDraft(self._vllm_requests.get(req_id), None,
+                                               num_tokens_fed=int(num_tokens_no_spec[batch_slot]))
+
     # -- one request ------------------------------------------------------------------------
 
-    def _propose_one(self, req_id: str, batch_slot: int, num_tokens_no_spec, token_ids_cpu) -> list[int]:
+    def _draft_one(self, req_id: str, batch_slot: int, num_tokens_no_spec, token_ids_cpu):
+        """Advances the request's proposer to vLLM's tokens (counting what vLLM accepted of its
+        last chain) and drafts its tree: (state, tree, max chain length), or None (no draft)."""
         num_tokens = int(num_tokens_no_spec[batch_slot])
         state = self._requests.get(req_id)
         req_state = self._vllm_requests.get(req_id)
@@ -159,29 +221,26 @@ class Proposer:
         elif state.num_tokens_fed < num_tokens:
             new_tokens = token_ids_cpu[batch_slot, state.num_tokens_fed:num_tokens]
             if state.last_chain:  # one verification: the accepted draft prefix + 1 token of vLLM's
-                state.num_accepted += min(len(new_tokens) - 1, len(state.last_chain))
-            self._step_emitted += len(new_tokens)
-            self._step_fed += 1
+                num_accepted = min(len(new_tokens) - 1, len(state.last_chain))
+                state.num_accepted += num_accepted
+                self._verified_cells.append(state.last_cells)
+                self._accepted_cells.append(state.last_cells[:num_accepted])
             if state.proposer is not None:
                 state.proposer.accept(new_tokens)
             state.num_tokens_fed = num_tokens
         state.last_chain = []
         if state.proposer is None:
-            return []
+            return None
         max_len = min(self.num_speculative_tokens, self.max_model_len - num_tokens - 1)
         max_tokens = state.max_tokens
         if max_tokens is not None:  # no drafts past the request's last token
             max_len = min(max_len, max_tokens - len(req_state.output_token_ids) - 1)
         if max_len <= 0:
-            return []
+            return None
         tree = state.proposer.propose(self.tree_nodes)
-        chain = best_chain(tree.token_ids, tree.parents, tree.scores, max_len, self._step_cost,
-                           out=self._chain_buf).tolist()
-        self._step_drafted += len(chain)
-        self._step_drafting += 1
-        state.last_chain = chain
-        state.num_drafted += len(chain)
-        return chain
+        if len(tree) == 0:
+            return None
+        return state, tree, max_len
 
     def _start(self, req_id: str, req_state, row_tokens: np.ndarray, num_tokens: int) -> _RequestDraft:
         """A new (or resumed) request: its proposer over the prompt, then its outputs so far. O(context), once."""
