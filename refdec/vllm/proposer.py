@@ -21,6 +21,8 @@ __all__ = ["Proposer", "install_runner_hook", "load_index"]
 
 logger = logging.getLogger(__name__)
 
+RATE_UPDATE_STEPS = 4  # steps between recomputing the acceptance rates (the counts are kept every step)
+
 def load_index(paths, tokenizer=None):
     """One :class:`refdec.CorpusIndex` (one path) or a :class:`refdec.ShardedIndex` (several),
     memory-mapped; an index built with another tokenizer than ``tokenizer`` is an error naming
@@ -75,6 +77,7 @@ class Proposer:
         self.acceptance = AcceptanceTable(len(refdec.Proposer.source_names), prior_depth_decay=1.0)
         self._verified_cells: list[np.ndarray] = []  # this step's observations for the table
         self._accepted_cells: list[np.ndarray] = []
+        self._steps_since_update = 0
         self.last_price = 0.0  # the last step's price of a verified token (diagnostics)
         self._model_config = vllm_config.model_config
         self._tokenizer = None
@@ -156,9 +159,13 @@ class Proposer:
                     state.last_chain = []
                 drafts = [[] for _ in sampled_token_ids]
         # 3. what vLLM accepted of last step's chains teaches the table
-        if self._verified_cells:
+        if self._verified_cells:  # counted every step; the rates recomputed every RATE_UPDATE_STEPS
+            self._steps_since_update += 1
+            update = self._steps_since_update >= RATE_UPDATE_STEPS
             self.acceptance.observe(np.concatenate(self._verified_cells), np.concatenate(self._accepted_cells),
-                                    num_drafts=len(self._verified_cells))
+                                    num_drafts=len(self._verified_cells), update=update)
+            if update:
+                self._steps_since_update = 0
             self._verified_cells.clear()
             self._accepted_cells.clear()
         if len(self._requests) > len(self._vllm_requests):  # requests vLLM no longer holds
@@ -173,14 +180,13 @@ class Proposer:
         of a verified token this step (fixed, or :func:`token_price` of the candidates), each
         tree's best path at that price. Fills ``drafts[batch_slot]``."""
         trees = [tree for _, _, tree, _ in drafting]
-        sizes = np.fromiter((len(tree) for tree in trees), np.int64, len(trees))
         offsets = np.zeros(len(trees) + 1, np.int64)
-        np.cumsum(sizes, out=offsets[1:])
+        np.cumsum([tree.token_ids.shape[0] for tree in trees], out=offsets[1:])
         token_ids = np.concatenate([tree.token_ids for tree in trees])
         parents = np.concatenate([tree.parents for tree in trees])
         scores = np.concatenate([tree.scores for tree in trees])
         source_ids = np.concatenate([tree.source_ids for tree in trees])
-        max_lens = np.fromiter((max_len for _, _, _, max_len in drafting), np.int64, len(trees))
+        max_lens = np.array([max_len for _, _, _, max_len in drafting], np.int64)
         k = self.num_speculative_tokens
         tokens = np.zeros((len(trees), k), np.int32)
         probs = np.zeros((len(trees), k), np.float64)
@@ -199,7 +205,7 @@ class Proposer:
             length = int(lengths[row])
             chain = tokens[row, :length].tolist()
             state.last_chain = chain
-            state.last_cells = cells[row, :length].copy()
+            state.last_cells = cells[row, :length]  # a view: this step's arrays are new each step
             state.num_drafted += length
             drafts[batch_slot] = chain
 
