@@ -72,12 +72,10 @@ class AcceptanceTable:
         src = np.clip(source_ids, 0, self.n_sources - 1)
         return (src.astype(np.int64) * len(SCORE_CENTERS) + s) * len(DEPTH_CENTERS) + d
 
-    def observe(self, verified_cells: np.ndarray, accepted_cells: np.ndarray, num_drafts: int = 1, *,
-                update: bool = True) -> None:
+    def observe(self, verified_cells: np.ndarray, accepted_cells: np.ndarray, num_drafts: int = 1) -> None:
         """Counts verified nodes: ``verified_cells`` (int64 [m]) the cells of every verified node,
         ``accepted_cells`` (int64 [j]) those of the accepted ones; the old counts decay by
-        ``decay ** num_drafts`` first (``num_drafts``: the drafts these nodes came from).
-        ``update=False`` leaves ``rates`` as they were (call :meth:`update_rates` later)."""
+        ``decay ** num_drafts`` first (``num_drafts``: the drafts these nodes came from)."""
         size = self.accepted.shape[0]
         factor = self.decay ** num_drafts
         self.verified *= factor
@@ -85,8 +83,7 @@ class AcceptanceTable:
         self.verified += np.bincount(verified_cells, minlength=size)
         if len(accepted_cells):
             self.accepted += np.bincount(accepted_cells, minlength=size)
-        if update:
-            self.update_rates()
+        self.update_rates()
 
     def update_rates(self) -> None:
         """Recomputes ``rates`` from the counts (after the counts were changed in place)."""

@@ -21,8 +21,6 @@ __all__ = ["Proposer", "install_runner_hook", "load_index"]
 
 logger = logging.getLogger(__name__)
 
-RATE_UPDATE_STEPS = 4  # steps between recomputing the acceptance rates (the counts are kept every step)
-
 def load_index(paths, tokenizer=None):
     """One :class:`refdec.CorpusIndex` (one path) or a :class:`refdec.ShardedIndex` (several),
     memory-mapped; an index built with another tokenizer than ``tokenizer`` is an error naming
@@ -77,7 +75,6 @@ class Proposer:
         self.acceptance = AcceptanceTable(len(refdec.Proposer.source_names), prior_depth_decay=1.0)
         self._verified_cells: list[np.ndarray] = []  # this step's observations for the table
         self._accepted_cells: list[np.ndarray] = []
-        self._steps_since_update = 0
         self.last_price = 0.0  # the last step's price of a verified token (diagnostics)
         self._model_config = vllm_config.model_config
         self._tokenizer = None
@@ -159,13 +156,9 @@ class Proposer:
                     state.last_chain = []
                 drafts = [[] for _ in sampled_token_ids]
         # 3. what vLLM accepted of last step's chains teaches the table
-        if self._verified_cells:  # counted every step; the rates recomputed every RATE_UPDATE_STEPS
-            self._steps_since_update += 1
-            update = self._steps_since_update >= RATE_UPDATE_STEPS
+        if self._verified_cells:
             self.acceptance.observe(np.concatenate(self._verified_cells), np.concatenate(self._accepted_cells),
-                                    num_drafts=len(self._verified_cells), update=update)
-            if update:
-                self._steps_since_update = 0
+                                    num_drafts=len(self._verified_cells))
             self._verified_cells.clear()
             self._accepted_cells.clear()
         if len(self._requests) > len(self._vllm_requests):  # requests vLLM no longer holds
