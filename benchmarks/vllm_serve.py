@@ -372,10 +372,10 @@ def _count_by_score_bucket(table) -> np.ndarray:
     n_depth = table.shape[2]
     n_score = table.shape[1]
 
-    def counting_observe(verified_cells, accepted_cells, num_drafts=1, **kwargs):
+    def counting_observe(verified_cells, accepted_cells, num_drafts=1):
         np.add.at(counts[0], (verified_cells // n_depth) % n_score, 1)
         np.add.at(counts[1], (accepted_cells // n_depth) % n_score, 1)
-        observe(verified_cells, accepted_cells, num_drafts, **kwargs)
+        observe(verified_cells, accepted_cells, num_drafts)
 
     table.observe = counting_observe
     return counts

@@ -3,7 +3,7 @@
 A draft tree's node scores (``refdec.tree.DraftTree.scores``) are the proposer's estimates; how
 often nodes are really accepted depends on the model and the workload. Replaying vLLM's greedy
 outputs through the adapter's chains (benchmarks/RESULTS.md section 6), edit nodes scored 0.1-0.2
-were accepted 31% of the time, and live-context loop nodes scored under 0.02 in 66-85%.
+were accepted 29% of the time, and live-context loop nodes scored under 0.02 in 66-74%.
 :class:`AcceptanceTable` keeps one acceptance rate per *cell* -- (source, score bucket, depth
 bucket) -- counted from the nodes that were verified, so a policy prices nodes by what they
 do, not by what they were scored. Two policies read it: refdec's "auto" draft size

@@ -140,12 +140,10 @@ class AutoBudget:
             raise ValueError(f"cost must be a refdec.calibration.CostCurve, got {type(cost).__name__}")
         self.max_nodes = int(max_nodes)
         self.n_sources = int(n_sources)
-        self.decay = float(decay)
         self.explore_every = int(explore_every)
         self.explore_nodes = int(explore_nodes)
         self._cost = self.cost.table(self.max_nodes)  # float64 [max_nodes + 1]
         self._inv_cost = 1.0 / self._cost
-        self.prior_weight = float(prior_weight)
         self.acceptance = AcceptanceTable(self.n_sources, prior_weight=prior_weight,
                                           prior_depth_decay=prior_depth_decay, decay=decay)
         self._cells = None  # cells of the last selected tree

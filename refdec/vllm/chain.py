@@ -5,8 +5,9 @@ Each node's acceptance probability is read from an :class:`refdec.acceptance.Acc
 non-increasing along a path (a path is accepted no more often than its prefix). Per request,
 :func:`walk_trees` (one call for the whole batch) takes the root path of highest expected
 accepted length (the sum of its probabilities) less a price per token; :func:`token_price` sets
-that price each step from the whole batch (what one more verified token costs, in tokens). The walk is compiled with numba
-on first use (vLLM depends on numba); without numba it runs as Python on lists.
+that price each step from the whole batch (what one more verified token costs, in tokens). The
+walk is compiled with numba on first use (vLLM depends on numba); without numba it runs as
+Python on lists.
 """
 
 from __future__ import annotations
@@ -167,8 +168,8 @@ def token_price(probs: np.ndarray, lengths: np.ndarray, num_rows: int, token_cos
     time ``V(m) = (num_rows + their probability sum) / (1 + token_cost * (num_rows + m))``; at
     the best ``m``, one more token raises ``V`` only if its probability exceeds
     ``token_cost * V``: that is the price returned. Each request then sends its tree's best path
-    at that price (:func:`walk_trees` at that price): one request alone pays
-    little per token, a loaded batch nearly its own yield per verified token.
+    at that price (:func:`walk_trees`). The price rises with the batch (a loaded batch pays
+    nearly its own yield per verified token) and with what the step already emits.
 
     ``probs``: float64 (R, L), request r's chain probabilities (its best path at no cost) in
     the first ``lengths[r]`` entries (int (R,)); ``num_rows`` >= R (rows without a draft

@@ -152,9 +152,7 @@ class Proposer:
                 self._choose_chains(drafting, num_rows, drafts)
             except Exception:  # never take the worker down: no drafts this step
                 logger.exception("refdec: choosing this step's chains failed; no drafts this step")
-                for _, state, _, _ in drafting:
-                    state.last_chain = []
-                drafts = [[] for _ in sampled_token_ids]
+                drafts = [[] for _ in sampled_token_ids]  # (_draft_one cleared each last_chain)
         # 3. what vLLM accepted of last step's chains teaches the table
         if self._verified_cells:
             self.acceptance.observe(np.concatenate(self._verified_cells), np.concatenate(self._accepted_cells),
@@ -168,10 +166,9 @@ class Proposer:
         return drafts
 
     def _choose_chains(self, drafting: list, num_rows: int, drafts: list[list[int]]) -> None:
-        """The chains of the drafting requests' trees, in two walks of the whole batch: the best
-        path of each tree at no cost (the candidates and their probabilities), then, at the price
-        of a verified token this step (fixed, or :func:`token_price` of the candidates), each
-        tree's best path at that price. Fills ``drafts[batch_slot]``."""
+        """The chains of the drafting requests' trees, each tree's best path at this step's price
+        of a verified token: the fixed price (one walk of the whole batch), or :func:`token_price`
+        of the candidates a first walk at no cost finds. Fills ``drafts[batch_slot]``."""
         trees = [tree for _, _, tree, _ in drafting]
         offsets = np.zeros(len(trees) + 1, np.int64)
         np.cumsum([tree.token_ids.shape[0] for tree in trees], out=offsets[1:])
@@ -186,13 +183,19 @@ class Proposer:
         cells = np.zeros((len(trees), k), np.int64)
         lengths = np.zeros(len(trees), np.int64)
         rates = self.acceptance.rates
-        walk_trees(token_ids, parents, scores, source_ids, offsets, max_lens, rates, 0.0, tokens, probs, cells, lengths)
+
+        def walk(at_price: float) -> None:
+            walk_trees(token_ids, parents, scores, source_ids, offsets, max_lens, rates, at_price, tokens, probs,
+                       cells, lengths)
+
         price = self.options.draft_cost
-        if price is None:
+        if price is not None:
+            walk(price)
+        else:  # the candidates at no cost price the step; then each tree's best path at that price
+            walk(0.0)
             price = token_price(probs, lengths, num_rows, self.options.token_cost)
-        if price > 0.0:
-            walk_trees(token_ids, parents, scores, source_ids, offsets, max_lens, rates, price, tokens, probs, cells,
-                       lengths)
+            if price > 0.0:
+                walk(price)
         self.last_price = price
         for row, (batch_slot, state, _, _) in enumerate(drafting):
             length = int(lengths[row])
