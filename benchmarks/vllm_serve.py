@@ -5,6 +5,7 @@
     python -m benchmarks.vllm_serve --drafting-cost [--batch-sizes 1,8,16,32,64]
     python -m benchmarks.vllm_serve --step-cost [--batch-sizes 1,8] [--draft-lens 0,4,8,16,32] [--steps 20]
     python -m benchmarks.vllm_serve --replay benchmarks/out/vllm_serve-serve-*.json [--costs batch,0,0.1]
+    python -m benchmarks.vllm_serve --in-process [--methods none,ngram,refdec-pred] [--workloads edits]
 
 Serving: one server per method on the default model (Gemma 3 270M, CPU, float32, eager), driven
 with the OpenAI client over the loopback; methods alternate by server, each runs every
@@ -33,6 +34,11 @@ drafter whose drafts always fail; fits ``time = a + b * tokens`` and prints b / 
 no-speculation outputs replayed through each drafter (steps and drafted tokens they would need),
 with refdec's chain nodes' acceptance by the score refdec gave them.
 
+``--in-process`` (no server): the same engine settings and requests through ``vllm.LLM`` in one
+process (no HTTP front end, no separate engine-core process), one method per child process, one
+request at a time (the 1-client cells): output tokens/s and whether each output equals the
+no-speculation output. Set beside a serve run, it shows what the server's own per-step work costs.
+
 Raw results go to benchmarks/out/vllm_serve-*.json (git-ignored).
 """
 
@@ -40,6 +46,7 @@ from __future__ import annotations
 
 import argparse
 import concurrent.futures
+import gc
 import json
 import os
 import re
@@ -341,12 +348,17 @@ def drafting_cost(args) -> dict:
     for b in (int(x) for x in args.batch_sizes.split(",")):
         proposer = Proposer(config)
         proposer._tokenizer = tok
+        # what vLLM's engine core does once started (vllm.utils.gc_utils.freeze_gc_heap): the
+        # start-up heap (here transformers, the tokenizer, the data) leaves the collector's scans
+        gc.collect()
+        gc.freeze()
         runner = _StandInRunner(proposer, cases[:b], max_len)
         runner.step()  # starts: O(prompt + reference) once per request, not a step's cost
         times = []
         for _ in range(args.steps):
             runner.advance()
             times.append(runner.step())
+        gc.unfreeze()
         t = np.array(times) * 1e6
         drafted = sum(len(d) for d in runner.drafts)
         row = {"batch": b, "step_us_p50": float(np.percentile(t, 50)), "step_us_p99": float(np.percentile(t, 99)),
@@ -522,6 +534,72 @@ def step_cost(args) -> dict:
     return out
 
 
+# -- in-process vLLM (no server) ---------------------------------------------------------------
+
+def in_process_benchmark(args) -> dict:
+    """``--in-process``: each method in its own child process (one vLLM engine each)."""
+    import tempfile
+
+    results = {"k": args.k, "cells": [], "in_process": True, "load_before": os.getloadavg()}
+    for method in args.methods.split(","):
+        out_path = Path(tempfile.mkdtemp()) / "cells.json"
+        env = dict(os.environ, VLLM_ENABLE_V1_MULTIPROCESSING="0")
+        if "@" in method:
+            setting = method.partition("@")[2]
+            name, _, value = setting.partition("=") if "=" in setting else ("REFDEC_VLLM_DRAFT_COST", "", setting)
+            env[name] = value
+        cmd = [sys.executable, "-m", "benchmarks.vllm_serve", "--in-process-one", method, "--in-process-out",
+               str(out_path), "--workloads", args.workloads, "--limit", str(args.limit), "--k", str(args.k),
+               "--max-model-len", str(args.max_model_len)] + (["--max-tokens", str(args.max_tokens)]
+                                                               if args.max_tokens else [])
+        print(f"# {method} in-process (load {os.getloadavg()[0]:.1f})", flush=True)
+        proc = subprocess.run(cmd, cwd=REPO, env=env)
+        if proc.returncode != 0 or not out_path.exists():
+            results["cells"].append({"method": method, "error": f"exit {proc.returncode}"})
+            continue
+        results["cells"].extend(json.loads(out_path.read_text()))
+    check_identity(results)
+    return results
+
+
+def in_process_cells(args) -> list[dict]:
+    """One method's cells through ``vllm.LLM`` (a child of :func:`in_process_benchmark`)."""
+    import vllm
+
+    from refdec.models import vllm_model_dir
+
+    method = args.in_process_one
+    spec = speculative_config(method, args.k)
+    llm = vllm.LLM(model=str(vllm_model_dir()), dtype="float32", enforce_eager=True,
+                   max_model_len=args.max_model_len, max_num_seqs=16, enable_prefix_caching=False, seed=0,
+                   **({"speculative_config": spec} if spec else {}))
+    cells = []
+    for workload in args.workloads.split(","):
+        prediction = method.startswith("refdec-pred")
+        if prediction and workload != "edits":
+            continue
+        rows = []
+        load = os.getloadavg()[0]
+        t0 = time.perf_counter()
+        for req in load_requests(workload, args.limit):
+            extra = {"refdec_references": [req["reference"]]} if prediction and req["reference"] else None
+            params = vllm.SamplingParams(temperature=0.0, max_tokens=args.max_tokens or req["max_tokens"],
+                                         extra_args=extra)
+            t = time.perf_counter()
+            out = llm.generate([req["prompt"]], params, use_tqdm=False)[0].outputs[0]
+            rows.append({"name": req["name"], "latency_s": time.perf_counter() - t,
+                         "token_ids": list(out.token_ids), "completion_tokens": len(out.token_ids)})
+        wall = time.perf_counter() - t0
+        lat = np.array([r["latency_s"] for r in rows])
+        tokens = sum(r["completion_tokens"] for r in rows)
+        cells.append({"method": method, "workload": workload, "clients": 1, "wall_s": wall, "output_tokens": tokens,
+                      "tokens_per_s": tokens / wall, "latency_p50_s": float(np.percentile(lat, 50)),
+                      "latency_p99_s": float(np.percentile(lat, 99)), "accepted_draft_tokens": None,
+                      "load": load, "rows": rows})
+        print(f"{workload:6s} c=1 {method:12s} {tokens / wall:7.2f} tok/s in-process  load {load:.1f}", flush=True)
+    return cells
+
+
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--methods", default="none,ngram,refdec,refdec-pred")
@@ -539,7 +617,23 @@ def main(argv=None) -> None:
                     "('batch': none set, the price from the batch)")
     ap.add_argument("--step-cost", action="store_true", help="a vLLM step's time against the tokens it verifies")
     ap.add_argument("--draft-lens", default="0,4,8,16,32", help="drafted tokens a request for --step-cost")
+    ap.add_argument("--in-process", action="store_true", help="the methods through vllm.LLM, no server (1 client)")
+    ap.add_argument("--in-process-one", default=None, help=argparse.SUPPRESS)  # a child of --in-process
+    ap.add_argument("--in-process-out", default=None, help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
+    if args.in_process_one:
+        Path(args.in_process_out).write_text(json.dumps(in_process_cells(args)))
+        return
+    if args.in_process:
+        if args.methods == ap.get_default("methods"):
+            args.methods = "none,ngram,refdec-pred"
+        if args.workloads == ap.get_default("workloads"):
+            args.workloads = "edits"
+        os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "2")
+        results = in_process_benchmark(args)
+        print_table(results)
+        print(f"wrote {write_result('in-process', results)}")
+        return
     if args.step_cost:
         os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "2")
         print(f"wrote {write_result('step-cost', step_cost(args))}")

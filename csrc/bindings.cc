@@ -481,6 +481,43 @@ PYBIND11_MODULE(_C, m) {
           },
           "{source_id: match length}");
 
+  m.def(
+      "step_batch",
+      [](const py::list& cores, const py::list& new_tokens, int32_t max_nodes, int32_t num_threads) {
+        std::vector<ProposerCore*> core_ptrs;
+        std::vector<TokenSpan> spans;
+        core_ptrs.reserve(cores.size());
+        spans.reserve(new_tokens.size());
+        for (size_t r = 0; r < cores.size(); ++r) {
+          ProposerCore* core = cores[r].cast<ProposerCore*>();
+          if (core == nullptr) throw std::invalid_argument("cores[" + std::to_string(r) + "] is None");
+          core_ptrs.push_back(core);
+        }
+        for (size_t r = 0; r < new_tokens.size(); ++r) {
+          py::handle h = new_tokens[r];
+          if (!ExactTokenArray::check_(h))
+            throw py::type_error("new_tokens[" + std::to_string(r) + "] must be a C-contiguous int32 array, got " +
+                                 std::string(py::str(py::type::of(h))));
+          auto a = py::reinterpret_borrow<ExactTokenArray>(h);
+          if (a.ndim() != 1)
+            throw std::invalid_argument("new_tokens[" + std::to_string(r) + "] must be 1-D, got " +
+                                        std::to_string(a.ndim()) + " dimensions");
+          spans.push_back({a.data(), static_cast<int64_t>(a.shape(0))});
+        }
+        DraftBatch batch;
+        {
+          py::gil_scoped_release release;
+          step_batch(core_ptrs, spans, max_nodes, num_threads, &batch);
+        }
+        return py::make_tuple(to_numpy(batch.nodes.token_ids), to_numpy(batch.nodes.parents),
+                              to_numpy(batch.nodes.scores), to_numpy(batch.nodes.source_ids), to_numpy(batch.offsets));
+      },
+      py::arg("cores"), py::arg("new_tokens"), py::arg("max_nodes"), py::arg("num_threads") = 1,
+      "One drafting step for R requests: feeds cores[r] new_tokens[r] (C-contiguous int32 arrays), then drafts "
+      "its tree of <= max_nodes nodes (on up to num_threads threads). Returns (token_ids int32, parents int32, scores float32, source_ids int32, "
+      "offsets int64 [R + 1]): tree r is nodes [offsets[r], offsets[r + 1]), parents within its tree. Every token "
+      "is checked before any core is fed (csrc/proposer_core.h).");
+
   m.attr("FORMAT_VERSION") = kFormatVersion;
 
   // ---- test-only entry points ----

@@ -1,8 +1,10 @@
 #include "proposer_core.h"
 
 #include <algorithm>
+#include <exception>
 #include <stdexcept>
 #include <string>
+#include <thread>
 
 namespace refdec {
 
@@ -230,6 +232,104 @@ void ProposerCore::push_levels(const DraftSource& base, int32_t len) {
     if (next <= 0 || next < min_backoff_len_) return;
     len = next;
     set_level(len);
+  }
+}
+
+void ProposerCore::count_shared_automata() const {
+  for (const MatchedSource& m : matched_)
+    for (const Matcher& matcher : m.matchers) matcher.view()->count(0);
+}
+
+namespace {
+
+// Feeds and proposes cores [begin, end); their trees appended to `out` (cleared first).
+void step_range(const std::vector<ProposerCore*>& cores, const std::vector<TokenSpan>& new_tokens, int32_t max_nodes,
+                size_t begin, size_t end, DraftBatch* out) {
+  DraftResult& nodes = out->nodes;
+  nodes.token_ids.clear();
+  nodes.parents.clear();
+  nodes.scores.clear();
+  nodes.source_ids.clear();
+  const size_t capacity = (end - begin) * static_cast<size_t>(max_nodes);
+  nodes.token_ids.reserve(capacity);
+  nodes.parents.reserve(capacity);
+  nodes.scores.reserve(capacity);
+  nodes.source_ids.reserve(capacity);
+  out->offsets.assign(1, 0);
+  out->offsets.reserve(end - begin + 1);
+  DraftResult tree;
+  for (size_t r = begin; r < end; ++r) {
+    cores[r]->feed(new_tokens[r].data, new_tokens[r].size);
+    cores[r]->propose(max_nodes, &tree);
+    nodes.token_ids.insert(nodes.token_ids.end(), tree.token_ids.begin(), tree.token_ids.end());
+    nodes.parents.insert(nodes.parents.end(), tree.parents.begin(), tree.parents.end());
+    nodes.scores.insert(nodes.scores.end(), tree.scores.begin(), tree.scores.end());
+    nodes.source_ids.insert(nodes.source_ids.end(), tree.source_ids.begin(), tree.source_ids.end());
+    out->offsets.push_back(static_cast<int64_t>(nodes.token_ids.size()));
+  }
+}
+
+}  // namespace
+
+void step_batch(const std::vector<ProposerCore*>& cores, const std::vector<TokenSpan>& new_tokens,
+                int32_t max_nodes, int32_t num_threads, DraftBatch* out) {
+  if (cores.size() != new_tokens.size())
+    throw std::invalid_argument("step_batch: " + std::to_string(cores.size()) + " cores but " +
+                                std::to_string(new_tokens.size()) + " token arrays");
+  if (max_nodes < 0) throw std::invalid_argument("max_nodes must be >= 0, got " + std::to_string(max_nodes));
+  if (num_threads < 1) throw std::invalid_argument("num_threads must be >= 1, got " + std::to_string(num_threads));
+  // Step 1. Every request's tokens, before any core changes.
+  for (size_t r = 0; r < new_tokens.size(); ++r)
+    for (int64_t i = 0; i < new_tokens[r].size; ++i)
+      if (new_tokens[r].data[i] < 0)
+        throw std::invalid_argument("new_tokens[" + std::to_string(r) + "] must be token ids in [0, 2**31); new_tokens[" +
+                                    std::to_string(r) + "][" + std::to_string(i) + "] = " +
+                                    std::to_string(new_tokens[r].data[i]));
+  const size_t num_requests = cores.size();
+  const size_t threads = std::max<size_t>(
+      1, std::min(static_cast<size_t>(num_threads), num_requests / kMinRequestsPerThread));
+  if (threads == 1) {
+    step_range(cores, new_tokens, max_nodes, 0, num_requests, out);
+    return;
+  }
+  // Step 2. Threads: distinct cores, and the automata they share counted now.
+  std::vector<ProposerCore*> sorted(cores);
+  std::sort(sorted.begin(), sorted.end());
+  if (std::adjacent_find(sorted.begin(), sorted.end()) != sorted.end())
+    throw std::invalid_argument("step_batch with num_threads > 1: a core is listed twice");
+  for (const ProposerCore* core : cores) core->count_shared_automata();
+  // Step 3. One contiguous run of requests per thread (this one takes the first).
+  std::vector<size_t> bounds(threads + 1);
+  for (size_t t = 0; t <= threads; ++t) bounds[t] = num_requests * t / threads;
+  std::vector<DraftBatch> parts(threads - 1);
+  std::vector<std::exception_ptr> errors(threads);
+  std::vector<std::thread> workers;
+  workers.reserve(threads - 1);
+  for (size_t t = 1; t < threads; ++t)
+    workers.emplace_back([&, t] {
+      try {
+        step_range(cores, new_tokens, max_nodes, bounds[t], bounds[t + 1], &parts[t - 1]);
+      } catch (...) {
+        errors[t] = std::current_exception();
+      }
+    });
+  try {
+    step_range(cores, new_tokens, max_nodes, bounds[0], bounds[1], out);
+  } catch (...) {
+    errors[0] = std::current_exception();
+  }
+  for (std::thread& worker : workers) worker.join();
+  for (const std::exception_ptr& error : errors)
+    if (error) std::rethrow_exception(error);
+  // Step 4. The other runs' trees after this one's, their offsets shifted.
+  DraftResult& nodes = out->nodes;
+  for (const DraftBatch& part : parts) {
+    const int64_t shift = static_cast<int64_t>(nodes.token_ids.size());
+    nodes.token_ids.insert(nodes.token_ids.end(), part.nodes.token_ids.begin(), part.nodes.token_ids.end());
+    nodes.parents.insert(nodes.parents.end(), part.nodes.parents.begin(), part.nodes.parents.end());
+    nodes.scores.insert(nodes.scores.end(), part.nodes.scores.begin(), part.nodes.scores.end());
+    nodes.source_ids.insert(nodes.source_ids.end(), part.nodes.source_ids.begin(), part.nodes.source_ids.end());
+    for (size_t i = 1; i < part.offsets.size(); ++i) out->offsets.push_back(part.offsets[i] + shift);
   }
 }
 

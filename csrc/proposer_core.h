@@ -24,6 +24,37 @@ namespace refdec {
 // over the shards; at each node the continuation counts of the shards where the
 // string occurs, summed). Automata are not owned and must outlive the core.
 // Not thread-safe (one per request).
+class ProposerCore;
+
+// A request's new tokens in a batch step (not owned).
+struct TokenSpan {
+  const int32_t* data;  // token ids (>= 0 to be fed)
+  int64_t size;         // how many
+};
+
+// The draft trees of a batch step, one after another.
+struct DraftBatch {
+  DraftResult nodes;             // every tree's nodes, tree r at [offsets[r], offsets[r + 1]); parents index within its tree
+  std::vector<int64_t> offsets;  // R + 1 entries: offsets[0] = 0, offsets[R] = the total node count
+};
+
+// One drafting step for R requests, exactly the loop
+//   for r: cores[r]->feed(new_tokens[r]); cores[r]->propose(max_nodes) -> tree r
+// with every tree appended to `out` (cleared first). Every token is checked
+// before any core is fed: a negative id throws std::invalid_argument naming r
+// and the position, and leaves every core as it was. cores and new_tokens have
+// R entries each (std::invalid_argument otherwise). With num_threads > 1 the
+// requests are split into contiguous runs of at least kMinRequestsPerThread,
+// one per thread (the same trees); the cores must then be distinct (a core
+// listed twice throws std::invalid_argument before any is fed), and an
+// automaton shared between cores must be a FrozenIndex or a SuffixAutomaton no
+// thread extends meanwhile (its counts are computed before the threads start).
+void step_batch(const std::vector<ProposerCore*>& cores, const std::vector<TokenSpan>& new_tokens,
+                int32_t max_nodes, int32_t num_threads, DraftBatch* out);
+
+// The fewest requests step_batch gives one thread (fewer: fewer threads).
+constexpr size_t kMinRequestsPerThread = 8;
+
 class ProposerCore {
  public:
   explicit ProposerCore(int32_t max_depth) : max_depth_(max_depth) {}
@@ -69,6 +100,9 @@ class ProposerCore {
   // Every source's match, the context first.
   std::vector<SourceMatch> match_lengths();
   int32_t max_depth() const { return max_depth_; }
+  // Computes the lazy occurrence counts of every matcher automaton now, so
+  // that threads drafting from other cores over the same automata only read.
+  void count_shared_automata() const;
 
  private:
   // A matched source.

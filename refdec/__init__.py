@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 
 _EXPORTS = {
     "ContextIndex": "refdec.index", "CorpusIndex": "refdec.index", "IndexFormatError": "refdec.index",
-    "ShardedIndex": "refdec.index", "DraftTree": "refdec.tree", "Drafter": "refdec.proposer",
+    "ShardedIndex": "refdec.index", "DraftBatch": "refdec.tree", "DraftTree": "refdec.tree", "Drafter": "refdec.proposer",
     "Proposer": "refdec.proposer", "SpeculativeDecoder": "refdec.decode.decoder", "generate": "refdec.decode.decoder",
     "DecodingStats": "refdec.decode.results", "GenerateOutput": "refdec.decode.results",
 }
@@ -22,7 +22,7 @@ if TYPE_CHECKING:
     from refdec.decode.results import DecodingStats, GenerateOutput
     from refdec.index import ContextIndex, CorpusIndex, IndexFormatError, ShardedIndex
     from refdec.proposer import Drafter, Proposer
-    from refdec.tree import DraftTree
+    from refdec.tree import DraftBatch, DraftTree
 
 
 def __getattr__(name: str):

@@ -8,6 +8,10 @@ comes before its children), following ArcticInference's draft format:
                             (the root is the last accepted token, not stored)
     scores     float32 [n]  estimated probability that the path to this node is accepted
     source_ids int32   [n]  which draft source proposed the node (index into ``source_names``)
+
+A :class:`DraftBatch` holds the trees of a batch step the same way, one tree after another
+(``offsets`` int64 [R + 1]: tree r is nodes ``[offsets[r], offsets[r + 1])``, its parents
+indexing within the tree).
 """
 
 from __future__ import annotations
@@ -123,6 +127,35 @@ class DraftTree:
 
     def __repr__(self) -> str:
         return f"DraftTree(n={len(self)}, max_depth={int(self.depths().max()) if len(self) else 0})"
+
+
+@dataclass(frozen=True)
+class DraftBatch:
+    """The draft trees of R requests in one step, concatenated (what
+    :meth:`refdec.Proposer.propose_batch` returns): ``token_ids`` int32 (n,), ``parents`` int32
+    (n,) (within its tree; -1 = child of the root), ``scores`` float32 (n,), ``source_ids``
+    int32 (n,), ``offsets`` int64 (R + 1,): tree r is nodes ``[offsets[r], offsets[r + 1])``,
+    each tree in topological order. Made by refdec's C++ builder, whose output is trusted
+    (no checks); ``tree(r)`` gives one tree as a :class:`DraftTree` of views."""
+
+    token_ids: np.ndarray
+    parents: np.ndarray
+    scores: np.ndarray
+    source_ids: np.ndarray
+    offsets: np.ndarray
+    source_names: tuple[str, ...] = ("draft",)
+
+    def __len__(self) -> int:
+        """The number of trees (R)."""
+        return int(self.offsets.shape[0]) - 1
+
+    def tree(self, r: int) -> DraftTree:
+        """Tree ``r`` (0 <= r < R) as a :class:`DraftTree` whose arrays are views of the batch's."""
+        if not 0 <= r < len(self):
+            raise IndexError(f"r must be in [0, {len(self)}), got {r}")
+        a, b = int(self.offsets[r]), int(self.offsets[r + 1])
+        return DraftTree._trusted(self.token_ids[a:b], self.parents[a:b], self.scores[a:b], self.source_ids[a:b],
+                                  self.source_names)
 
 
 def keep_nodes(tree: DraftTree, node_idx: np.ndarray) -> DraftTree:

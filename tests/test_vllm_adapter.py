@@ -33,10 +33,10 @@ TWO_BRANCHES = _tree([10, 20, 11, 21, 12, 22, 23, 24], [-1, -1, 0, 1, 2, 3, 5, 6
 @pytest.fixture(params=["python", "numba"])
 def chain_impl(request, monkeypatch):
     if request.param == "python":
-        monkeypatch.setattr(vllm_chain, "_walk_trees_impl", vllm_chain._walk_trees_py)
+        monkeypatch.setattr(vllm_chain, "_choose_impl", vllm_chain._choose_py)
     else:
         pytest.importorskip("numba")
-        monkeypatch.setattr(vllm_chain, "_walk_trees_impl", None)
+        monkeypatch.setattr(vllm_chain, "_choose_impl", None)
     return request.param
 
 
@@ -112,10 +112,11 @@ def test_walk_trees_walks_each_tree_of_a_batch_on_its_own(chain_impl):
         [out[0][r, :out[3][r]].tolist() for r in range(3)]
 
 
-def test_walk_trees_python_and_numba_agree_on_random_batches():
+def test_choose_chains_python_and_numba_agree_on_random_batches(monkeypatch):
     pytest.importorskip("numba")
     rng = np.random.default_rng(5)
-    compiled = vllm_chain._walk_impl()
+    monkeypatch.setattr(vllm_chain, "_choose_impl", None)
+    compiled = vllm_chain._compiled_choose()
     table = AcceptanceTable(3)
     table.rates = rng.random(table.rates.shape[0])
     for trial in range(100):
@@ -129,13 +130,18 @@ def test_walk_trees_python_and_numba_agree_on_random_batches():
         offsets = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
         max_lens = rng.integers(0, 10, len(sizes)).astype(np.int64)
         rates = table.rates if trial % 2 else vllm_chain._NO_RATES
-        price = float(rng.choice([0.0, 0.1, 0.4]))
+        price = float(rng.choice([-1.0, 0.0, 0.1, 0.4]))  # -1: priced by the batch (token_price)
         outs = [(np.zeros((len(sizes), 10), np.int32), np.zeros((len(sizes), 10)),
                  np.zeros((len(sizes), 10), np.int64), np.zeros(len(sizes), np.int64)) for _ in range(2)]
         args = (tokens, parents, scores, sources, offsets, max_lens, rates, vllm_chain._SCORE_EDGES,
-                vllm_chain._DEPTH_EDGES, price)
-        vllm_chain._walk_trees_py(*args, *outs[0])
-        compiled(*args, *outs[1])
+                vllm_chain._DEPTH_EDGES, price, 0.05, len(sizes) + 2)
+        prices = (vllm_chain._choose_py(*args, *outs[0]), compiled(*args, *outs[1]))
+        assert prices[0] == prices[1]
+        if price < 0:  # the price is token_price's of the candidates at no cost, to the bit
+            cand = (np.zeros((len(sizes), 10), np.int32), np.zeros((len(sizes), 10)),
+                    np.zeros((len(sizes), 10), np.int64), np.zeros(len(sizes), np.int64))
+            compiled(*args[:9], 0.0, 0.05, len(sizes) + 2, *cand)
+            assert prices[0] == rv.token_price(cand[1], cand[3], len(sizes) + 2, 0.05)
         for a, b in zip(*outs):
             assert a.tolist() == b.tolist()
         if trial % 2:  # the cells the walk reports are AcceptanceTable.cells of the chain's nodes
@@ -233,9 +239,10 @@ def test_server_options_defaults_and_values(tmp_path):
     b.write_bytes(b"x")
     opts = rv.ServerOptions.from_env({"REFDEC_VLLM_INDEX": f"{a}:{b}", "REFDEC_VLLM_TREE_NODES": "40",
                                       "REFDEC_VLLM_DRAFT_COST": "0.25", "REFDEC_VLLM_TOKEN_COST": "0.01",
-                                      "REFDEC_VLLM_DRAFT": "off", "REFDEC_VLLM_MAX_REFERENCE_CHARS": "10"})
+                                      "REFDEC_VLLM_DRAFT": "off", "REFDEC_VLLM_MAX_REFERENCE_CHARS": "10",
+                                      "REFDEC_VLLM_DRAFT_THREADS": "2"})
     assert opts == rv.ServerOptions(index_paths=(str(a), str(b)), tree_nodes=40, draft_cost=0.25, token_cost=0.01,
-                                    draft_by_default=False, max_reference_chars=10)
+                                    draft_by_default=False, max_reference_chars=10, draft_threads=2)
 
 
 @pytest.mark.parametrize("env, message", [
@@ -245,6 +252,7 @@ def test_server_options_defaults_and_values(tmp_path):
     ({"REFDEC_VLLM_DRAFT_COST": "-1"}, "REFDEC_VLLM_DRAFT_COST must be a finite number >= 0"),
     ({"REFDEC_VLLM_DRAFT_COST": "nan"}, "REFDEC_VLLM_DRAFT_COST must be a finite number >= 0"),
     ({"REFDEC_VLLM_DRAFT": "sometimes"}, "REFDEC_VLLM_DRAFT must be 'on' or 'off'"),
+    ({"REFDEC_VLLM_DRAFT_THREADS": "0"}, "REFDEC_VLLM_DRAFT_THREADS must be an integer >= 1, got '0'"),
 ])
 def test_server_options_refuse_bad_values_naming_the_variable(env, message):
     with pytest.raises(ValueError, match=message):
@@ -516,6 +524,55 @@ def test_a_request_whose_drafting_fails_goes_on_without_drafts(make_proposer, mo
     drafts = runner.step()
     assert drafts["a"] == [] and drafts["b"] == _ids(" fox jum")
     assert proposer.request_stats()["a"]["drafting"] is False
+
+
+def test_a_token_the_batch_refuses_stops_only_its_request(make_proposer):
+    # a negative id (never from vLLM, but a corrupt row must not stop the batch): the batch call
+    # checks every token before any proposer accepts one, so the others are drafted one by one
+    proposer = make_proposer()
+    runner = FakeRunner(proposer)
+    runner.add("a", _ids("A: "), {"refdec_references": REF_A})
+    runner.add("b", _ids("A: "), {"refdec_references": REF_A})
+    runner.step()
+    runner.emit("a", [-3])
+    runner.emit("b", _ids("the quick"))
+    assert runner.step() == {"a": [], "b": _ids(" brown f")}
+    assert proposer.request_stats()["a"]["drafting"] is False
+    runner.emit("a", _ids("x"))
+    runner.emit("b", _ids(" brown"))
+    assert runner.step() == {"a": [], "b": _ids(" fox jum")}
+
+
+def test_a_failing_batch_call_stops_its_requests_and_the_worker_goes_on(make_proposer, monkeypatch, caplog):
+    proposer = make_proposer()
+    runner = FakeRunner(proposer)
+    runner.add("a", _ids("A: "), {"refdec_references": REF_A})
+    runner.step()
+
+    def failing(*args, **kwargs):
+        raise MemoryError("no room")
+
+    monkeypatch.setattr(refdec.Proposer, "propose_batch", staticmethod(failing))
+    runner.emit("a", _ids("the quick"))
+    with caplog.at_level("ERROR", logger="refdec.vllm"):
+        assert runner.step() == {"a": []}
+    assert "its 1 requests continue without drafts" in caplog.text
+    assert proposer.request_stats()["a"]["drafting"] is False  # its proposer may have accepted or not
+
+
+def test_drafting_threads_give_the_same_drafts(make_proposer):
+    drafts = []
+    for threads in ("1", "3"):
+        proposer = make_proposer(REFDEC_VLLM_DRAFT_THREADS=threads)
+        runner = FakeRunner(proposer, max_slots=30)
+        for i in range(30):
+            runner.add(f"r{i}", _ids(f"{i}: "), {"refdec_references": REF_A if i % 2 else REF_B})
+        runner.step()
+        for i in range(30):
+            runner.emit(f"r{i}", _ids((REF_A if i % 2 else REF_B)[:5 + i % 7]))
+        drafts.append(runner.step())
+    assert drafts[0] == drafts[1]
+    assert sum(len(d) for d in drafts[0].values()) >= 30 * 6
 
 
 def _saved_char_tokenizer(path):

@@ -38,6 +38,8 @@ Options (read from the environment in every vLLM process, validated at start-up)
                                      do not say (``refdec_draft``)
 ``REFDEC_VLLM_MAX_REFERENCE_CHARS``  the most characters of references one request may bring
                                      (default 1,000,000)
+``REFDEC_VLLM_DRAFT_THREADS``        threads drafting a step's batch (default 1; more where
+                                     cores are idle while vLLM drafts, e.g. a GPU server)
 ==================================== ========================================================
 
 Per request (``SamplingParams(extra_args={...})``; over HTTP ``vllm_xargs``; on the OpenAI

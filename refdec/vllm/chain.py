@@ -6,8 +6,8 @@ non-increasing along a path (a path is accepted no more often than its prefix). 
 :func:`walk_trees` (one call for the whole batch) takes the root path of highest expected
 accepted length (the sum of its probabilities) less a price per token; :func:`token_price` sets
 that price each step from the whole batch (what one more verified token costs, in tokens). The
-walk is compiled with numba on first use (vLLM depends on numba); without numba it runs as
-Python on lists.
+walk is compiled with numba on first use (vLLM depends on numba); without numba the same code
+runs as Python.
 """
 
 from __future__ import annotations
@@ -16,37 +16,29 @@ import numpy as np
 
 from refdec.acceptance import DEPTH_EDGES, SCORE_EDGES
 
-__all__ = ["best_chain", "token_price", "walk_trees"]
+__all__ = ["best_chain", "choose_chains", "token_price", "walk_trees"]
 
 _NO_RATES = np.zeros(0, np.float64)
 _SCORE_EDGES = SCORE_EDGES.astype(np.float32)
 _DEPTH_EDGES = DEPTH_EDGES.astype(np.int32)
 
 
-def _walk_trees(token_ids, parents, scores, source_ids, offsets, max_lens, rates, score_edges, depth_edges, price,
-                out_tokens, out_probs, out_cells, out_lengths):  # pragma: no cover - numba compiles it
-    """The walk of :func:`walk_trees`: per tree, one pass in topological order keeps each node's
-    cell, probability, path value and depth; then the best node's path is written root first."""
+def _node_probs(token_ids, parents, scores, source_ids, offsets, rates, score_edges, depth_edges, prob, cell,
+                depth):  # pragma: no cover - numba compiles it
+    """Per node of every tree (one pass in topological order): ``depth`` (int32), its table
+    ``cell`` (int64; 0 without a table) and ``prob`` (float64): the cell's rate (its score
+    without a table), held non-increasing along the path, 0 for a negative token id."""
     n_score = len(score_edges) + 1
     n_depth = len(depth_edges) + 1
     n_sources = len(rates) // (n_score * n_depth)
-    n_total = len(token_ids)
-    value = np.empty(n_total, np.float64)
-    prob = np.empty(n_total, np.float64)
-    depth = np.empty(n_total, np.int32)
-    cell = np.zeros(n_total, np.int64)
-    for r in range(len(max_lens)):
+    for r in range(len(offsets) - 1):
         start = offsets[r]
-        max_len = max_lens[r]
-        best = -1
-        best_value = 0.0
         for i in range(start, offsets[r + 1]):
             p = parents[i]  # within the tree; -1: a child of the root
-            v = 0.0
             d = 1
             if p >= 0:
-                v = value[start + p]
                 d = depth[start + p] + 1
+            c = 0
             if n_sources > 0:  # the calibrated rate of the node's cell (AcceptanceTable.cells)
                 s = 0
                 while s < n_score - 1 and scores[i] >= score_edges[s]:
@@ -56,21 +48,39 @@ def _walk_trees(token_ids, parents, scores, source_ids, offsets, max_lens, rates
                     b += 1
                 src = min(max(source_ids[i], 0), n_sources - 1)
                 c = (src * n_score + s) * n_depth + b
-                cell[i] = c
                 q = rates[c]
             else:
                 q = scores[i]
             if p >= 0 and q > prob[start + p]:
                 q = prob[start + p]
-            if token_ids[i] < 0:  # a corrupt index body: never this node or its subtree
+            if token_ids[i] < 0:
                 q = 0.0
+            prob[i] = q
+            cell[i] = c
+            depth[i] = d
+
+
+def _best_paths(token_ids, parents, offsets, max_lens, prob, cell, depth, price, value, out_tokens, out_probs,
+                out_cells, out_lengths):  # pragma: no cover - numba compiles it
+    """Per tree, the root path of depth <= its max_len that maximises sum(prob - price) (the
+    first such node on ties; never through a negative token id), written root first into row r
+    of the outputs. ``value`` float64 (n,): scratch."""
+    for r in range(len(max_lens)):
+        start = offsets[r]
+        max_len = max_lens[r]
+        best = -1
+        best_value = 0.0
+        for i in range(start, offsets[r + 1]):
+            p = parents[i]
+            v = 0.0
+            if p >= 0:
+                v = value[start + p]
+            if token_ids[i] < 0:  # a corrupt index body: never this node or its subtree
                 v = -np.inf
             else:
-                v += q - price
-            prob[i] = q
+                v += prob[i] - price
             value[i] = v
-            depth[i] = d
-            if d <= max_len and v > best_value:
+            if depth[i] <= max_len and v > best_value:
                 best = i
                 best_value = v
         length = 0
@@ -85,30 +95,73 @@ def _walk_trees(token_ids, parents, scores, source_ids, offsets, max_lens, rates
         out_lengths[r] = length
 
 
-def _walk_trees_py(token_ids, parents, scores, source_ids, offsets, max_lens, rates, score_edges, depth_edges, price,
-                   out_tokens, out_probs, out_cells, out_lengths) -> None:
-    """:func:`_walk_trees` in Python, on lists (indexing a list is faster than a numpy array)."""
-    _walk_trees(token_ids.tolist(), parents.tolist(), scores.tolist(), source_ids.tolist(), offsets.tolist(),
-                max_lens.tolist(), rates.tolist(), score_edges.tolist(), depth_edges.tolist(), price, out_tokens,
-                out_probs, out_cells, out_lengths)
+def _price_of(probs, lengths, num_rows, token_cost):  # pragma: no cover - numba compiles it
+    """:func:`token_price` in loops: the same arithmetic in the same order (the same float)."""
+    n = 0
+    for r in range(len(lengths)):
+        n += lengths[r]
+    flat = np.empty(n, np.float64)
+    n = 0
+    for r in range(len(lengths)):
+        for j in range(lengths[r]):
+            flat[n] = -probs[r, j]
+            n += 1
+    flat.sort()  # the probabilities from the largest (as -p ascending)
+    best_value = num_rows / (1.0 + token_cost * num_rows)
+    total = 0.0
+    for m in range(n):
+        total += -flat[m]
+        value = (num_rows + total) / (1.0 + token_cost * (num_rows + m + 1))
+        if value > best_value:
+            best_value = value
+    return token_cost * best_value
 
 
-_walk_trees_impl = None
+def _make_choose(node_probs, best_paths, price_of):
+    """:func:`choose_chains`'s body over the three passes (compiled, or Python)."""
+
+    def choose(token_ids, parents, scores, source_ids, offsets, max_lens, rates, score_edges, depth_edges,
+               fixed_price, token_cost, num_rows, out_tokens, out_probs, out_cells, out_lengths):
+        # the node pass once; the path pass at fixed_price (>= 0), or at no cost and then at the
+        # price those candidates set (fixed_price < 0)
+        n = len(token_ids)
+        prob = np.empty(n, np.float64)
+        cell = np.empty(n, np.int64)
+        depth = np.empty(n, np.int32)
+        value = np.empty(n, np.float64)
+        node_probs(token_ids, parents, scores, source_ids, offsets, rates, score_edges, depth_edges, prob, cell, depth)
+        price = fixed_price
+        if fixed_price < 0.0:
+            best_paths(token_ids, parents, offsets, max_lens, prob, cell, depth, 0.0, value, out_tokens, out_probs,
+                       out_cells, out_lengths)
+            price = price_of(out_probs, out_lengths, num_rows, token_cost)
+            if price <= 0.0:
+                return price
+        best_paths(token_ids, parents, offsets, max_lens, prob, cell, depth, price, value, out_tokens, out_probs,
+                   out_cells, out_lengths)
+        return price
+
+    return choose
 
 
-def _walk_impl():
-    """numba's compiled walk where numba is installed (vLLM depends on it), else the Python one.
-    Imported on first use, never at import: vLLM's CPU worker scans every loaded module's
-    attributes while it starts, and llvmlite's objects break that scan (vLLM 0.32)."""
-    global _walk_trees_impl
-    if _walk_trees_impl is None:
+_choose_py = _make_choose(_node_probs, _best_paths, _price_of)  # without numba (slower, the same results)
+_choose_impl = None
+
+
+def _compiled_choose():
+    """numba's compiled choice where numba is installed (vLLM depends on it), else
+    ``_choose_py``. Compiled on first use, never at import: vLLM's CPU worker scans every loaded
+    module's attributes while it starts, and llvmlite's objects break that scan (vLLM 0.32)."""
+    global _choose_impl
+    if _choose_impl is None:
         try:
             from numba import njit
         except ImportError:  # pragma: no cover - depends on the environment
-            _walk_trees_impl = _walk_trees_py
+            _choose_impl = _choose_py
         else:
-            _walk_trees_impl = njit(cache=False, nogil=True)(_walk_trees)
-    return _walk_trees_impl
+            jit = njit(cache=False, nogil=True)
+            _choose_impl = jit(_make_choose(jit(_node_probs), jit(_best_paths), jit(_price_of)))
+    return _choose_impl
 
 
 def walk_trees(token_ids: np.ndarray, parents: np.ndarray, scores: np.ndarray, source_ids: np.ndarray,
@@ -129,10 +182,25 @@ def walk_trees(token_ids: np.ndarray, parents: np.ndarray, scores: np.ndarray, s
     first (each row at least max(max_lens) long): ``out_tokens`` int32 (R, L) token ids,
     ``out_probs`` float64 (R, L) probabilities, ``out_cells`` int64 (R, L) the nodes' table cells
     (0 without a table), ``out_lengths`` int64 (R,) chain lengths."""
+    if price < 0.0:
+        raise ValueError(f"price must be >= 0, got {price!r}")
+    choose_chains(token_ids, parents, scores, source_ids, offsets, max_lens, rates, price, 0.0, 0, out_tokens,
+                  out_probs, out_cells, out_lengths)
+
+
+def choose_chains(token_ids: np.ndarray, parents: np.ndarray, scores: np.ndarray, source_ids: np.ndarray,
+                  offsets: np.ndarray, max_lens: np.ndarray, rates: np.ndarray | None, fixed_price: float | None,
+                  token_cost: float, num_rows: int, out_tokens: np.ndarray, out_probs: np.ndarray,
+                  out_cells: np.ndarray, out_lengths: np.ndarray) -> float:
+    """A step's chains in one call: :func:`walk_trees` at ``fixed_price`` when given; else at
+    no cost, then :func:`token_price` of those candidates (``num_rows`` rows verified, the
+    step's ``token_cost``), then again at that price. Each node's probability is computed once
+    for both walks. Arguments and outputs as :func:`walk_trees`; returns the price the chains
+    were chosen at."""
     rates = _NO_RATES if rates is None else rates
-    (_walk_trees_impl or _walk_impl())(token_ids, parents, scores, source_ids, offsets, max_lens, rates,
-                                       _SCORE_EDGES, _DEPTH_EDGES, float(price), out_tokens, out_probs, out_cells,
-                                       out_lengths)
+    return float((_choose_impl or _compiled_choose())(token_ids, parents, scores, source_ids, offsets, max_lens, rates, _SCORE_EDGES,
+                              _DEPTH_EDGES, -1.0 if fixed_price is None else float(fixed_price), float(token_cost),
+                              int(num_rows), out_tokens, out_probs, out_cells, out_lengths))
 
 
 def best_chain(token_ids: np.ndarray, parents: np.ndarray, scores: np.ndarray, max_len: int,

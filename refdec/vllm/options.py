@@ -22,7 +22,9 @@ ENV_DRAFT_COST = "REFDEC_VLLM_DRAFT_COST"
 ENV_TOKEN_COST = "REFDEC_VLLM_TOKEN_COST"
 ENV_DRAFT = "REFDEC_VLLM_DRAFT"
 ENV_MAX_REFERENCE_CHARS = "REFDEC_VLLM_MAX_REFERENCE_CHARS"
-ENV_NAMES = (ENV_INDEX, ENV_TREE_NODES, ENV_TOKEN_COST, ENV_DRAFT_COST, ENV_DRAFT, ENV_MAX_REFERENCE_CHARS)
+ENV_THREADS = "REFDEC_VLLM_DRAFT_THREADS"
+ENV_NAMES = (ENV_INDEX, ENV_TREE_NODES, ENV_TOKEN_COST, ENV_DRAFT_COST, ENV_DRAFT, ENV_MAX_REFERENCE_CHARS,
+             ENV_THREADS)
 
 DEFAULT_TOKEN_COST = 0.05
 DEFAULT_MAX_REFERENCE_CHARS = 1_000_000
@@ -54,6 +56,7 @@ class ServerOptions:
     token_cost: float = DEFAULT_TOKEN_COST  # one more verified token / a step's fixed time (refdec.vllm.token_price)
     draft_by_default: bool = True
     max_reference_chars: int = DEFAULT_MAX_REFERENCE_CHARS
+    draft_threads: int = 1  # threads drafting a step's batch (refdec.Proposer.propose_batch's num_threads)
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> "ServerOptions":
@@ -78,7 +81,8 @@ class ServerOptions:
         draft = environ.get(ENV_DRAFT, "on").strip().lower()
         if draft not in _ON + _OFF:
             raise ValueError(f"{ENV_DRAFT} must be 'on' or 'off', got {environ.get(ENV_DRAFT)!r}")
-        return cls(index_paths, tree_nodes, draft_cost, token_cost, draft in _ON, max_chars)
+        threads = _env_int(environ, ENV_THREADS, 1, lowest=1)
+        return cls(index_paths, tree_nodes, draft_cost, token_cost, draft in _ON, max_chars, threads)
 
 
 def _env_int(environ, name: str, default, *, lowest: int):

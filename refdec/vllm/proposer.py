@@ -13,13 +13,16 @@ from transformers import AutoTokenizer
 import refdec
 from refdec.index import CorpusIndex, ShardedIndex
 from refdec.acceptance import AcceptanceTable
-from refdec.vllm.chain import token_price, walk_trees
+from refdec.tree import DraftBatch, DraftTree
+from refdec.vllm.chain import choose_chains
 from refdec.vllm.hooks import wrap_once
 from refdec.vllm.options import ENV_INDEX, RequestOptions, ServerOptions, parse_request_options
 
 __all__ = ["Proposer", "install_runner_hook", "load_index"]
 
 logger = logging.getLogger(__name__)
+
+_NO_TOKENS = np.zeros(0, np.int32)
 
 def load_index(paths, tokenizer=None):
     """One :class:`refdec.CorpusIndex` (one path) or a :class:`refdec.ShardedIndex` (several),
@@ -94,9 +97,9 @@ class Proposer:
         self._warned_unbound = False
         k = self.num_speculative_tokens
         one = np.zeros(1, np.int32)
-        walk_trees(one, np.full(1, -1, np.int32), np.ones(1, np.float32), one, np.array([0, 1]), np.ones(1, np.int64),
-                   self.acceptance.rates, 0.0, np.zeros((1, k), np.int32), np.zeros((1, k)),
-                   np.zeros((1, k), np.int64), np.zeros(1, np.int64))  # compiles the walk (numba) at start-up
+        choose_chains(one, np.full(1, -1, np.int32), np.ones(1, np.float32), one, np.array([0, 1]),
+                      np.ones(1, np.int64), self.acceptance.rates, None, 0.1, 1, np.zeros((1, k), np.int32),
+                      np.zeros((1, k)), np.zeros((1, k), np.int64), np.zeros(1, np.int64))  # compiles (numba) now
         install_runner_hook()
         price = self.options.draft_cost
         logger.info("refdec proposer: k=%d, tree nodes %d, price of a drafted token %s, index %s",
@@ -130,29 +133,44 @@ class Proposer:
                              "hook refdec.vllm.proposer.install_runner_hook did not run): no drafts")
                 self._warned_unbound = True
             return [[] for _ in sampled_token_ids]
-        # 1. each request: advance its proposer with the tokens vLLM emitted and draft its tree
+        # 1. each request: what vLLM emitted for it since its last step (and what it accepted of
+        # its last chain); a new request starts its proposer
         drafts: list[list[int]] = [[] for _ in sampled_token_ids]
         num_rows = 0
-        drafting = []  # (batch_slot, state, tree, max_len) of the requests that draft
+        drafting = []  # (batch_slot, state, max_len) of the requests that draft
+        new_tokens = []  # their tokens to accept (int32 views of token_ids_cpu rows)
+        num_tokens_of = num_tokens_no_spec[:len(sampled_token_ids)].tolist()
         for batch_slot, sampled in enumerate(sampled_token_ids):
             if not sampled:  # a partial prefill, or a discarded row
                 continue
             num_rows += 1
             req_id = req_ids[batch_slot]
             try:
-                found = self._draft_one(req_id, batch_slot, num_tokens_no_spec, token_ids_cpu)
+                found = self._advance(req_id, batch_slot, num_tokens_of[batch_slot], token_ids_cpu)
             except Exception:  # never take the worker down: this request goes on without drafts
-                self._drafting_failed(req_id, batch_slot, num_tokens_no_spec)
+                self._drafting_failed(req_id, num_tokens_of[batch_slot])
                 continue
             if found is not None:
-                drafting.append((batch_slot, *found))
-        # 2. their chains, priced together
+                drafting.append((batch_slot, found[0], found[2]))
+                new_tokens.append(found[1])
+        # 2. their trees in one C++ call, then their chains, priced together
+        batch = None
         if drafting:
             try:
-                self._choose_chains(drafting, num_rows, drafts)
+                batch = self._propose_batch(drafting, new_tokens)
+            except Exception:  # never take the worker down: these requests go on without drafts
+                logger.exception("refdec: drafting this step's batch failed; its %d requests continue without "
+                                 "drafts", len(drafting))
+                for _, state, _ in drafting:  # their proposers may have accepted this step's tokens or not
+                    state.proposer = None
+        if batch is not None:
+            try:
+                self._choose_chains(drafting, batch, num_rows, drafts)
             except Exception:  # never take the worker down: no drafts this step
                 logger.exception("refdec: choosing this step's chains failed; no drafts this step")
-                drafts = [[] for _ in sampled_token_ids]  # (_draft_one cleared each last_chain)
+                drafts = [[] for _ in sampled_token_ids]
+                for _, state, _ in drafting:
+                    state.last_chain = []
         # 3. what vLLM accepted of last step's chains teaches the table
         if self._verified_cells:
             self.acceptance.observe(np.concatenate(self._verified_cells), np.concatenate(self._accepted_cells),
@@ -165,59 +183,66 @@ class Proposer:
         self._batch_req_ids = None  # a stale slot -> request map is never reused
         return drafts
 
-    def _choose_chains(self, drafting: list, num_rows: int, drafts: list[list[int]]) -> None:
-        """The chains of the drafting requests' trees, each tree's best path at this step's price
-        of a verified token: the fixed price (one walk of the whole batch), or :func:`token_price`
-        of the candidates a first walk at no cost finds. Fills ``drafts[batch_slot]``."""
-        trees = [tree for _, _, tree, _ in drafting]
-        offsets = np.zeros(len(trees) + 1, np.int64)
-        np.cumsum([tree.token_ids.shape[0] for tree in trees], out=offsets[1:])
-        token_ids = np.concatenate([tree.token_ids for tree in trees])
-        parents = np.concatenate([tree.parents for tree in trees])
-        scores = np.concatenate([tree.scores for tree in trees])
-        source_ids = np.concatenate([tree.source_ids for tree in trees])
-        max_lens = np.array([max_len for _, _, _, max_len in drafting], np.int64)
+    def _propose_batch(self, drafting: list, new_tokens: list) -> DraftBatch:
+        """Each drafting request accepts its new tokens and drafts its tree: one
+        :meth:`refdec.Proposer.propose_batch` call. Tokens it refuses (checked before any
+        proposer changes) are found request by request; those requests stop drafting."""
+        proposers = [state.proposer for _, state, _ in drafting]
+        try:
+            return refdec.Proposer.propose_batch(proposers, self.tree_nodes, new_tokens,
+                                                 num_threads=self.options.draft_threads)
+        except ValueError:  # nothing was accepted: each request alone, the failing ones without drafts
+            trees = []
+            for (_, state, _), proposer, tokens in zip(drafting, proposers, new_tokens):
+                try:
+                    proposer.accept(tokens)
+                    trees.append(proposer.propose(self.tree_nodes))
+                except Exception:
+                    logger.exception("refdec: drafting failed for a request; it continues without drafts")
+                    state.proposer = None
+                    trees.append(DraftTree.empty())
+            offsets = np.zeros(len(trees) + 1, np.int64)
+            np.cumsum([len(tree) for tree in trees], out=offsets[1:])
+            return DraftBatch(*(np.concatenate([getattr(tree, name) for tree in trees])
+                                for name in ("token_ids", "parents", "scores", "source_ids")),
+                              offsets=offsets, source_names=refdec.Proposer.source_names)
+
+    def _choose_chains(self, drafting: list, batch: DraftBatch, num_rows: int, drafts: list[list[int]]) -> None:
+        """The chains of the drafting requests' trees (``batch``, tree r of ``drafting[r]``), each
+        tree's best path at this step's price of a verified token: the fixed price (one walk of
+        the whole batch), or :func:`token_price` of the candidates a first walk at no cost finds.
+        Fills ``drafts[batch_slot]``."""
+        max_lens = np.array([max_len for _, _, max_len in drafting], np.int64)
         k = self.num_speculative_tokens
-        tokens = np.zeros((len(trees), k), np.int32)
-        probs = np.zeros((len(trees), k), np.float64)
-        cells = np.zeros((len(trees), k), np.int64)
-        lengths = np.zeros(len(trees), np.int64)
-        rates = self.acceptance.rates
-
-        def walk(at_price: float) -> None:
-            walk_trees(token_ids, parents, scores, source_ids, offsets, max_lens, rates, at_price, tokens, probs,
-                       cells, lengths)
-
-        price = self.options.draft_cost
-        if price is not None:
-            walk(price)
-        else:  # the candidates at no cost price the step; then each tree's best path at that price
-            walk(0.0)
-            price = token_price(probs, lengths, num_rows, self.options.token_cost)
-            if price > 0.0:
-                walk(price)
-        self.last_price = price
-        for row, (batch_slot, state, _, _) in enumerate(drafting):
-            length = int(lengths[row])
-            chain = tokens[row, :length].tolist()
+        num_trees = len(drafting)
+        tokens = np.zeros((num_trees, k), np.int32)
+        probs = np.zeros((num_trees, k), np.float64)
+        cells = np.zeros((num_trees, k), np.int64)
+        lengths = np.zeros(num_trees, np.int64)
+        self.last_price = choose_chains(batch.token_ids, batch.parents, batch.scores, batch.source_ids,
+                                        batch.offsets, max_lens, self.acceptance.rates, self.options.draft_cost,
+                                        self.options.token_cost, num_rows, tokens, probs, cells, lengths)
+        chains = tokens.tolist()
+        for row, ((batch_slot, state, _), chain, length) in enumerate(zip(drafting, chains, lengths.tolist())):
+            del chain[length:]
             state.last_chain = chain
             state.last_cells = cells[row, :length]  # a view: this step's arrays are new each step
             state.num_drafted += length
             drafts[batch_slot] = chain
 
-    def _drafting_failed(self, req_id: str, batch_slot: int, num_tokens_no_spec) -> None:
+    def _drafting_failed(self, req_id: str, num_tokens: int) -> None:
         logger.exception("refdec: drafting failed for request %s; it continues without drafts", req_id)
-        self._requests[req_id] = _RequestDraft(self._vllm_requests.get(req_id), None,
-                                               num_tokens_fed=int(num_tokens_no_spec[batch_slot]))
+        self._requests[req_id] = _RequestDraft(self._vllm_requests.get(req_id), None, num_tokens_fed=num_tokens)
 
     # -- one request ------------------------------------------------------------------------
 
-    def _draft_one(self, req_id: str, batch_slot: int, num_tokens_no_spec, token_ids_cpu):
-        """Advances the request's proposer to vLLM's tokens (counting what vLLM accepted of its
-        last chain) and drafts its tree: (state, tree, max chain length), or None (no draft)."""
-        num_tokens = int(num_tokens_no_spec[batch_slot])
+    def _advance(self, req_id: str, batch_slot: int, num_tokens: int, token_ids_cpu):
+        """Brings the request's state to vLLM's ``num_tokens`` tokens (counting what vLLM accepted
+        of its last chain): (state, the tokens its proposer has yet to accept (int32 view), max
+        chain length) when it drafts this step, else None (its proposer, if any, accepted them)."""
         state = self._requests.get(req_id)
         req_state = self._vllm_requests.get(req_id)
+        new_tokens = _NO_TOKENS
         if state is None or state.req_state is not req_state or state.num_tokens_fed > num_tokens:
             state = self._start(req_id, req_state, token_ids_cpu[batch_slot], num_tokens)
         elif state.num_tokens_fed < num_tokens:
@@ -227,8 +252,6 @@ class Proposer:
                 state.num_accepted += num_accepted
                 self._verified_cells.append(state.last_cells)
                 self._accepted_cells.append(state.last_cells[:num_accepted])
-            if state.proposer is not None:
-                state.proposer.accept(new_tokens)
             state.num_tokens_fed = num_tokens
         state.last_chain = []
         if state.proposer is None:
@@ -238,11 +261,9 @@ class Proposer:
         if max_tokens is not None:  # no drafts past the request's last token
             max_len = min(max_len, max_tokens - len(req_state.output_token_ids) - 1)
         if max_len <= 0:
+            state.proposer.accept(new_tokens)
             return None
-        tree = state.proposer.propose(self.tree_nodes)
-        if len(tree) == 0:
-            return None
-        return state, tree, max_len
+        return state, new_tokens, max_len
 
     def _start(self, req_id: str, req_state, row_tokens: np.ndarray, num_tokens: int) -> _RequestDraft:
         """A new (or resumed) request: its proposer over the prompt, then its outputs so far. O(context), once."""
