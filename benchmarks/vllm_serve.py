@@ -50,6 +50,7 @@ import gc
 import json
 import os
 import re
+import shlex
 import socket
 import subprocess
 import sys
@@ -115,8 +116,10 @@ def serve_command(model_dir: str) -> list[str]:
 
 
 class Server:
-    def __init__(self, model_dir: str, method: str, k: int, max_model_len: int, log_dir: Path):
-        """``method`` may end in ``@COST`` (refdec with a fixed REFDEC_VLLM_DRAFT_COST)."""
+    def __init__(self, model_dir: str, method: str, k: int, max_model_len: int, log_dir: Path,
+                 extra_args: list[str] | None = None):
+        """``method`` may end in ``@COST`` (refdec with a fixed REFDEC_VLLM_DRAFT_COST);
+        ``extra_args``: more ``vllm serve`` flags (``--server-args``)."""
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))
             self.port = s.getsockname()[1]
@@ -124,7 +127,7 @@ class Server:
             "--host", "127.0.0.1", "--port", str(self.port), "--dtype", "float32", "--enforce-eager",
             "--max-model-len", str(max_model_len), "--max-num-seqs", "16", "--seed", "0",
             "--served-model-name", "model", "--disable-uvicorn-access-log",
-            "--no-enable-prefix-caching"]  # every cell pays its prefill (cells share a server)
+            "--no-enable-prefix-caching"] + list(extra_args or ())  # every cell pays its prefill
         spec = speculative_config(method, k)
         if spec:  # vLLM refuses per-request metrics without speculation
             cmd += ["--speculative-config", json.dumps(spec), "--per-request-spec-decode-metrics", "summary"]
@@ -209,7 +212,7 @@ def serve_benchmark(args) -> dict:
         for reqs in requests.values():
             for req in reqs:
                 req["max_tokens"] = args.max_tokens
-    results = {"k": args.k, "model_dir": model_dir, "cells": [],
+    results = {"k": args.k, "model_dir": model_dir, "cells": [], "server_args": args.server_args,
                "load_before": os.getloadavg(), "env": {k: v for k, v in os.environ.items() if k.startswith(("VLLM_", "REFDEC_"))}}
     servers: dict[str, list[str]] = {}  # refdec and refdec-pred (same @cost) share one server
     for method in methods:
@@ -218,7 +221,8 @@ def serve_benchmark(args) -> dict:
     for server_method, cell_methods in servers:
         print(f"# starting {server_method} for {cell_methods} (load {os.getloadavg()[0]:.1f})", flush=True)
         try:
-            server = Server(model_dir, server_method, args.k, args.max_model_len, REPO / "benchmarks" / "out")
+            server = Server(model_dir, server_method, args.k, args.max_model_len, REPO / "benchmarks" / "out",
+                            shlex.split(args.server_args))
         except RuntimeError as exc:
             print(f"# {server_method}: {exc}", flush=True)
             results["cells"].append({"method": server_method, "error": str(exc)})
@@ -609,6 +613,8 @@ def main(argv=None) -> None:
     ap.add_argument("--limit", type=int, default=10, help="requests per workload")
     ap.add_argument("--max-model-len", type=int, default=4096)
     ap.add_argument("--max-tokens", type=int, default=None, help="override max_tokens (edits 512, chat 256)")
+    ap.add_argument("--server-args", default="", help="more `vllm serve` flags for every server, e.g. "
+                    "'--distributed-executor-backend uni'")
     ap.add_argument("--drafting-cost", action="store_true", help="the adapter's per-step cost only (no server)")
     ap.add_argument("--batch-sizes", default="1,8,16,32,64")
     ap.add_argument("--steps", type=int, default=200)

@@ -53,7 +53,7 @@ void step_batch(const std::vector<ProposerCore*>& cores, const std::vector<Token
                 int32_t max_nodes, int32_t num_threads, DraftBatch* out);
 
 // The fewest requests step_batch gives one thread (fewer: fewer threads).
-constexpr size_t kMinRequestsPerThread = 8;
+constexpr size_t kMinRequestsPerThread = 16;
 
 class ProposerCore {
  public:

@@ -242,7 +242,7 @@ class Proposer:
         a negative id is a ValueError naming the request and the position, and no proposer has
         accepted anything.
 
-        ``num_threads`` > 1 drafts contiguous runs of at least 8 requests on that many threads
+        ``num_threads`` > 1 drafts contiguous runs of at least 16 requests on that many threads
         (the same trees; the proposers must then be distinct objects). Threads pay where cores
         are idle while the batch drafts (a GPU server); on a CPU that also runs the model, 1."""
         for name, value, lowest in (("max_nodes", max_nodes, 0), ("num_threads", num_threads, 1)):

@@ -47,24 +47,24 @@ def test_the_batch_call_gives_the_loops_trees(num_threads):
     rng = np.random.default_rng(7)
     index = CorpusIndex.build([rng.integers(0, 24, 3000).astype(np.int32) for _ in range(2)], vocab_size=24,
                               show_progress=False)
-    batch_set, loop_set = _proposers(rng, 30, index)  # 30 requests: 3 threads of 10
+    batch_set, loop_set = _proposers(rng, 48, index)  # 48 requests: 3 threads of 16
     total_nodes = 0
     for step in range(25):
         new_tokens = [rng.integers(0, 24, int(rng.integers(0, 6))).astype(np.int32) for _ in batch_set]
         batch = Proposer.propose_batch(batch_set, 16, new_tokens, num_threads=num_threads)
         _assert_same_as_loop(batch, loop_set, new_tokens, 16)
         total_nodes += int(batch.offsets[-1])
-    assert total_nodes > 25 * 30 * 4  # the trees are not trivially empty
+    assert total_nodes > 25 * 48 * 4  # the trees are not trivially empty
 
 
 def test_a_sharded_index_and_no_new_tokens():
     rng = np.random.default_rng(3)
     shards = ShardedIndex([CorpusIndex.build([rng.integers(0, 24, 1500).astype(np.int32)], vocab_size=24,
                                              show_progress=False) for _ in range(2)])
-    batch_set, loop_set = _proposers(rng, 12, shards)
+    batch_set, loop_set = _proposers(rng, 32, shards)
     for num_threads in (1, 2):
         batch = Proposer.propose_batch(batch_set, 10, num_threads=num_threads)  # nothing to accept
-        _assert_same_as_loop(batch, loop_set, [np.zeros(0, np.int32)] * 12, 10)
+        _assert_same_as_loop(batch, loop_set, [np.zeros(0, np.int32)] * 32, 10)
 
 
 def test_tokens_in_other_forms_are_converted():
@@ -77,16 +77,16 @@ def test_tokens_in_other_forms_are_converted():
 
 def test_a_negative_token_is_refused_before_any_proposer_accepts():
     rng = np.random.default_rng(5)
-    batch_set, loop_set = _proposers(rng, 20)
+    batch_set, loop_set = _proposers(rng, 32)
     new_tokens = [np.array([1, 2], np.int32) for _ in batch_set]
-    new_tokens[13] = np.array([3, -7], np.int32)
+    new_tokens[23] = np.array([3, -7], np.int32)
     for num_threads in (1, 2):
-        with pytest.raises(ValueError, match=r"new_tokens\[13\]\[1\] = -7"):
+        with pytest.raises(ValueError, match=r"new_tokens\[23\]\[1\] = -7"):
             Proposer.propose_batch(batch_set, 8, new_tokens, num_threads=num_threads)
     with pytest.raises(ValueError, match=r"new_tokens\[1\]"):
         Proposer.propose_batch(batch_set[:2], 8, [[0], [5, -1]])
     # nothing was accepted: both sets still draft the same trees
-    _assert_same_as_loop(Proposer.propose_batch(batch_set, 8), loop_set, [np.zeros(0, np.int32)] * 20, 8)
+    _assert_same_as_loop(Proposer.propose_batch(batch_set, 8), loop_set, [np.zeros(0, np.int32)] * 32, 8)
 
 
 def test_the_same_proposer_twice_is_the_loop_on_one_thread_and_refused_on_several():
@@ -99,7 +99,7 @@ def test_the_same_proposer_twice_is_the_loop_on_one_thread_and_refused_on_severa
     second = b.propose(6)
     assert batch.tree(0).token_ids.tolist() == first.token_ids.tolist()
     assert batch.tree(1).token_ids.tolist() == second.token_ids.tolist()
-    many = _proposers(rng, 8)[0]
+    many = _proposers(rng, 16)[0]
     with pytest.raises(ValueError, match="listed twice"):
         Proposer.propose_batch(many + many, 6, num_threads=2)
 
