@@ -71,6 +71,13 @@ STAND_INS = {
     "index = refdec.CorpusIndex.build(texts_or_token_lists": (
         "texts_or_token_lists = ['def area(r):\\n    return 3.14 * r * r\\n', 'def add(a, b):\\n    return a + b\\n']\n"
         "tokens = tok('def add(a', add_special_tokens=False).input_ids\n"),
+    "from refdec import Proposer": (
+        "import numpy as np\n"
+        "def _ids(text):\n    return np.asarray(tok(text, add_special_tokens=False).input_ids, np.int32)\n"
+        "original_ids, prompt_ids, emitted_ids = _ids('def add(a, b):\\n    return a + b\\n'), _ids('# add'), _ids(' x')\n"
+        "proposers = [refdec.Proposer(index) for _ in range(2)]\n"
+        "for _p, _text in zip(proposers, ('def f(x):', 'x = 1')):\n    _p.start(_ids(_text))\n"
+        "new_tokens, r = [_ids(' y'), _ids(' z')], 1\n"),
 }
 
 # Command lines that are not run, by their first word(s), and why.
