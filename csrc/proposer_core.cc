@@ -242,6 +242,14 @@ void ProposerCore::count_shared_automata() const {
 
 namespace {
 
+// Appends the nodes of `from` to `to` (each of the four arrays).
+void append_nodes(const DraftResult& from, DraftResult* to) {
+  to->token_ids.insert(to->token_ids.end(), from.token_ids.begin(), from.token_ids.end());
+  to->parents.insert(to->parents.end(), from.parents.begin(), from.parents.end());
+  to->scores.insert(to->scores.end(), from.scores.begin(), from.scores.end());
+  to->source_ids.insert(to->source_ids.end(), from.source_ids.begin(), from.source_ids.end());
+}
+
 // Feeds and proposes cores [begin, end); their trees appended to `out` (cleared first).
 void step_range(const std::vector<ProposerCore*>& cores, const std::vector<TokenSpan>& new_tokens, int32_t max_nodes,
                 size_t begin, size_t end, DraftBatch* out) {
@@ -261,10 +269,7 @@ void step_range(const std::vector<ProposerCore*>& cores, const std::vector<Token
   for (size_t r = begin; r < end; ++r) {
     cores[r]->feed(new_tokens[r].data, new_tokens[r].size);
     cores[r]->propose(max_nodes, &tree);
-    nodes.token_ids.insert(nodes.token_ids.end(), tree.token_ids.begin(), tree.token_ids.end());
-    nodes.parents.insert(nodes.parents.end(), tree.parents.begin(), tree.parents.end());
-    nodes.scores.insert(nodes.scores.end(), tree.scores.begin(), tree.scores.end());
-    nodes.source_ids.insert(nodes.source_ids.end(), tree.source_ids.begin(), tree.source_ids.end());
+    append_nodes(tree, &nodes);
     out->offsets.push_back(static_cast<int64_t>(nodes.token_ids.size()));
   }
 }
@@ -325,10 +330,7 @@ void step_batch(const std::vector<ProposerCore*>& cores, const std::vector<Token
   DraftResult& nodes = out->nodes;
   for (const DraftBatch& part : parts) {
     const int64_t shift = static_cast<int64_t>(nodes.token_ids.size());
-    nodes.token_ids.insert(nodes.token_ids.end(), part.nodes.token_ids.begin(), part.nodes.token_ids.end());
-    nodes.parents.insert(nodes.parents.end(), part.nodes.parents.begin(), part.nodes.parents.end());
-    nodes.scores.insert(nodes.scores.end(), part.nodes.scores.begin(), part.nodes.scores.end());
-    nodes.source_ids.insert(nodes.source_ids.end(), part.nodes.source_ids.begin(), part.nodes.source_ids.end());
+    append_nodes(part.nodes, &nodes);
     for (size_t i = 1; i < part.offsets.size(); ++i) out->offsets.push_back(part.offsets[i] + shift);
   }
 }
