@@ -95,8 +95,8 @@ def _best_paths(token_ids, parents, offsets, max_lens, prob, cell, depth, price,
         out_lengths[r] = length
 
 
-def _price_of(probs, lengths, num_rows, token_cost):  # pragma: no cover - numba compiles it
-    """:func:`token_price` in loops: the same arithmetic in the same order (the same float)."""
+def _price_of(probs, lengths, num_rows, token_cost):
+    """:func:`token_price` (numba compiles it into :func:`choose_chains`)."""
     n = 0
     for r in range(len(lengths)):
         n += lengths[r]
@@ -198,9 +198,10 @@ def choose_chains(token_ids: np.ndarray, parents: np.ndarray, scores: np.ndarray
     for both walks. Arguments and outputs as :func:`walk_trees`; returns the price the chains
     were chosen at."""
     rates = _NO_RATES if rates is None else rates
-    return float((_choose_impl or _compiled_choose())(token_ids, parents, scores, source_ids, offsets, max_lens, rates, _SCORE_EDGES,
-                              _DEPTH_EDGES, -1.0 if fixed_price is None else float(fixed_price), float(token_cost),
-                              int(num_rows), out_tokens, out_probs, out_cells, out_lengths))
+    choose = _choose_impl or _compiled_choose()
+    return float(choose(token_ids, parents, scores, source_ids, offsets, max_lens, rates, _SCORE_EDGES, _DEPTH_EDGES,
+                        -1.0 if fixed_price is None else float(fixed_price), float(token_cost), int(num_rows),
+                        out_tokens, out_probs, out_cells, out_lengths))
 
 
 def best_chain(token_ids: np.ndarray, parents: np.ndarray, scores: np.ndarray, max_len: int,
@@ -241,12 +242,5 @@ def token_price(probs: np.ndarray, lengths: np.ndarray, num_rows: int, token_cos
 
     ``probs``: float64 (R, L), request r's chain probabilities (its best path at no cost) in
     the first ``lengths[r]`` entries (int (R,)); ``num_rows`` >= R (rows without a draft
-    are verified too)."""
-    mask = np.arange(probs.shape[1]) < lengths[:, None]
-    flat = probs[mask]
-    flat = -np.sort(-flat)
-    value = (num_rows + np.cumsum(flat)) / (1.0 + token_cost * (num_rows + np.arange(1, flat.shape[0] + 1)))
-    best_value = num_rows / (1.0 + token_cost * num_rows)
-    if flat.shape[0]:
-        best_value = max(best_value, float(value.max()))
-    return token_cost * best_value
+    are verified too). The arithmetic is :func:`choose_chains`'s, run as Python."""
+    return float(_price_of(probs, lengths, num_rows, token_cost))
