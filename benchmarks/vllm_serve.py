@@ -135,11 +135,7 @@ class Server:
         self.log_path = log_dir / f"serve-{re.sub(r'[^A-Za-z0-9@=.,-]+', '_', method)}.log"
         self.log = open(self.log_path, "w")
         t0 = time.time()
-        env = dict(os.environ)
-        if "@" in method:  # "@0.1": a fixed REFDEC_VLLM_DRAFT_COST; "@NAME=VALUE": one variable
-            setting = method.partition("@")[2]
-            name, _, value = setting.partition("=") if "=" in setting else ("REFDEC_VLLM_DRAFT_COST", "", setting)
-            env[name] = value
+        env = dict(os.environ, **method_env(method))
         # cwd: not the repository root, whose refdec/ `python -m` would put before PYTHONPATH
         self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT, env=env, cwd=log_dir)
         self.base = f"http://127.0.0.1:{self.port}"
@@ -190,14 +186,29 @@ def run_cell(server: Server, requests: list[dict], clients: int, prediction: boo
     t0 = time.perf_counter()
     with concurrent.futures.ThreadPoolExecutor(max_workers=clients) as pool:
         rows = list(pool.map(one, requests))
-    wall = time.perf_counter() - t0
+    return cell_stats(rows, time.perf_counter() - t0, clients)
+
+
+def cell_stats(rows: list[dict], wall: float, clients: int) -> dict:
+    """A cell from its requests' rows (completion_tokens, latency_s; accepted / rejected drafts
+    where the server reported them) and its wall time."""
     tokens = sum(r["completion_tokens"] for r in rows)
     lat = np.array([r["latency_s"] for r in rows])
-    accepted = [r["accepted"] for r in rows if r["accepted"] is not None]
+    accepted = [r.get("accepted") for r in rows if r.get("accepted") is not None]
     return {"clients": clients, "wall_s": wall, "output_tokens": tokens, "tokens_per_s": tokens / wall,
             "latency_p50_s": float(np.percentile(lat, 50)), "latency_p99_s": float(np.percentile(lat, 99)),
             "accepted_draft_tokens": sum(accepted) if accepted else None,
             "rejected_draft_tokens": sum(r["rejected"] or 0 for r in rows) if accepted else None, "rows": rows}
+
+
+def method_env(method: str) -> dict[str, str]:
+    """The environment variable a ``METHOD@...`` name sets for its engine: ``@0.1`` a fixed
+    REFDEC_VLLM_DRAFT_COST, ``@NAME=VALUE`` that variable; none without ``@``."""
+    if "@" not in method:
+        return {}
+    setting = method.partition("@")[2]
+    name, _, value = setting.partition("=") if "=" in setting else ("REFDEC_VLLM_DRAFT_COST", "", setting)
+    return {name: value}
 
 
 def serve_benchmark(args) -> dict:
@@ -547,11 +558,7 @@ def in_process_benchmark(args) -> dict:
     results = {"k": args.k, "cells": [], "in_process": True, "load_before": os.getloadavg()}
     for method in args.methods.split(","):
         out_path = Path(tempfile.mkdtemp()) / "cells.json"
-        env = dict(os.environ, VLLM_ENABLE_V1_MULTIPROCESSING="0")
-        if "@" in method:
-            setting = method.partition("@")[2]
-            name, _, value = setting.partition("=") if "=" in setting else ("REFDEC_VLLM_DRAFT_COST", "", setting)
-            env[name] = value
+        env = dict(os.environ, VLLM_ENABLE_V1_MULTIPROCESSING="0", **method_env(method))
         cmd = [sys.executable, "-m", "benchmarks.vllm_serve", "--in-process-one", method, "--in-process-out",
                str(out_path), "--workloads", args.workloads, "--limit", str(args.limit), "--k", str(args.k),
                "--max-model-len", str(args.max_model_len)] + (["--max-tokens", str(args.max_tokens)]
@@ -593,14 +600,11 @@ def in_process_cells(args) -> list[dict]:
             out = llm.generate([req["prompt"]], params, use_tqdm=False)[0].outputs[0]
             rows.append({"name": req["name"], "latency_s": time.perf_counter() - t,
                          "token_ids": list(out.token_ids), "completion_tokens": len(out.token_ids)})
-        wall = time.perf_counter() - t0
-        lat = np.array([r["latency_s"] for r in rows])
-        tokens = sum(r["completion_tokens"] for r in rows)
-        cells.append({"method": method, "workload": workload, "clients": 1, "wall_s": wall, "output_tokens": tokens,
-                      "tokens_per_s": tokens / wall, "latency_p50_s": float(np.percentile(lat, 50)),
-                      "latency_p99_s": float(np.percentile(lat, 99)), "accepted_draft_tokens": None,
-                      "load": load, "rows": rows})
-        print(f"{workload:6s} c=1 {method:12s} {tokens / wall:7.2f} tok/s in-process  load {load:.1f}", flush=True)
+        cell = cell_stats(rows, time.perf_counter() - t0, 1)
+        cell.update(method=method, workload=workload, load=load)
+        cells.append(cell)
+        print(f"{workload:6s} c=1 {method:12s} {cell['tokens_per_s']:7.2f} tok/s in-process  load {load:.1f}",
+              flush=True)
     return cells
 
 
