@@ -498,11 +498,9 @@ PYBIND11_MODULE(_C, m) {
           if (!ExactTokenArray::check_(h))
             throw py::type_error("new_tokens[" + std::to_string(r) + "] must be a C-contiguous int32 array, got " +
                                  std::string(py::str(py::type::of(h))));
-          auto a = py::reinterpret_borrow<ExactTokenArray>(h);
-          if (a.ndim() != 1)
-            throw std::invalid_argument("new_tokens[" + std::to_string(r) + "] must be 1-D, got " +
-                                        std::to_string(a.ndim()) + " dimensions");
-          spans.push_back({a.data(), static_cast<int64_t>(a.shape(0))});
+          const std::string name = "new_tokens[" + std::to_string(r) + "]";
+          const Tokens t = tokens_of(py::reinterpret_borrow<ExactTokenArray>(h), name.c_str());
+          spans.push_back({t.data, t.size});
         }
         DraftBatch batch;
         {
@@ -514,9 +512,9 @@ PYBIND11_MODULE(_C, m) {
       },
       py::arg("cores"), py::arg("new_tokens"), py::arg("max_nodes"), py::arg("num_threads") = 1,
       "One drafting step for R requests: feeds cores[r] new_tokens[r] (C-contiguous int32 arrays), then drafts "
-      "its tree of <= max_nodes nodes (on up to num_threads threads). Returns (token_ids int32, parents int32, scores float32, source_ids int32, "
-      "offsets int64 [R + 1]): tree r is nodes [offsets[r], offsets[r + 1]), parents within its tree. Every token "
-      "is checked before any core is fed (csrc/proposer_core.h).");
+      "its tree of <= max_nodes nodes (on up to num_threads threads). Returns (token_ids int32, parents int32, "
+      "scores float32, source_ids int32, offsets int64 [R + 1]): tree r is nodes [offsets[r], offsets[r + 1]), "
+      "parents within its tree. Every token is checked before any core is fed (csrc/proposer_core.h).");
 
   m.attr("FORMAT_VERSION") = kFormatVersion;
 

@@ -117,7 +117,7 @@ def test_bad_arguments_name_themselves():
         Proposer.propose_batch(proposers, -1)
     with pytest.raises(ValueError, match="num_threads must be an integer >= 1"):
         Proposer.propose_batch(proposers, 8, num_threads=0)
-    with pytest.raises(ValueError, match=r"new_tokens\[0\] must be 1-D"):
+    with pytest.raises(ValueError, match=r"new_tokens\[0\] must be a 1-D array of token ids, got 2 dimensions"):
         Proposer.propose_batch(proposers, 8, [np.zeros((2, 2), np.int32), np.zeros(0, np.int32)])
 
 
