@@ -168,6 +168,12 @@ class AutoBudget:
         np.cumsum(p, out=out[1:])
         return out
 
+    def node_probabilities(self, tree: DraftTree) -> np.ndarray:
+        """float64 [n]: each node's estimated probability of acceptance (its cell's learnt rate);
+        for the tree :meth:`take_prefix` last returned, from the cells it remembered."""
+        cells = self._cells if self._cells is not None and len(self._cells) == len(tree) else self.cells(tree)
+        return self.acceptance.rates[cells]
+
     def best_prefix(self, expected: np.ndarray) -> int:
         """argmax over n of (1 + E(n)) / cost(n, E(n)) for ``expected`` = E(0..N)."""
         n_max = min(len(expected) - 1, self.max_nodes)

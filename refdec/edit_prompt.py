@@ -29,7 +29,10 @@ import re
 import string
 from dataclasses import dataclass
 
-__all__ = ["TEMPLATES", "DEFAULT_TEMPLATE", "EditPrompt", "build_edit_prompt", "fence_for"]
+__all__ = ["CHAT_TEMPLATE", "TEMPLATES", "DEFAULT_TEMPLATE", "ChatEditPrompt", "EditPrompt", "build_chat_edit_prompt",
+           "build_edit_prompt", "fence_for"]
+
+CHAT_TEMPLATE = "chat"  # the template name that asks for the model's own chat template (instruct models)
 
 TEMPLATES = {
     # The benchmark workload's framing (benchmarks/workloads.py edit_prompt).
@@ -113,3 +116,33 @@ def _check_fields(template: str) -> None:
             shown = "{" + name + (f"!{conversion}" if conversion else "") + (f":{spec}" if spec else "") + "}"
             raise ValueError(f"template field {shown} is not one of {{original}}, {{instruction}}, {{path}}, "
                              f"{{fence}} (write {{{{ and }}}} for literal braces)")
+
+
+@dataclass(frozen=True)
+class ChatEditPrompt:
+    """An edit asked of an instruct model through its chat template: the reply holds the updated
+    file in a fenced code block, and generation ends with the model's end of turn (``stop`` None)."""
+
+    text: str
+    stop: None = None
+
+    def extract(self, generated: str) -> str | None:
+        """The updated file: the first fenced block of ``generated`` (its info string dropped), or
+        None when the reply has no block or does not close it (a truncated reply)."""
+        match = re.search(r"^(`{3,})[^\n`]*\n(.*?)^\1[ \t]*$", generated, flags=re.DOTALL | re.MULTILINE)
+        return None if match is None else match.group(2)
+
+
+def build_chat_edit_prompt(original: str, instruction: str, tokenizer) -> ChatEditPrompt:
+    """The user message (the file fenced, the instruction, the whole file asked for in one block)
+    through ``tokenizer.apply_chat_template``; ValueError when the tokenizer has no chat template."""
+    fence = fence_for(original + instruction)
+    body = original if original.endswith("\n") else original + "\n"
+    message = (f"{fence}\n{body}{fence}\n\n{instruction}\n\n"
+               f"Reply with the whole updated file in one code block.")
+    try:
+        text = tokenizer.apply_chat_template([{"role": "user", "content": message}], add_generation_prompt=True,
+                                             tokenize=False)
+    except ValueError as exc:
+        raise ValueError(f"--prompt-template {CHAT_TEMPLATE}: the model has no chat template ({exc})") from exc
+    return ChatEditPrompt(text=text)

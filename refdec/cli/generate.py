@@ -23,7 +23,8 @@ import argparse
 import json
 import sys
 
-from refdec.cli.common import check_input_file, draft_tokens, jsonl_lines, read_text_file, set_threads
+from refdec.cli.common import (check_input_file, draft_tokens, jsonl_lines, load_model_arg, read_text_file,
+                               set_threads)
 
 
 def register(subparsers) -> None:
@@ -42,9 +43,10 @@ def register(subparsers) -> None:
                           "writes one JSON object a line (the completions, in order)")
     p.add_argument("--max-batch-size", type=int, default=None, metavar="B",
                    help="with --prompts-jsonl: rows decoded together; the others join as rows finish (default 4)")
-    p.add_argument("--model", metavar="DIR", default=None,
-                   help="model directory, or a model name in the local Hugging Face cache (refdec does not download; "
-                        "default: Gemma 3 270M, converted on first use)")
+    p.add_argument("--model", metavar="DIR|F.gguf", default=None,
+                   help="model directory, a model name in the local Hugging Face cache (refdec does not download), or "
+                        "a GGUF file (runs on llama.cpp; needs refdec[llama]); default: Gemma 3 270M, converted on "
+                        "first use")
     p.add_argument("--index", metavar="FILE", default=None, help="a corpus index file (refdec index build)")
     p.add_argument("--reference", metavar="FILE", action="append", default=[],
                    help="a reference document to draft from (repeatable), e.g. the file being edited")
@@ -109,7 +111,6 @@ def read_prompts_jsonl(path: str) -> list[dict]:
 
 def run(args) -> int:
     from refdec import SpeculativeDecoder  # not at the top: `refdec --help` stays fast
-    from refdec.models import load_default, load_model
 
     if args.retrieve < 0:
         raise ValueError(f"--retrieve must be >= 0, got {args.retrieve}")
@@ -139,7 +140,7 @@ def run(args) -> int:
     if requests is None:
         prompt = args.prompt if args.prompt is not None else _read(args.prompt_file)
     references = [_read(f) for f in args.reference]
-    model, tokenizer = load_default() if args.model is None else load_model(args.model)
+    model, tokenizer = load_model_arg(args.model, args.threads)
     index = None
     if args.index:
         from refdec.index import CorpusIndex

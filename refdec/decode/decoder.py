@@ -31,13 +31,12 @@ import numpy as np
 import torch
 
 from refdec.budget import AutoBudget, Budget, FixedBudget, make_budget
-from refdec.calibration import auto_cost_curve
 from refdec.decode import engine
 from refdec.decode.inputs import (eos_ids, is_batched_input, normalize_batch, normalize_prompt, normalize_references,
                                   row_seeds, split_references)
 from refdec.decode.requests import Request
 from refdec.decode.results import DecodingStats, GenerateOutput
-from refdec.decode.runner import ModelRunner
+from refdec.decode.backend import TransformersBackend
 from refdec.decode.sampling import TargetSampler
 from refdec.decode.settings import (check_index_tokenizer, check_retrieve, logits_processor, normalize_stop_strings,
                                     validate_sampling)
@@ -46,7 +45,18 @@ from refdec.index import CorpusIndex, ShardedIndex
 from refdec.proposer import Drafter, Proposer
 from refdec.tokens import is_int
 
-__all__ = ["SpeculativeDecoder", "generate"]
+__all__ = ["SpeculativeDecoder", "generate", "make_backend"]
+
+
+def make_backend(model):
+    """The engine backend for ``model``: a ``llama_cpp.Llama`` runs on llama.cpp
+    (refdec.llama_cpp.backend), anything else must be a transformers causal LM."""
+    if type(model).__module__.split(".")[0] == "llama_cpp" or any(
+            cls.__module__.startswith("llama_cpp") for cls in type(model).__mro__):
+        from refdec.llama_cpp.backend import LlamaCppBackend  # llama-cpp-python only when used
+
+        return LlamaCppBackend(model)
+    return TransformersBackend(model)
 
 
 def default_proposer_factory(index, references: list[np.ndarray], max_depth: int) -> Drafter:
@@ -104,9 +114,19 @@ class SpeculativeDecoder:
         self.index = index
         self.max_depth = int(max_depth)
         self.proposer_factory = proposer_factory or default_proposer_factory
-        self.runner = ModelRunner(model)
+        self.backend = make_backend(model)
+        if tokenizer is None:  # a llama.cpp model brings its own (refdec.llama_cpp.tokenizer)
+            self.tokenizer = getattr(self.backend, "tokenizer", None)
         self.joint_batch_budget = True
         self._auto_budget = None  # single prompts: the "auto" policy persists across calls (its feedback carries over)
+
+    @property
+    def runner(self):
+        """The transformers model's runner (refdec.decode.runner.ModelRunner)."""
+        runner = getattr(self.backend, "runner", None)
+        if runner is None:
+            raise AttributeError(f"a {type(self.backend).__name__} has no transformers runner")
+        return runner
 
     @property
     def lazy_head(self) -> bool:
@@ -118,7 +138,7 @@ class SpeculativeDecoder:
 
     @property
     def vocab_size(self) -> int:
-        return self.runner.vocab_size
+        return self.backend.vocab_size
 
     @property
     def mask_spec(self):
@@ -126,11 +146,11 @@ class SpeculativeDecoder:
 
     @property
     def max_positions(self) -> int | None:
-        return self.runner.max_positions
+        return self.backend.max_positions
 
     @property
     def device(self) -> torch.device:
-        return self.runner.device
+        return self.backend.device
 
     @torch.inference_mode()
     def generate(self, input_ids, *, tokenizer=None, index=None, references=None, max_new_tokens: int = 256,
@@ -187,8 +207,8 @@ class SpeculativeDecoder:
             raise ValueError(f"max_new_tokens must be an int >= 0, got {max_new_tokens!r}")
         validate_sampling(do_sample, temperature, top_k, top_p, None if isinstance(seed, (list, tuple)) else seed,
                           min_p)
-        eos = eos_ids(eos_token_id, self.model, self.vocab_size)
-        processor = logits_processor(self.model, eos, logits_settings, max_new_tokens)
+        eos = eos_ids(eos_token_id, self.backend, self.vocab_size)
+        processor = logits_processor(self.backend, eos, logits_settings, max_new_tokens)
         processor.check_vocab(self.vocab_size)
         stops = normalize_stop_strings(stop_strings, tokenizer)
         if single:
@@ -245,7 +265,7 @@ class SpeculativeDecoder:
         if max_new_tokens == 0:
             for request in requests:
                 request.finish("max_new_tokens")
-        stats = engine.run(self.runner, requests, capacity=max_batch_size or len(requests),
+        stats = engine.run(self.backend, requests, capacity=max_batch_size or len(requests),
                            prefill_chunk=self.prefill_chunk, max_depth=self.max_depth, processor=processor,
                            do_sample=do_sample, joint_budget=self.joint_batch_budget)
         if streamer is not None:
@@ -259,10 +279,10 @@ class SpeculativeDecoder:
         AutoBudget (each row learns its own acceptance) and shares any other budget."""
         if single and max_draft_tokens == "auto":
             if self._auto_budget is None:
-                self._auto_budget = make_budget("auto", auto_cost_curve(self.model))  # calibrates once (cached)
+                self._auto_budget = make_budget("auto", self.backend.auto_cost_curve())  # measured once (cached)
             return [self._auto_budget]
         if max_draft_tokens == "auto":
-            template = make_budget("auto", auto_cost_curve(self.model))
+            template = make_budget("auto", self.backend.auto_cost_curve())
         else:
             template = make_budget(max_draft_tokens)
         if single:
@@ -273,7 +293,7 @@ class SpeculativeDecoder:
 
     def _pad_token_id(self, pad_token_id, eos: set[int]) -> int:
         if pad_token_id is None:
-            pad_token_id = getattr(getattr(self.model, "generation_config", None), "pad_token_id", None)
+            pad_token_id = getattr(getattr(self.backend, "generation_config", None), "pad_token_id", None)
             if pad_token_id is None:
                 pad_token_id = min(eos) if eos else 0
         if not is_int(pad_token_id) or pad_token_id < 0:

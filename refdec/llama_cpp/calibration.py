@@ -1,0 +1,116 @@
+"""The llama.cpp backend's cost curve: seconds of one ``llama_decode`` against tree size, with
+the backbone rows and the logits rows apart.
+
+A logits row (the LM head over a 150k-260k vocabulary) costs several backbone rows on a CPU,
+so the curve holds ``seconds[n]``: a decode of ``1 + n`` entries over a 512-token context with
+logits for one entry, and ``head_chunk_seconds``: one more logits row (``head_chunk_rows`` =
+1), the median over the measured sizes of ``(all rows' logits - one row's) / n``. The
+"auto" budget (refdec.budget.AutoBudget) prices a step at ``seconds[n]`` plus the head rows
+its walk is expected to need, and the backend's logits policy
+(refdec.llama_cpp.backend.LogitsPolicy) reads the row cost.
+
+Measured once per (model file, threads, batch sizes, KV types, flash attention, llama-cpp-python
+version), announced on stderr, outside any timed decode, and cached as JSON under
+``refdec.gguf_files.cache_dir()/calibration/``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+from refdec.atomic import atomic_write
+from refdec.cost_curve import CostCurve
+from refdec.gguf_files import cache_dir
+from refdec.llama_cpp.api import llama_version
+
+__all__ = ["auto_cost_curve", "calibration_path", "measure"]
+
+DEFAULT_NODES = (0, 1, 2, 4, 8, 16, 24, 32, 48, 64)
+FORWARD_VERSION = "llama-tree-1"
+
+
+def _key(backend) -> str:
+    llm = backend.llm
+    params = llm.context_params
+    path = Path(llm.model_path)
+    stat = path.stat()
+    fields = {
+        "model": str(path.resolve()), "size": stat.st_size, "mtime": int(stat.st_mtime),
+        "threads": backend.ctx.n_threads(), "n_batch": backend.ctx.n_batch, "n_ubatch": int(params.n_ubatch),
+        "type_k": int(params.type_k), "type_v": int(params.type_v), "flash_attn": int(params.flash_attn_type),
+        "llama_cpp_python": llama_version(), "forward": FORWARD_VERSION, "max_tree": backend.max_tree,
+    }
+    return hashlib.sha256(json.dumps(fields, sort_keys=True).encode()).hexdigest()[:24]
+
+
+def calibration_path(backend) -> Path:
+    return cache_dir() / "calibration" / f"llama-{_key(backend)}.json"
+
+
+def measure(backend, nodes=DEFAULT_NODES, *, cache_len: int = 512, repeats: int = 3, seed: int = 0) -> CostCurve:
+    """Times ``llama_decode`` of ``1 + n`` entries for each ``n`` in ``nodes`` over ``cache_len``
+    tokens of context (random token ids: the cost does not depend on them), the minimum of
+    ``repeats`` runs, with one logits row and with a logits row for every entry."""
+    ctx = backend.ctx
+    nodes = tuple(n for n in nodes if n <= backend.max_tree)
+    cache_len = max(1, min(cache_len, ctx.n_ctx - 2 - max(nodes)))
+    rng = np.random.default_rng(seed)
+    high = min(backend.vocab_size, 32000)
+    seq = backend.take_seq()
+    try:
+        context = rng.integers(0, high, cache_len).astype(np.int32)
+        for begin in range(0, cache_len, ctx.prefill_chunk):
+            part = context[begin: begin + ctx.prefill_chunk]
+            ctx.decode(part, np.arange(begin, begin + len(part)), [[seq]] * len(part), np.zeros(len(part), bool))
+        one, every = [], []
+        for n in nodes:
+            rows = 1 + n
+            tokens = rng.integers(0, high, rows).astype(np.int32)
+            positions = cache_len + np.arange(rows, dtype=np.int32)
+            last_only = np.zeros(rows, dtype=bool)
+            last_only[-1] = True
+            times = {False: [], True: []}
+            for _ in range(repeats):
+                for all_rows in (False, True):
+                    t0 = time.perf_counter()
+                    ctx.decode(tokens, positions, [[seq]] * rows, np.ones(rows, bool) if all_rows else last_only)
+                    times[all_rows].append(time.perf_counter() - t0)
+                    ctx.seq_remove(seq, cache_len, -1)
+            one.append(min(times[False]))
+            every.append(min(times[True]))
+    finally:
+        backend.release_seq(seq)
+    per_row = [(e - o) / n for n, o, e in zip(nodes, one, every) if n > 0]
+    head = max(0.0, float(np.median(per_row))) if per_row else 0.0
+    return CostCurve(nodes, tuple(one), meta={"cache_len": cache_len, "repeats": repeats, "engine": "llama.cpp",
+                                               "model": str(backend.llm.model_path),
+                                               "all_logits_seconds": every},
+                     head_chunk_seconds=head, head_chunk_rows=1)
+
+
+def auto_cost_curve(backend, *, announce: bool = True) -> CostCurve:
+    """The backend's cost curve, measured on first use (a few seconds, on stderr) and then read."""
+    path = calibration_path(backend)
+    if path.is_file():
+        try:
+            return CostCurve.from_json(json.loads(path.read_text()))
+        except (ValueError, KeyError, json.JSONDecodeError):
+            pass  # an older or damaged file: measure again
+    if announce:
+        print(f"refdec: measuring llama.cpp's decode cost against tree size once for this model and thread "
+              f"count (cached at {path})", file=sys.stderr, flush=True)
+    t0 = time.perf_counter()
+    curve = measure(backend)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    atomic_write(path, [json.dumps(curve.to_json(), indent=1).encode()])
+    if announce:
+        print(f"refdec: measured in {time.perf_counter() - t0:.1f} s: one entry {curve(0) * 1e3:.1f} ms, "
+              f"{curve.nodes[-1]} nodes {curve.seconds[-1] * 1e3:.1f} ms, one logits row "
+              f"{curve.head_chunk_seconds * 1e3:.2f} ms", file=sys.stderr, flush=True)
+    return curve

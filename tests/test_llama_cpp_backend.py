@@ -1,0 +1,229 @@
+"""refdec on llama.cpp (refdec.llama_cpp.backend) with a tiny random GGUF model (tests/tiny_gguf.py).
+
+llama.cpp's batched evaluation is not bit-identical to its one-token evaluation (shown and
+measured in benchmarks/llama_cpp.py), so greedy identity with llama.cpp's plain decoding is
+asserted where the plain decoding has no near-tie (its top two logits further apart than the
+batched/one-token difference can bridge), and measured elsewhere.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+llama_cpp = pytest.importorskip("llama_cpp")
+
+import refdec  # noqa: E402
+from refdec.llama_cpp.api import LlamaDecodeError  # noqa: E402
+from refdec.llama_cpp.backend import LlamaCppBackend, LogitsPolicy, prefix_with_leaves, tree_layout  # noqa: E402
+from refdec.llama_cpp.plain import plain_greedy  # noqa: E402
+from refdec.tree import DraftTree  # noqa: E402
+from tiny_gguf import VOCAB, write_tiny_gguf  # noqa: E402
+
+pytestmark = pytest.mark.llama
+
+PROMPTS = [b"def add(a, b):\n    return", b"The quick brown fox", b"hello world, hello", b"import os\nimport sys\n"]
+
+
+@pytest.fixture(scope="module")
+def gguf_path(tmp_path_factory):
+    return write_tiny_gguf(tmp_path_factory.mktemp("gguf") / "tiny.gguf")
+
+
+@pytest.fixture(scope="module")
+def llm(gguf_path):
+    return llama_cpp.Llama(str(gguf_path), n_ctx=512, n_threads=1, n_batch=64, verbose=False)
+
+
+@pytest.fixture(autouse=True)
+def calibration_cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("REFDEC_CACHE", str(tmp_path))  # "auto" calibrates into a fresh cache
+
+
+def _ids(llm, text: bytes) -> list[int]:
+    return [int(t) for t in llm.tokenize(text, add_bos=True)]
+
+
+def _margins(llm, prompt: list[int], new: list[int]) -> list[float]:
+    """The top-1 minus top-2 logit of plain one-token decoding before each new token."""
+    ctx = LlamaCppBackend(llm, n_seq_max=2).ctx
+    seq = list(prompt)
+    ctx.decode(np.array(seq), np.arange(len(seq)), [[0]] * len(seq), np.eye(1, len(seq), len(seq) - 1, dtype=bool)[0])
+    out = []
+    for token in new:
+        top2 = np.sort(ctx.logits(0 if len(seq) > len(prompt) else len(seq) - 1))[-2:]
+        out.append(float(top2[1] - top2[0]))
+        ctx.decode(np.array([token]), np.array([len(seq)]), [[0]], np.ones(1, dtype=bool))
+        seq.append(token)
+    ctx.close()
+    return out
+
+
+@pytest.mark.parametrize("max_draft_tokens", [1, 8, 32, "auto"])
+def test_greedy_equals_llama_cpp_plain_decoding_up_to_a_near_tie(llm, max_draft_tokens):
+    compared = 0
+    for text in PROMPTS:
+        prompt = _ids(llm, text)
+        plain, _ = plain_greedy(llm, prompt, 48)
+        out = refdec.generate(llm, prompt, max_new_tokens=48, max_draft_tokens=max_draft_tokens,
+                              references=[plain[5:]])  # a reference the model follows: drafts are accepted
+        new = out.sequences[0, len(prompt):].tolist()
+        assert out.sequences[0, :len(prompt)].tolist() == prompt
+        margins = _margins(llm, prompt, plain)
+        clear = next((i for i, m in enumerate(margins) if m < 1e-3), len(plain))  # up to the first near-tie
+        assert new[:clear] == plain[:clear], (text, clear)
+        compared += clear
+    assert compared >= 100  # most of the outputs have no near-tie: the assertion compares tokens
+
+
+def test_one_llama_decode_per_step_and_the_cache_holds_exactly_the_sequence(llm, monkeypatch):
+    decoder = refdec.SpeculativeDecoder(llm)
+    backend = decoder.backend
+    ctx = backend.ctx
+    checked = []
+    original_keep = type(backend.new_batch()).keep_accepted
+
+    def keep_and_check(self, root_pos, accepted_rows):
+        original_keep(self, root_pos, accepted_rows)
+        for b, base in enumerate(self.base_seqs):
+            request = self.requests[b]
+            kept = int(root_pos[b]) + 1 + int(accepted_rows[b].shape[0])  # the root and the accepted nodes
+            assert ctx.seq_pos_range(base) == (0, kept - 1)
+        others = [s for s in range(ctx.n_seq_max) if s not in self.base_seqs]
+        assert all(ctx.seq_pos_range(s) == (-1, -1) for s in others[:64])  # no branch cell is left behind
+        checked.append(request)
+
+    monkeypatch.setattr(type(backend.new_batch()), "keep_accepted", keep_and_check)
+    prompt = _ids(llm, PROMPTS[0])
+    plain, _ = plain_greedy(llm, prompt, 40)
+    before = ctx.decodes
+    out = decoder.generate(prompt, max_new_tokens=40, max_draft_tokens=16, references=[plain])
+    steps = out.stats.forward_passes - 1  # the prefill pass yields the first token
+    assert ctx.decodes - before == 1 + steps  # one prompt chunk (64 >= prompt) + one decode a step
+    assert len(checked) == steps and steps < 40  # drafts were accepted: fewer steps than tokens
+    assert out.stats.accepted_by_source.get("reference", 0) > 0
+
+
+def test_batch_of_prompts_matches_each_prompt_alone(llm):
+    prompts = [_ids(llm, text) for text in PROMPTS[:3]]
+    alone = [refdec.generate(llm, p, max_new_tokens=24, max_draft_tokens=8).sequences[0, len(p):].tolist()
+             for p in prompts]
+    done = {}
+    out = refdec.generate(llm, prompts, max_new_tokens=24, max_draft_tokens=8, max_batch_size=2,
+                          on_row_done=lambda b, new, stats: done.__setitem__(b, new))
+    assert out.sequences.shape[0] == 3
+    assert [done[b] for b in range(3)] == alone
+
+
+def test_sampling_with_a_seed_repeats_and_differs_with_another(llm):
+    prompt = _ids(llm, PROMPTS[1])
+    runs = [refdec.generate(llm, prompt, max_new_tokens=32, do_sample=True, temperature=1.5, seed=seed,
+                            max_draft_tokens=8).sequences[0].tolist() for seed in (7, 7, 8)]
+    assert runs[0] == runs[1]
+    assert runs[0] != runs[2]
+
+
+def test_streaming_and_stop_strings(llm):
+    prompt = _ids(llm, PROMPTS[2])
+    plain, _ = plain_greedy(llm, prompt, 40)
+    tok = refdec.SpeculativeDecoder(llm).tokenizer
+    text = tok.decode(plain)
+    stop = text[10:13]
+
+    class Streamer:
+        def __init__(self):
+            self.chunks = []
+
+        def put(self, value):
+            self.chunks.append(value.reshape(-1).tolist())
+
+        def end(self):
+            self.chunks.append("end")
+
+    streamer = Streamer()
+    out = refdec.generate(llm, prompt, max_new_tokens=40, stop_strings=[stop], streamer=streamer, references=[plain],
+                          max_draft_tokens=8)
+    new = out.sequences[0, len(prompt):].tolist()
+    assert out.stats.stop_reason == "stop_string"
+    assert stop in tok.decode(new) and stop not in tok.decode(new[:-1])
+    assert streamer.chunks[0] == prompt and streamer.chunks[-1] == "end"
+    assert sum(streamer.chunks[1:-1], []) == new
+
+
+def test_eos_from_the_gguf_vocabulary_ends_the_decode(llm):
+    backend = refdec.SpeculativeDecoder(llm).backend
+    assert backend.generation_config.eos_token_id == [2]
+
+
+def test_bad_input_is_a_clear_error(llm, gguf_path):
+    with pytest.raises(ValueError, match="input_ids"):
+        refdec.generate(llm, [1, 5, VOCAB + 3], max_new_tokens=4)
+    small = llama_cpp.Llama(str(gguf_path), n_ctx=64, n_threads=1, verbose=False)
+    decoder = refdec.SpeculativeDecoder(small)
+    n_ctx = decoder.max_positions + 1  # llama.cpp may round n_ctx up
+    with pytest.raises(ValueError, match=f"prompt has {n_ctx + 1} tokens, more than the model's "
+                                         f"max_position_embeddings={n_ctx - 1}"):
+        decoder.generate([4 + i % 200 for i in range(n_ctx + 1)], max_new_tokens=4)
+
+
+def test_an_index_of_another_tokenizer_is_refused(llm, monkeypatch):
+    from refdec.llama_cpp.tokenizer import GgufTokenizer
+
+    monkeypatch.setattr(GgufTokenizer, "fingerprint", lambda self: "a" * 64)
+
+    class Index:  # what the check reads of a refdec.CorpusIndex
+        fingerprint = "b" * 64
+
+    from refdec.decode.settings import check_index_tokenizer
+
+    with pytest.raises(ValueError, match="another tokenizer"):
+        check_index_tokenizer(Index(), refdec.SpeculativeDecoder(llm).tokenizer)
+
+
+def test_a_full_context_is_a_clear_error(gguf_path):
+    small = llama_cpp.Llama(str(gguf_path), n_ctx=64, n_threads=1, verbose=False)
+    decoder = refdec.SpeculativeDecoder(small)
+    half = (decoder.max_positions + 1) // 2 + 8  # the rows share the context's cells: two halves do not fit
+    prompts = [[4 + (i + r) % 200 for i in range(half)] for r in range(2)]
+    decoder.generate(prompts[0], max_new_tokens=4, max_draft_tokens=0)  # one fits
+    with pytest.raises(LlamaDecodeError, match="n_ctx"):
+        decoder.generate(prompts, max_new_tokens=4, max_draft_tokens=0)
+    decoder.generate(prompts[1], max_new_tokens=4, max_draft_tokens=0)  # the failed call left no cells behind
+
+
+def test_tree_layout_gives_each_node_the_leaves_below_it():
+    # root -> 0 -> 1 -> 3 ; 0 -> 2 ; root -> 4
+    tree = DraftTree(np.array([5, 6, 7, 8, 9]), np.array([-1, 0, 0, 1, -1]), np.ones(5))
+    depths, below, leaves = tree_layout(tree)
+    assert depths.tolist() == [1, 2, 2, 3, 1]
+    assert below == [[3, 2], [3], [2], [3], [4]]
+    assert leaves.tolist() == [2, 3, 4]
+
+
+def test_prefix_with_leaves_keeps_the_best_first_prefix():
+    tree = DraftTree(np.array([5, 6, 7, 8, 9]), np.array([-1, 0, 0, 1, -1]), np.ones(5))
+    assert len(prefix_with_leaves(tree, 3)) == 5
+    assert prefix_with_leaves(tree, 2).parents.tolist() == [-1, 0, 0, 1]
+    assert prefix_with_leaves(tree, 1).parents.tolist() == [-1, 0]
+    assert len(prefix_with_leaves(tree, 0)) == 0
+
+
+def test_logits_policy_asks_for_rows_that_pay_for_themselves():
+    policy = LogitsPolicy(head_row_seconds=0.005)
+    probs = np.array([0.9, 0.5, 0.2, 0.05])
+    assert policy.wanted(probs, 4).all()  # nothing observed yet: every node asks
+    policy.observe(0.100, 5.0)  # 20 ms a token: a row pays from p = 0.25 on
+    assert policy.threshold == pytest.approx(0.25)
+    assert policy.wanted(probs, 4).tolist() == [True, True, False, False]
+
+
+def test_an_accepted_node_without_logits_is_the_bonus_and_is_evaluated_again(llm, monkeypatch):
+    prompt = _ids(llm, PROMPTS[0])
+    plain, _ = plain_greedy(llm, prompt, 30)
+    decoder = refdec.SpeculativeDecoder(llm)
+    # only the root and the first node ask for logits: a longer accepted chain ends at node 1
+    monkeypatch.setattr(decoder.backend.policy, "wanted", lambda probs, n: np.arange(n) < 1)
+    out = decoder.generate(prompt, max_new_tokens=30, max_draft_tokens=8, references=[plain])
+    assert out.sequences[0, len(prompt):].tolist() == plain
+    assert max(i for i, count in enumerate(out.stats.accepted_per_pass) if count) == 1
+    assert out.stats.forward_passes < 30  # two tokens a step where the chain is right
