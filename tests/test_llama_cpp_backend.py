@@ -227,3 +227,36 @@ def test_an_accepted_node_without_logits_is_the_bonus_and_is_evaluated_again(llm
     assert out.sequences[0, len(prompt):].tolist() == plain
     assert max(i for i, count in enumerate(out.stats.accepted_per_pass) if count) == 1
     assert out.stats.forward_passes < 30  # two tokens a step where the chain is right
+
+
+def test_the_readmes_llama_blocks_run(gguf_path, tmp_path, monkeypatch, capsys):
+    """README.md's llama.cpp blocks on the tiny model: the Python snippet, and ``refdec edit ...
+    --model x.gguf --prompt-template chat --compare --diff`` (the tiny random model writes no code
+    block: the command says so and writes nothing)."""
+    import shlex
+
+    from refdec.cli import main as refdec_main
+    from test_readme import _command_lines, needs_llama, readme_blocks
+
+    blocks = [b for b in readme_blocks() if needs_llama(b)]
+    assert any(b.language == "python" for b in blocks) and any(b.language == "bash" for b in blocks)
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "fib.py").write_text("def fib(n):\n    return n if n < 2 else fib(n - 1) + fib(n - 2)\n")
+    (tmp_path / "file.py").write_text("x = 1\nprint(x)\n")
+    for block in blocks:
+        text = block.text.replace('"model.gguf"', repr(str(gguf_path)))
+        if block.language == "python":
+            exec(compile(text, f"README.md:{block.line}", "exec"), {})
+            continue
+        for command in _command_lines(text):
+            if command.startswith("pip install"):
+                continue
+            args = shlex.split(command.replace("path/to/model.gguf", str(gguf_path))
+                               .replace("path/to/file.py", "file.py"))
+            assert args[0] == "refdec", command
+            code = refdec_main(args[1:] + ["--max-new-tokens", "24"])
+            err = capsys.readouterr().err
+            assert code in (0, 1), err
+            if code == 1:
+                assert "the reply holds no complete code block" in err and "nothing was written" in err
+            assert (tmp_path / "file.py").read_text() == "x = 1\nprint(x)\n"

