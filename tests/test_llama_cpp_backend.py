@@ -209,12 +209,14 @@ def test_prefix_with_leaves_keeps_the_best_first_prefix():
 
 
 def test_logits_policy_asks_for_rows_that_pay_for_themselves():
-    policy = LogitsPolicy(head_row_seconds=0.005)
-    probs = np.array([0.9, 0.5, 0.2, 0.05])
-    assert policy.wanted(probs, 4).all()  # nothing observed yet: every node asks
-    policy.observe(0.100, 5.0)  # 20 ms a token: a row pays from p = 0.25 on
+    assert LogitsPolicy(head_row_seconds=0.005).wanted(np.zeros(3), np.ones(3, dtype=bool)).all()  # off by default
+    policy = LogitsPolicy(head_row_seconds=0.005, enabled=True)
+    probs = np.array([0.9, 0.5, 0.2, 0.05, 0.05])
+    is_leaf = np.array([True, True, True, True, False])
+    assert policy.wanted(probs, is_leaf).all()  # nothing observed yet: every node asks
+    policy.observe(0.100, 5.0)  # 20 ms a token: a leaf's row pays from p = 0.25 on
     assert policy.threshold == pytest.approx(0.25)
-    assert policy.wanted(probs, 4).tolist() == [True, True, False, False]
+    assert policy.wanted(probs, is_leaf).tolist() == [True, True, False, False, True]  # inner nodes always ask
 
 
 def test_an_accepted_node_without_logits_is_the_bonus_and_is_evaluated_again(llm, monkeypatch):
@@ -222,11 +224,12 @@ def test_an_accepted_node_without_logits_is_the_bonus_and_is_evaluated_again(llm
     plain, _ = plain_greedy(llm, prompt, 30)
     decoder = refdec.SpeculativeDecoder(llm)
     # only the root and the first node ask for logits: a longer accepted chain ends at node 1
-    monkeypatch.setattr(decoder.backend.policy, "wanted", lambda probs, n: np.arange(n) < 1)
+    monkeypatch.setattr(decoder.backend.policy, "wanted", lambda probs, is_leaf: np.arange(is_leaf.shape[0]) < 1)
     out = decoder.generate(prompt, max_new_tokens=30, max_draft_tokens=8, references=[plain])
     assert out.sequences[0, len(prompt):].tolist() == plain
-    assert max(i for i, count in enumerate(out.stats.accepted_per_pass) if count) == 1
-    assert out.stats.forward_passes < 30  # two tokens a step where the chain is right
+    # the walk ends at node 1 (accepted, no logits): two tokens a step, the second one the next root
+    assert max(i for i, count in enumerate(out.stats.accepted_per_pass) if count) == 2
+    assert out.stats.forward_passes < 30 and out.stats.new_tokens == 30
 
 
 def test_the_readmes_llama_blocks_run(gguf_path, tmp_path, monkeypatch, capsys):

@@ -132,7 +132,12 @@ def _step(backend: Backend, batch, stats: DecodingStats, max_depth: int, process
     # -- 4. accept
     accepted_rows = []
     for request, tree, (accepted, bonus), head_rows in zip(requests, trees, verified.walks, verified.head_rows):
-        accepted_rows.append(accepted)
+        emitted = tree.token_ids[accepted].tolist()
+        if bonus >= 0:
+            emitted.append(bonus)
+            accepted_rows.append(accepted)
+        else:  # the last accepted node has no logits (llama.cpp): it is the next root, evaluated again
+            accepted_rows.append(accepted[:-1])
         request.stats.head_rows += head_rows
         stats.head_rows += head_rows
         request.stats.count_pass(int(accepted.shape[0]))
@@ -140,8 +145,8 @@ def _step(backend: Backend, batch, stats: DecodingStats, max_depth: int, process
         stats.count_draft(tree, accepted)
         if request.drafter is not None and len(tree):
             request.budget.observe(tree, accepted)
-        request.emit(tree.token_ids[accepted].tolist() + [bonus])
-    stats.count_pass(int(max(accepted.shape[0] for accepted in accepted_rows)))
+        request.emit(emitted)
+    stats.count_pass(int(max(accepted.shape[0] for accepted, _ in verified.walks)))
     batch.keep_accepted(root_pos, accepted_rows)
     batch.drop_finished()
     t4 = time.perf_counter()

@@ -39,7 +39,9 @@ TargetRule = Callable[[torch.Tensor, int, int], int]
 
 @dataclass
 class Verified:
-    """What a verification step gives: ``walks[b] = (accepted_nodes int64 [k_b], bonus token)``,
+    """What a verification step gives: ``walks[b] = (accepted_nodes int64 [k_b], bonus token)`` (bonus
+    -1: the last accepted node has no logits, so no token follows it this step: it is the row's next
+    root, and the cache keeps the nodes before it; refdec.llama_cpp.backend),
     ``head_rows[b]`` the tree rows the LM head ran on for row b, ``forward_seconds`` the
     backbone's and the head's time (the walks' own time is not counted), ``prepare_seconds`` the
     time spent laying the trees out as the forward's inputs."""

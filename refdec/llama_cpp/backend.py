@@ -17,10 +17,12 @@ KV layout (one unified llama.cpp KV cache, refdec.llama_cpp.api.TreeContext):
   holds are free again. No token is evaluated twice, but for the case below.
 
 Logits rows cost more than backbone rows here (a 150k-260k vocabulary), and a node's logits
-are needed only if the node is accepted. The root always has them; a node asks for them when
-its estimated acceptance probability pays for its head row (:meth:`LogitsPolicy.wanted`).
-When the walk accepts a node that has none, that node's token is emitted as the step's bonus
-token and its cell is dropped: it is the next step's root and is evaluated again there.
+are needed only if the node is accepted. The root and every node with children have them; with
+:class:`LogitsPolicy` enabled (off by default: measured no faster on a 2-core CPU) a leaf asks
+for them only when its estimated acceptance probability pays for its head row.
+When the walk accepts a node that has none, the walk ends there with no bonus token (bonus -1,
+refdec.decode.verify.Verified): the node is emitted, its cell dropped, and it is the next step's
+root, evaluated again there. The budget learns the node as accepted.
 """
 
 from __future__ import annotations
@@ -81,17 +83,23 @@ def prefix_with_leaves(tree: DraftTree, max_leaves: int) -> DraftTree:
 
 
 class LogitsPolicy:
-    """Which tree nodes ask llama.cpp for logits.
+    """Which tree leaves ask llama.cpp for logits.
 
-    A node's logits are read only if the node is accepted; a node accepted without them costs
+    A leaf's logits are read only if the leaf is accepted; a leaf accepted without them costs
     one token (it becomes the next step's root instead of yielding a bonus token after it).
-    So a node asks for a head row when ``p * token_seconds >= head_row_seconds``: ``p`` its
+    So a leaf asks for a head row when ``p * token_seconds >= head_row_seconds``: ``p`` its
     estimated acceptance probability, ``token_seconds`` what one emitted token costs (the
     step time over the tokens a step emits, both averaged over recent steps), and
     ``head_row_seconds`` the measured cost of one logits row (the backend's cost curve).
-    Until a step has been observed every node asks."""
+    Until a step has been observed every node asks.
 
-    def __init__(self, head_row_seconds: float | None = None, decay: float = 0.9) -> None:
+    Off by default (``enabled``): on this project's 2-core CPU, side by side on four Gemma 3 270M
+    edits, asking for every node's logits decoded as fast or faster (benchmarks/RESULTS.md); a
+    leaf is rarely skipped and a skipped one that is accepted costs a token. Switch it on with
+    ``decoder.backend.policy.enabled = True`` where a logits row is dearer."""
+
+    def __init__(self, head_row_seconds: float | None = None, decay: float = 0.9, enabled: bool = False) -> None:
+        self.enabled = enabled
         self.head_row_seconds = head_row_seconds
         self.decay = decay
         self.step_seconds = None
@@ -113,12 +121,15 @@ class LogitsPolicy:
         token_seconds = self.step_seconds / self.tokens_per_step
         return min(1.0, self.head_row_seconds / token_seconds)
 
-    def wanted(self, probs: np.ndarray | None, n: int) -> np.ndarray:
-        """bool [n]: the nodes (of ``n``) that ask for logits, from ``probs`` float [n] (None: all)."""
+    def wanted(self, probs: np.ndarray | None, is_leaf: np.ndarray) -> np.ndarray:
+        """bool [n]: the nodes that ask for logits, from ``probs`` float [n] (None: all) and
+        ``is_leaf`` bool [n]. A node with children always asks: without its logits the walk would
+        stop there and the nodes below it, verified, would be wasted; a leaf's logits give only
+        the bonus token, so a leaf asks when its acceptance probability pays for the row."""
         threshold = self.threshold
-        if probs is None or threshold <= 0.0:
-            return np.ones(n, dtype=bool)
-        return np.asarray(probs[:n], dtype=np.float64) >= threshold
+        if not self.enabled or probs is None or threshold <= 0.0:
+            return np.ones(is_leaf.shape[0], dtype=bool)
+        return ~is_leaf | (np.asarray(probs[: is_leaf.shape[0]], dtype=np.float64) >= threshold)
 
 
 class LlamaRunningBatch:
@@ -282,7 +293,9 @@ class LlamaCppBackend:
                     tokens.extend(tree.token_ids.tolist())
                     positions.extend((int(root_pos[b]) + depths).tolist())
                     seq_ids.extend(node_seqs)
-                    want.extend(self.policy.wanted(None if node_probs is None else node_probs[b], n).tolist())
+                    is_leaf = np.zeros(n, dtype=bool)
+                    is_leaf[leaves] = True
+                    want.extend(self.policy.wanted(None if node_probs is None else node_probs[b], is_leaf).tolist())
                 else:
                     tokens.append(int(roots[b]))
                     positions.append(int(root_pos[b]))
@@ -311,7 +324,7 @@ class LlamaCppBackend:
 
     def _walk(self, tree: DraftTree, start: int, want: list[bool], rule) -> tuple[np.ndarray, int]:
         """The acceptance walk over the rows of the last decode from ``start`` (row 0 the root);
-        a node accepted without logits ends the walk as the bonus token (module docstring)."""
+        a node accepted without logits ends the walk, with no bonus token (module docstring)."""
         parent_rows = tree.parents.astype(np.int64) + 1
         token_ids = tree.token_ids
         accepted: list[int] = []
@@ -327,9 +340,9 @@ class LlamaCppBackend:
             if match.size == 0:
                 return np.asarray(accepted, dtype=np.int64), target
             node = int(match[0])
-            if not want[node + 1]:  # accepted, but its logits were not asked for: it is the bonus
-                return np.asarray(accepted, dtype=np.int64), int(token_ids[node])
             accepted.append(node)
+            if not want[node + 1]:  # accepted, but its logits were not asked for: the next step's root
+                return np.asarray(accepted, dtype=np.int64), -1
             row = node + 1
 
     def observe_step(self, seconds: float, tokens_per_row: float) -> None:
