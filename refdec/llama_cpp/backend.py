@@ -33,6 +33,7 @@ from types import SimpleNamespace
 import numpy as np
 import torch
 
+from refdec.decode.accept import accept_walk_steps
 from refdec.decode.verify import Verified
 from refdec.llama_cpp.api import MAX_SEQUENCES, LlamaDecodeError, TreeContext
 from refdec.llama_cpp.calibration import auto_cost_curve
@@ -60,6 +61,15 @@ def tree_layout(tree: DraftTree) -> tuple[np.ndarray, list[list[int]], np.ndarra
         if parent >= 0:
             below[parent][:0] = below[node]  # the lower-index (better) child's leaves first
     return depths, below, np.flatnonzero(~has_child)
+
+
+def _path_to(tree: DraftTree, node: int) -> np.ndarray:
+    """int64 [depth]: the nodes from the root's child down to ``node``."""
+    path = []
+    while node >= 0:
+        path.append(node)
+        node = int(tree.parents[node])
+    return np.asarray(path[::-1], dtype=np.int64)
 
 
 def prefix_with_leaves(tree: DraftTree, max_leaves: int) -> DraftTree:
@@ -323,27 +333,21 @@ class LlamaCppBackend:
         return Verified(walks, head_rows, forward_seconds=t2 - t1, prepare_seconds=t1 - t0)
 
     def _walk(self, tree: DraftTree, start: int, want: list[bool], rule) -> tuple[np.ndarray, int]:
-        """The acceptance walk over the rows of the last decode from ``start`` (row 0 the root);
-        a node accepted without logits ends the walk, with no bonus token (module docstring)."""
-        parent_rows = tree.parents.astype(np.int64) + 1
-        token_ids = tree.token_ids
-        accepted: list[int] = []
-        row = 0
-        while True:
-            logits = self.ctx.logits(start + row)
-            if rule is None:
-                target = int(logits.argmax())
-            else:
-                target = int(rule(torch.from_numpy(logits.copy()), row, len(accepted)))
-            kids = np.flatnonzero(parent_rows == row)
-            match = kids[token_ids[kids] == target]
-            if match.size == 0:
-                return np.asarray(accepted, dtype=np.int64), target
-            node = int(match[0])
-            accepted.append(node)
-            if not want[node + 1]:  # accepted, but its logits were not asked for: the next step's root
-                return np.asarray(accepted, dtype=np.int64), -1
-            row = node + 1
+        """The acceptance walk (refdec.decode.accept) over the rows of the last decode from
+        ``start`` (row 0 the root); a node accepted without logits ends it, with no bonus token
+        (module docstring)."""
+        walk = accept_walk_steps(tree)
+        row, depth = next(walk)
+        try:
+            while True:
+                if not want[row]:  # node row - 1 was accepted, but its logits were not asked for
+                    return _path_to(tree, row - 1), -1
+                logits = self.ctx.logits(start + row)
+                target = int(logits.argmax()) if rule is None else int(rule(torch.from_numpy(logits.copy()), row,
+                                                                             depth))
+                row, depth = walk.send(target)
+        except StopIteration as done:
+            return done.value
 
     def observe_step(self, seconds: float, tokens_per_row: float) -> None:
         self.policy.observe(seconds, tokens_per_row)
