@@ -355,5 +355,5 @@ class LlamaCppBackend:
     def auto_cost_curve(self):
         if self._cost_curve is None:
             self._cost_curve = auto_cost_curve(self)
-            self.policy.head_row_seconds = (self._cost_curve.meta or {}).get("head_row_seconds")
+            self.policy.head_row_seconds = self._cost_curve.head_chunk_seconds
         return self._cost_curve

@@ -1,13 +1,13 @@
 """The llama.cpp backend's cost curve: seconds of one ``llama_decode`` against tree size, with
 the backbone rows and the logits rows apart.
 
-A logits row (the LM head over a 150k-260k vocabulary) costs several backbone rows on a CPU.
-Each size ``n`` is timed twice, a decode of ``1 + n`` entries over a 512-token context with
-every entry's logits (the curve's ``seconds[n]``: what a step of the engine costs, which asks
-for every node's logits) and with one entry's (``meta["one_logits_row_seconds"]``); one logits
-row costs ``meta["head_row_seconds"]``, the median over the sizes of ``(every - one) / n``,
-which the backend's optional leaf-logits policy (refdec.llama_cpp.backend.LogitsPolicy) reads.
-The "auto" budget (refdec.budget.AutoBudget) prices a step at ``seconds[n]``.
+A logits row (the LM head over a 150k-260k vocabulary) costs several backbone rows on a CPU,
+so the curve holds ``seconds[n]``: a decode of ``1 + n`` entries over a 512-token context with
+logits for one entry, and ``head_chunk_seconds``: one more logits row (``head_chunk_rows`` =
+1), the median over the measured sizes of ``(all rows' logits - one row's) / n``. The
+"auto" budget (refdec.budget.AutoBudget) prices a step at ``seconds[n]`` plus the head rows
+its walk is expected to need, and the backend's logits policy
+(refdec.llama_cpp.backend.LogitsPolicy) reads the row cost.
 
 Measured once per (model file, threads, batch sizes, KV types, flash attention, llama-cpp-python
 version), announced on stderr, outside any timed decode, and cached as JSON under
@@ -32,7 +32,7 @@ from refdec.llama_cpp.api import llama_version
 __all__ = ["auto_cost_curve", "calibration_path", "measure"]
 
 DEFAULT_NODES = (0, 1, 2, 4, 8, 16, 24, 32, 48, 64)
-FORWARD_VERSION = "llama-tree-2"  # 2: seconds with every logits row
+FORWARD_VERSION = "llama-tree-1"
 
 
 def _key(backend) -> str:
@@ -88,11 +88,10 @@ def measure(backend, nodes=DEFAULT_NODES, *, cache_len: int = 512, repeats: int 
         backend.release_seq(seq)
     per_row = [(e - o) / n for n, o, e in zip(nodes, one, every) if n > 0]
     head = max(0.0, float(np.median(per_row))) if per_row else 0.0
-    # the engine asks for every entry's logits (refdec.llama_cpp.backend.LogitsPolicy is off by
-    # default): a step of n nodes costs what a decode with every logits row costs
-    return CostCurve(nodes, tuple(every), meta={"cache_len": cache_len, "repeats": repeats, "engine": "llama.cpp",
-                                                 "model": str(backend.llm.model_path),
-                                                 "one_logits_row_seconds": one, "head_row_seconds": head})
+    return CostCurve(nodes, tuple(one), meta={"cache_len": cache_len, "repeats": repeats, "engine": "llama.cpp",
+                                               "model": str(backend.llm.model_path),
+                                               "all_logits_seconds": every},
+                     head_chunk_seconds=head, head_chunk_rows=1)
 
 
 def auto_cost_curve(backend, *, announce: bool = True) -> CostCurve:
@@ -113,5 +112,5 @@ def auto_cost_curve(backend, *, announce: bool = True) -> CostCurve:
     if announce:
         print(f"refdec: measured in {time.perf_counter() - t0:.1f} s: one entry {curve(0) * 1e3:.1f} ms, "
               f"{curve.nodes[-1]} nodes {curve.seconds[-1] * 1e3:.1f} ms, one logits row "
-              f"{curve.meta['head_row_seconds'] * 1e3:.2f} ms", file=sys.stderr, flush=True)
+              f"{curve.head_chunk_seconds * 1e3:.2f} ms", file=sys.stderr, flush=True)
     return curve
