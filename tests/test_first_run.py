@@ -120,3 +120,23 @@ def test_the_chat_model_loads_with_its_chat_template():
         want = model.generate(torch.tensor([ids]), do_sample=False, max_new_tokens=8,
                               attention_mask=torch.ones(1, len(ids), dtype=torch.long))
     assert out.sequences[0].tolist() == want[0].tolist()
+
+
+def test_the_editor_model_is_converted_once_from_its_checked_gguf_file(monkeypatch, tmp_path):
+    from refdec import models
+
+    monkeypatch.setenv("REFDEC_CACHE", str(tmp_path / "cache"))
+    gguf = tmp_path / "editor.gguf"
+    monkeypatch.setattr(models, "editor_model_gguf", lambda: gguf)
+    converted = []
+
+    def convert(path, target, what):
+        converted.append((path, target))
+        target.mkdir(parents=True)
+        (target / "config.json").write_text("{}")
+
+    monkeypatch.setattr(models, "_convert_gguf", convert)
+    monkeypatch.setattr(models, "load_model", lambda directory, **kwargs: directory)
+    assert models.load_editor() == str(tmp_path / "cache" / "qwen2.5-coder-0.5b-instruct")
+    assert models.load_editor() == str(tmp_path / "cache" / "qwen2.5-coder-0.5b-instruct")
+    assert converted == [(gguf, tmp_path / "cache" / "qwen2.5-coder-0.5b-instruct")]  # once
