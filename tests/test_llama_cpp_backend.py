@@ -234,16 +234,20 @@ def test_an_accepted_node_without_logits_is_the_bonus_and_is_evaluated_again(llm
     assert out.stats.forward_passes < 30 and out.stats.new_tokens == 30
 
 
-def test_the_readmes_llama_blocks_run(gguf_path, tmp_path, monkeypatch, capsys):
-    """README.md's llama.cpp blocks on the tiny model: the Python snippet, and ``refdec edit ...
-    --model x.gguf --prompt-template chat --compare --diff`` (the tiny random model writes no code
-    block: the command says so and writes nothing)."""
+@pytest.mark.parametrize("page", ["README.md", "docs/llama_cpp.md"])
+def test_the_readmes_llama_blocks_run(page, gguf_path, tmp_path, monkeypatch, capsys):
+    """The llama.cpp blocks of README.md and docs/llama_cpp.md on the tiny model: the Python snippets
+    (the default model's GGUF stands in for by the tiny one), and ``refdec edit ... --model x.gguf
+    --prompt-template chat --compare --diff`` (the tiny random model writes no code block: the command
+    says so and writes nothing)."""
     import shlex
 
+    import refdec.gguf_files
     from refdec.cli import main as refdec_main
-    from test_readme import _command_lines, needs_llama, readme_blocks
+    from test_readme import REPO, _command_lines, needs_llama, readme_blocks
 
-    blocks = [b for b in readme_blocks() if needs_llama(b)]
+    monkeypatch.setattr(refdec.gguf_files, "default_model_gguf", lambda: gguf_path)
+    blocks = [b for b in readme_blocks(REPO / page) if needs_llama(b) or page != "README.md"]
     assert any(b.language == "python" for b in blocks) and any(b.language == "bash" for b in blocks)
     monkeypatch.chdir(tmp_path)
     (tmp_path / "fib.py").write_text("def fib(n):\n    return n if n < 2 else fib(n - 1) + fib(n - 2)\n")
@@ -257,7 +261,7 @@ def test_the_readmes_llama_blocks_run(gguf_path, tmp_path, monkeypatch, capsys):
             if command.startswith("pip install"):
                 continue
             args = shlex.split(command.replace("path/to/model.gguf", str(gguf_path))
-                               .replace("path/to/file.py", "file.py"))
+                               .replace("path/to/file.py", "file.py").replace(" FILE ", " file.py "))
             assert args[0] == "refdec", command
             code = refdec_main(args[1:] + ["--max-new-tokens", "24"])
             err = capsys.readouterr().err

@@ -53,8 +53,9 @@ class Block:
         return self.text.strip().splitlines()[0]
 
 
-def readme_blocks() -> list[Block]:
-    text = README.read_text()
+def readme_blocks(path: Path = README) -> list[Block]:
+    """The fenced code blocks of ``path`` (README.md, or a page of docs/)."""
+    text = path.read_text()
     return [Block(text[:m.start()].count("\n") + 1, m.group(1), m.group(2))
             for m in re.finditer(r"^```(\w*)\n(.*?)^```", text, re.S | re.M)]
 
