@@ -8,7 +8,9 @@ Methods (each prompt runs every method in turn, so machine noise hits them alike
 * ``lookup`` -- llama-cpp-python's prompt lookup (``LlamaPromptLookupDecoding(num_pred_tokens=10)``,
   a second ``Llama`` with ``logits_all=True``, as it requires);
 * ``refdec`` -- ``refdec.generate(llm, ...)``, ``max_draft_tokens="auto"`` (the backend's cost
-  curve is measured before any timing), references = the file being edited.
+  curve is measured before any timing), references = the file being edited;
+* ``refdec-hf`` (``--transformers``) -- refdec on the same model in transformers, float32 (the
+  models converted once by refdec.models), fed the same prompt ids.
 
 Workloads (``../shared/data``, read at run time):
 
@@ -99,6 +101,15 @@ def run_workload(workload: str, args) -> list[dict]:
     decoder.generate(prompts[0]["ids"], max_new_tokens=8)  # the cost curve (once, cached) and first touches
     plain_greedy(llm, prompts[0]["ids"], 8)
     plain_greedy(lookup, prompts[0]["ids"], 8)
+    hf = None
+    if args.transformers:  # refdec on transformers (float32), the same prompt ids: the models share the vocabulary
+        import refdec.models
+
+        loader = {"gemma-edits": refdec.models.load_default, "coder-edits": refdec.models.load_editor,
+                  "chat": refdec.models.load_chat_model}[workload]
+        hf_model, hf_tokenizer = loader()
+        hf = refdec.SpeculativeDecoder(hf_model, tokenizer=hf_tokenizer)
+        hf.generate(prompts[0]["ids"], max_new_tokens=8)  # its cost curve (once, cached)
     records = []
     for prompt in prompts:
         ids, n = prompt["ids"], args.max_new_tokens
@@ -120,6 +131,14 @@ def run_workload(workload: str, args) -> list[dict]:
                          "passes": s.forward_passes,
                          "tokens_per_pass": s.tokens_per_pass, "head_rows": s.head_rows,
                          "accepted_by_source": s.accepted_by_source, "agree": _agreement(new, plain)}
+        if hf is not None:
+            out = hf.generate(ids, references=prompt["references"] or None, max_new_tokens=n,
+                              eos_token_id=sorted(eos) or None)
+            new = out.sequences[0, len(ids):].tolist()
+            s = out.stats
+            row["refdec-hf"] = {"tokens": len(new), "seconds": s.wall_seconds, "prefill_seconds": s.prefill_seconds,
+                                "passes": s.forward_passes, "tokens_per_pass": s.tokens_per_pass,
+                                "agree": _agreement(new, plain)}
         records.append(row)
         print(_line(row), file=sys.stderr, flush=True)
     llm.close()
@@ -164,6 +183,8 @@ def _line(row: dict) -> str:
         parts.append(f"{method} {_speedup(row, method):.2f}x" + ("" if cell["agree"]["identical"] else
                                                                   f" (differs at {cell['agree']['first_difference']})"))
     parts.append(f"refdec after the prefill {_decode_rate(row['refdec']) / _decode_rate(row['plain']):.2f}x")
+    if "refdec-hf" in row:
+        parts.append(f"refdec on transformers {_speedup(row, 'refdec-hf'):.2f}x")
     if "tokens_per_pass" in row["refdec"]:
         parts.append(f"{row['refdec']['tokens_per_pass']:.2f} tokens/pass")
     return ", ".join(parts)
@@ -172,8 +193,9 @@ def _line(row: dict) -> str:
 def markdown(records: list[dict]) -> str:
     lines = ["| workload | prompts | plain tok/s (median) | lookup / plain (median, min) | refdec / plain (median, "
              "min) | refdec / plain after the prefill (median, min) | refdec / lookup (median) | refdec tokens/pass "
-             "| identical to plain: lookup, refdec | plain's output: changed / copied the file |",
-             "|---|---|---|---|---|---|---|---|---|---|"]
+             "| identical to plain: lookup, refdec | plain's output: changed / copied the file "
+             "| refdec on transformers / plain (median) |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
     for workload in WORKLOADS:
         rows = [r for r in records if r["workload"] == workload]
         if not rows:
@@ -184,13 +206,15 @@ def markdown(records: list[dict]) -> str:
         vs_lookup = [_speedup(r, "refdec") / _speedup(r, "lookup") for r in rows]
         decode = [_decode_rate(r["refdec"]) / _decode_rate(r["plain"]) for r in rows]
         tpp = [r["refdec"]["tokens_per_pass"] for r in rows]
+        hf_rows = [_speedup(r, "refdec-hf") for r in rows if "refdec-hf" in r]
+        hf_cell = f"{statistics.median(hf_rows):.2f}x" if hf_rows else "-"
         same_l = sum(r["lookup"]["agree"]["identical"] for r in rows)
         same_r = sum(r["refdec"]["agree"]["identical"] for r in rows)
         lines.append(f"| {workload} | {len(rows)} | {statistics.median(plain):.1f} | {statistics.median(lookup):.2f}x, "
                      f"{min(lookup):.2f}x | {statistics.median(ours):.2f}x, {min(ours):.2f}x | "
                      f"{statistics.median(decode):.2f}x, {min(decode):.2f}x | "
                      f"{statistics.median(vs_lookup):.2f}x | {statistics.median(tpp):.2f} | "
-                     f"{same_l}/{len(rows)}, {same_r}/{len(rows)} | {_edits(rows)} |")
+                     f"{same_l}/{len(rows)}, {same_r}/{len(rows)} | {_edits(rows)} | {hf_cell} |")
     return "\n".join(lines)
 
 
@@ -220,6 +244,8 @@ def main(argv=None) -> int:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--n-ctx", type=int, default=4096)
     parser.add_argument("--out", default="benchmarks/out/llama_bench.json")
+    parser.add_argument("--transformers", action="store_true",
+                        help="also refdec on transformers (float32; the models converted once, minutes the first time)")
     args = parser.parse_args(argv)
     import torch
 
