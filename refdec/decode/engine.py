@@ -1,25 +1,28 @@
 """The decoding loop: propose → verify → accept, for a batch of requests (one request is a
-batch of one).
+batch of one), on any engine: a backend (refdec.decode.backend: transformers, or llama.cpp in
+refdec.llama_cpp.backend) verifies the trees and keeps the cache; drafting, budgets, walks and
+stops are the same for all.
 
 Invariant between steps, per row: the KV cache holds every token of the row's
 sequence but the last one, the *root*; the root's position equals the row's cache
-length (refdec.decode.batch). A step:
+length. A step:
 
 1. **propose** — each row's drafter drafts a tree of the size its budget chooses
-   (refdec.decode.drafts); the budgets pick the prefixes to verify, the rows of a
-   batch together (refdec.budget.Budget.select_batch);
-2. **prepare** — the trees, padded to one query length ``T``, become one forward's
-   inputs: ``[root] + nodes`` per row at positions ``root_pos + depth``, with a tree
-   mask (refdec.decode.masks);
+   (refdec.decode.drafts), cut to what the backend verifies at once (``fit_tree``); the
+   budgets pick the prefixes to verify, the rows of a batch together
+   (refdec.budget.Budget.select_batch);
+2. **prepare** — the backend lays the trees out as one forward's inputs: ``[root] + nodes``
+   per row at positions ``root_pos + depth``, each node seeing its ancestors (a tree mask,
+   refdec.decode.masks; llama.cpp: sequence ids);
 3. **verify** — ONE forward for all rows, then each row's acceptance walk picks the
    target token of the rows it visits (refdec.decode.verify);
 4. **accept** — each row emits its accepted tokens plus the bonus token (stops and
-   limits honoured, refdec.decode.requests), its budget and drafter learn what was
-   accepted, the cache keeps the root and accepted nodes of each row
-   (``RunningBatch.keep_accepted``) and finished rows leave.
+   limits honoured, refdec.decode.requests; no bonus when the last accepted node has no
+   logits: it is the next root), its budget and drafter learn what was accepted, the cache
+   keeps the root and accepted nodes of each row (``keep_accepted``) and finished rows leave.
 
 Before its first step a request is prefilled with the group it joins in
-(refdec.decode.prefill, refdec.decode.scheduler); the prefill yields its first token.
+(``backend.prefill``, refdec.decode.scheduler); the prefill yields its first token.
 Times (``DecodingStats``): ``prefill``, ``propose`` (1), ``prepare`` (2), ``forward``
 (the forward and the LM head of the visited rows), ``accept`` (the walks, step 4,
 joining the batch).
