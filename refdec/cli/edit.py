@@ -198,8 +198,11 @@ def run(args) -> int:
     s = out.stats
     truncated = result is None or s.stop_reason == "max_new_tokens"
     if truncated:
-        what = ("the reply holds no complete code block" if result is None else
-                f"stopped at --max-new-tokens {max_new} before the closing fence")
+        if s.stop_reason == "max_new_tokens":
+            closing = "the reply's code block closed" if prompt.stop is None else "the closing fence"
+            what = f"stopped at --max-new-tokens {max_new} before {closing}"
+        else:
+            what = "the reply holds no complete code block"
         rest = f"Raise --max-new-tokens (the file is {file_tokens} tokens) to get the whole file."
         if args.out is not None or result is None:  # a partial file is never written
             print(f"[refdec edit] error: {what} after {s.new_tokens} tokens; nothing was written and {args.file} is "
