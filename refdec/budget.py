@@ -128,7 +128,7 @@ class AutoBudget:
     extra cost. While the policy keeps choosing no draft although the proposer had
     one, every ``explore_every``-th such step verifies the top ``explore_nodes``
     nodes anyway, so that too pessimistic cells can recover; where such a step costs much
-    more than a plain one (llama.cpp on a CPU: a decode of 3 entries costs about two of 1),
+    more than a plain one (a backend whose small batches cost several single-token steps),
     exploring is rarer, so that it adds at most ``explore_overhead`` to the plain decoding's
     time (``explore_every`` >= the extra cost over ``cost(0)``, divided by ``explore_overhead``).
     """

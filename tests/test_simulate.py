@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 
 from benchmarks import baselines, simulate, workloads
+import refdec
 from refdec import DraftTree
 
 
@@ -211,7 +212,6 @@ def test_oracle_rejects_tokens_off_the_true_continuation():
 # ---------------------------------------------------------------- refdec through the harness
 
 def test_refdec_proposer_copies_an_output_that_sits_in_the_prompt():
-    refdec = pytest.importorskip("refdec")
     rng = np.random.default_rng(7)
     prompt = rng.integers(0, 1000, size=300).astype(np.int32)
     truth = prompt[100:200].copy()
@@ -293,7 +293,6 @@ def _synthetic_edit_cases(n_cases: int = 3) -> list:
 def test_diagnose_replays_refdec_as_the_decoder_runs_it():
     # With references the decoder turns the copy cursor on: the diagnosis must replay the same
     # trajectory (it once replayed suffix drafting alone, blaming the cursor-less proposer's losses).
-    refdec = pytest.importorskip("refdec")
     cases = _synthetic_edit_cases()
     budget = 16
     got = simulate.diagnose_cases(cases, budget)
@@ -308,7 +307,6 @@ def test_diagnose_replays_refdec_as_the_decoder_runs_it():
 
 
 def test_ceiling_hybrids_reproduce_refdec_alone_and_the_oracle_chain():
-    refdec = pytest.importorskip("refdec")
     cases = _synthetic_edit_cases()
     budget = 16
     got = simulate.ceiling_cases(cases, budget)
@@ -338,7 +336,6 @@ def test_longest_candidate_copy_takes_the_best_start_and_stops_at_the_budget():
 
 
 def test_refdec_method_options_pass_integers_and_floats_to_the_proposer():
-    pytest.importorskip("refdec")
     case = workloads.Case(prompt=np.array([1, 2, 3], dtype=np.int32), output=np.array([4], dtype=np.int32),
                           references=[np.array([7, 8], dtype=np.int32)], name="c")
     wl = workloads.Workload("w", [case])

@@ -18,7 +18,7 @@ KV layout (one unified llama.cpp KV cache, refdec.llama_cpp.api.TreeContext):
 
 Logits rows cost more than backbone rows here (a 150k-260k vocabulary), and a node's logits
 are needed only if the node is accepted. The root and every node with children have them; with
-:class:`LogitsPolicy` enabled (off by default: measured no faster on a 2-core CPU) a leaf asks
+:class:`LogitsPolicy` enabled (off by default, benchmarks/RESULTS.md §9) a leaf asks
 for them only when its estimated acceptance probability pays for its head row.
 When the walk accepts a node that has none, the walk ends there with no bonus token (bonus -1,
 refdec.decode.verify.Verified): the node is emitted, its cell dropped, and it is the next step's
@@ -103,10 +103,9 @@ class LogitsPolicy:
     ``head_row_seconds`` the measured cost of one logits row (the backend's cost curve).
     Until a step has been observed every node asks.
 
-    Off by default (``enabled``): on this project's 2-core CPU, side by side on four Gemma 3 270M
-    edits, asking for every node's logits decoded as fast or faster (benchmarks/RESULTS.md); a
-    leaf is rarely skipped and a skipped one that is accepted costs a token. Switch it on with
-    ``decoder.backend.policy.enabled = True`` where a logits row is dearer."""
+    Off by default (``enabled``): a leaf is rarely skipped, and a skipped one that is accepted
+    costs a token; where measured it was no faster than every node's logits (benchmarks/RESULTS.md
+    §9). Switch it on with ``decoder.backend.policy.enabled = True`` where a logits row is dearer."""
 
     def __init__(self, head_row_seconds: float | None = None, decay: float = 0.9, enabled: bool = False) -> None:
         self.enabled = enabled
