@@ -642,8 +642,8 @@ class Retriever:
     as soon as it holds enough keys, so at short prefixes it returns an arbitrary
     subset of a large tie and can miss the best document (measured in
     ``benchmarks/retrieval_bench.py``: 25/30 top-1 correct against 30/30 for the
-    scan on 5,000 files), while the scan ranks every document by its estimate and
-    costs ~0.3 ms per query at 5,000 documents, ~15-20 ms at 100,000 (shared 2-core box). Jaccard of a short prompt
+    scan on 5,000 files), while the scan ranks every document by its estimate (its cost per
+    query against the corpus size: benchmarks/RESULTS.md). Jaccard of a short prompt
     with a long document is small, which is where banded LSH recall is worst.
 
     Args:

@@ -61,8 +61,7 @@ def make_backend(model):
 
 def default_proposer_factory(index, references: list[np.ndarray], max_depth: int) -> Drafter:
     """refdec's :class:`~refdec.proposer.Proposer`; with references (editing) the copy cursor
-    follows the output through them (+6.5% tokens/step at 64 nodes on edits-click,
-    benchmarks/RESULTS.md)."""
+    follows the output through them (what it gains: benchmarks/RESULTS.md §3)."""
     return Proposer(index=index, references=references or None, max_depth=max_depth, cursor=bool(references))
 
 
@@ -88,9 +87,8 @@ class SpeculativeDecoder:
     benchmarks/retrieval_sim.py for when it helps.
 
     ``prefill_chunk``: the prompt is prefilled in forwards of at most this many
-    tokens (None: one forward; refdec.decode.prefill). With Gemma 3 270M on 2 CPU
-    threads a 4,096-token prompt prefills in 6.4 s instead of 10.7 s, an 8,192-token
-    one in 15.5 s instead of 33.6 s (benchmarks/RESULTS.md; measured on a CPU only).
+    tokens (None: one forward; refdec.decode.prefill): on a CPU a long prompt prefills
+    faster in chunks (benchmarks/RESULTS.md; measured on a CPU only).
     The same computation up to floating-point rounding (GEMM shapes differ): identical
     tokens in the tests (float64) and in the benchmarks (float32).
 

@@ -1,7 +1,6 @@
 """The LM head, run by the verifier itself where that is cheaper.
 
-On a CPU the head of a large-vocabulary model is most of a forward (Gemma 3 270M's
-262k-token head costs ~4 ms a row on 2 threads). For models with a plain linear
+On a CPU the head of a large-vocabulary model is most of a forward. For models with a plain linear
 head (refdec.decode.model_support.PLAIN_HEAD_MODEL_TYPES) the verifier runs the
 model's backbone on every tree row and the head only on the rows the acceptance
 walk visits (:class:`LazyRowLogits`; :class:`LockstepLazyWalks` for a batch, one
@@ -28,10 +27,9 @@ class PlainHead:
     ``weight``: float [V, D] (the output embedding); ``softcap``: Gemma's final logit
     soft-capping or None. Computed as ``W @ h.T`` rather than ``F.linear(h, W)``: with
     a small number of rows and a large vocabulary, CPU GEMM kernels pack the whole
-    weight for ``h @ W.T`` (Gemma 3 270M, 262k x 640 fp32, one thread: 2 rows 171 ms vs
-    56 ms). A single row goes to a memory-bound GEMV that is slower than four rows
-    (2 threads: 1 row 41 ms, 4 rows 16 ms), so ``logits`` never feeds fewer than
-    ``min_rows`` rows: it pads with copies of the first row.
+    weight for ``h @ W.T``, which costs more than the product. A single row goes to a
+    memory-bound GEMV that is slower than a few rows, so ``logits`` never feeds fewer than
+    ``min_rows`` rows: it pads with copies of the first row (both measured: benchmarks/RESULTS.md).
     """
 
     def __init__(self, weight, softcap, min_rows: int = 4) -> None:
@@ -100,11 +98,10 @@ class LazyRowLogits:
     """Logits of a verified tree's rows, computed only when the acceptance walk asks.
 
     The backbone has produced ``hidden`` (float [1 + n, D]) for every row; the head
-    (the expensive part on a CPU: Gemma 3 270M's 262k-token head costs ~4 ms a row on 2
-    threads) runs ``chunk`` rows at a time: the asked-for row, then its best-child chain
-    (the path the walk most likely takes next), then the next rows in best-first order
-    to fill the chunk. A step that accepts ``k`` nodes computes about ``k + 1`` rows
-    instead of ``1 + n``, whatever the tree size.
+    (the expensive part on a CPU for a large vocabulary) runs ``chunk`` rows at a time:
+    the asked-for row, then its best-child chain (the path the walk most likely takes
+    next), then the next rows in best-first order to fill the chunk. A step that accepts
+    ``k`` nodes computes about ``k + 1`` rows instead of ``1 + n``, whatever the tree size.
 
     ``row_logits(row)``: float [V]; ``argmax(row)``: int, the greedy target.
     ``rows_computed``: how many rows the head ran on (diagnostics).
