@@ -51,8 +51,7 @@ __all__ = ["SpeculativeDecoder", "generate", "make_backend"]
 def make_backend(model):
     """The engine backend for ``model``: a ``llama_cpp.Llama`` runs on llama.cpp
     (refdec.llama_cpp.backend), anything else must be a transformers causal LM."""
-    if type(model).__module__.split(".")[0] == "llama_cpp" or any(
-            cls.__module__.startswith("llama_cpp") for cls in type(model).__mro__):
+    if any(cls.__module__.split(".")[0] == "llama_cpp" for cls in type(model).__mro__):  # a Llama or a subclass
         from refdec.llama_cpp.backend import LlamaCppBackend  # llama-cpp-python only when used
 
         return LlamaCppBackend(model)

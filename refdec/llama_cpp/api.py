@@ -1,4 +1,5 @@
-"""Every call refdec makes into llama-cpp-python, in one place (pinned: :data:`PINNED_VERSION`).
+"""Every call refdec makes into llama-cpp-python, in one place (the version pyproject.toml's
+``[llama]`` extra pins, which CI builds).
 
 :class:`TreeContext` is refdec's own llama.cpp context on the model of a user's
 ``llama_cpp.Llama``: the same weights (shared, not copied), the Llama's context settings
@@ -23,9 +24,8 @@ try:
 except ImportError as exc:  # pragma: no cover - depends on the environment
     raise ImportError("refdec on llama.cpp needs llama-cpp-python: pip install 'refdec[llama]'") from exc
 
-__all__ = ["PINNED_VERSION", "LlamaDecodeError", "TreeContext", "is_llama", "llama_version"]
+__all__ = ["LlamaDecodeError", "TreeContext", "chat_template_prompt", "llama_version"]
 
-PINNED_VERSION = "0.3.36"  # pyproject.toml's [llama] extra; CI builds this one
 MAX_SEQUENCES = int(_lib.llama_max_parallel_sequences())
 
 
@@ -35,11 +35,6 @@ class LlamaDecodeError(RuntimeError):
 
 def llama_version() -> str:
     return getattr(llama_cpp, "__version__", "unknown")
-
-
-def is_llama(model) -> bool:
-    """True for a ``llama_cpp.Llama`` (or a subclass)."""
-    return isinstance(model, llama_cpp.Llama)
 
 
 class TreeContext:
@@ -143,10 +138,6 @@ class TreeContext:
         if not _lib.llama_memory_seq_rm(self.memory, seq, p0, p1):
             raise RuntimeError(f"llama.cpp could not remove positions [{p0}, {p1}) of sequence {seq}")
 
-    def seq_keep(self, seq: int) -> None:
-        """Removes every sequence but ``seq``."""
-        _lib.llama_memory_seq_keep(self.memory, seq)
-
     def seq_pos_range(self, seq: int) -> tuple[int, int]:
         """(smallest, largest) position of ``seq``'s cells; (-1, -1) when it has none."""
         return (int(_lib.llama_memory_seq_pos_min(self.memory, seq)),
@@ -162,20 +153,8 @@ class TreeContext:
         return {t for t in (int(_lib.llama_vocab_eos(self.vocab)), int(_lib.llama_vocab_eot(self.vocab)))
                 if t >= 0}
 
-    def is_end_of_generation(self, token: int) -> bool:
-        return bool(_lib.llama_vocab_is_eog(self.vocab, int(token)))
-
-    def token_text(self, token: int) -> str:
-        """The token's text as the GGUF vocabulary stores it (``tokenizer.ggml.tokens``)."""
-        return _lib.llama_vocab_get_text(self.vocab, int(token)).decode("utf-8", errors="replace")
-
     def n_threads(self) -> tuple[int, int]:
         return int(_lib.llama_n_threads(self.ctx)), int(_lib.llama_n_threads_batch(self.ctx))
-
-    def model_description(self) -> str:
-        buf = ctypes.create_string_buffer(256)
-        _lib.llama_model_desc(self.model, buf, 256)
-        return buf.value.decode("utf-8", errors="replace")
 
 
 def chat_template_prompt(llm, messages: list[dict], add_generation_prompt: bool = True) -> str:

@@ -209,11 +209,14 @@ class LlamaCppBackend:
         eos = sorted(self.ctx.eos_ids())
         self.generation_config = SimpleNamespace(eos_token_id=eos or None, pad_token_id=None)
         self.tokenizer = GgufTokenizer(llm)
-        self._free_seqs = list(range(self.ctx.n_seq_max - 1, -1, -1))  # pop() gives the lowest id
+        self._free_all_seqs()
         self.policy = LogitsPolicy()
         self._cost_curve = None
 
     # -- sequences
+
+    def _free_all_seqs(self) -> None:
+        self._free_seqs = list(range(self.ctx.n_seq_max - 1, -1, -1))  # pop() gives the lowest id
 
     def take_seq(self) -> int:
         if not self._free_seqs:
@@ -231,7 +234,7 @@ class LlamaCppBackend:
         """An empty batch, on an empty cache: a decode (one ``generate`` call) starts afresh, whatever
         an earlier one that raised left behind."""
         self.ctx.clear()
-        self._free_seqs = list(range(self.ctx.n_seq_max - 1, -1, -1))
+        self._free_all_seqs()
         return LlamaRunningBatch(self, [], [])
 
     def fit_tree(self, tree: DraftTree, capacity: int) -> DraftTree:
@@ -295,21 +298,18 @@ class LlamaCppBackend:
                         ctx.seq_copy(base, seq)
                     node_seqs = [[leaf_seq[leaf] for leaf in below[i]] for i in range(n)]
                     node_seq = np.array([s[0] for s in node_seqs], dtype=np.int64)
-                    tokens.append(int(roots[b]))
-                    positions.append(int(root_pos[b]))
-                    seq_ids.append([base] + branch_seqs)
-                    want.append(True)
+                # the root, in the base sequence and every branch, then the nodes
+                tokens.append(int(roots[b]))
+                positions.append(int(root_pos[b]))
+                seq_ids.append([base] + branch_seqs)
+                want.append(True)
+                if n:
                     tokens.extend(tree.token_ids.tolist())
                     positions.extend((int(root_pos[b]) + depths).tolist())
                     seq_ids.extend(node_seqs)
                     is_leaf = np.zeros(n, dtype=bool)
                     is_leaf[leaves] = True
                     want.extend(self.policy.wanted(None if node_probs is None else node_probs[b], is_leaf).tolist())
-                else:
-                    tokens.append(int(roots[b]))
-                    positions.append(int(root_pos[b]))
-                    seq_ids.append([base])
-                    want.append(True)
                 pending.append((node_seq, branch_seqs))
             t1 = time.perf_counter()
             ctx.decode(np.asarray(tokens, dtype=np.int32), np.asarray(positions, dtype=np.int32), seq_ids,
