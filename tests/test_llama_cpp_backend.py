@@ -294,3 +294,25 @@ def test_the_default_models_gguf_agrees_with_llama_cpps_plain_decoding():
     clear = next((i for i, m in enumerate(margins) if m < 0.5), len(plain))
     assert new[:clear] == plain[:clear]
     assert out.stats.accepted_tokens > 0 and out.stats.tokens_per_pass > 2  # the file is copied many tokens a pass
+
+
+def test_the_engine_passes_node_probabilities_only_to_an_enabled_leaf_policy(llm, monkeypatch):
+    prompt = _ids(llm, PROMPTS[0])
+    plain, _ = plain_greedy(llm, prompt, 30)
+    decoder = refdec.SpeculativeDecoder(llm)
+    seen = []
+    wanted = decoder.backend.policy.wanted
+
+    def recording(probs, is_leaf):
+        seen.append(probs)
+        return wanted(probs, is_leaf)
+
+    monkeypatch.setattr(decoder.backend.policy, "wanted", recording)
+    decoder.generate(prompt, max_new_tokens=30, max_draft_tokens=8, references=[plain])
+    assert seen and all(probs is None for probs in seen)  # off: nothing computed for it
+    seen.clear()
+    decoder.backend.policy.enabled = True
+    decoder.backend.policy.head_row_seconds = 1.0  # dearer than any token: leaves skip their logits
+    out = decoder.generate(prompt, max_new_tokens=30, max_draft_tokens=8, references=[plain])
+    assert seen and all(probs is not None for probs in seen)
+    assert out.sequences[0, len(prompt):].tolist() == plain  # a leaf accepted without logits is the next root

@@ -193,8 +193,6 @@ class LlamaCppBackend:
     own on the same weights (refdec.llama_cpp.api.TreeContext), of the Llama's ``n_ctx``,
     which every running row shares."""
 
-    uses_node_probs = True
-
     def __init__(self, llm, *, max_tree: int = DEFAULT_MAX_TREE, n_seq_max: int | None = None) -> None:
         self.llm = llm
         self.max_tree = int(max_tree)
@@ -212,6 +210,11 @@ class LlamaCppBackend:
         self._free_all_seqs()
         self.policy = LogitsPolicy()
         self._cost_curve = None
+
+    @property
+    def uses_node_probs(self) -> bool:
+        """The engine computes each node's acceptance probability only for the leaf-logits policy."""
+        return self.policy.enabled
 
     # -- sequences
 
