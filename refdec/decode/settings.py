@@ -80,7 +80,9 @@ def check_index_tokenizer(index, tokenizer) -> None:
     """An index built with another tokenizer drafts ids that mean other text: refuse it (as
     ``CorpusIndex.load(path, tokenizer=...)`` does) when both are known."""
     fingerprint = getattr(index, "fingerprint", None)
-    if not fingerprint or tokenizer is None or not (hasattr(tokenizer, "get_vocab") or hasattr(tokenizer, "fingerprint")):
+    # a transformers tokenizer has get_vocab, a GGUF model's (refdec.llama_cpp.tokenizer) a fingerprint
+    knows_its_vocabulary = hasattr(tokenizer, "get_vocab") or hasattr(tokenizer, "fingerprint")
+    if not fingerprint or tokenizer is None or not knows_its_vocabulary:
         return
     ours = tokenizer_fingerprint(tokenizer)  # memoised per tokenizer object
     if ours != fingerprint:
