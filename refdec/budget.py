@@ -127,15 +127,12 @@ class AutoBudget:
     for the ``1 + E(n)`` rows the walk is expected to visit). ``n = 0`` (plain decoding) wins whenever no prefix pays for its
     extra cost. While the policy keeps choosing no draft although the proposer had
     one, every ``explore_every``-th such step verifies the top ``explore_nodes``
-    nodes anyway, so that too pessimistic cells can recover; where such a step costs much
-    more than a plain one (a backend whose small batches cost several single-token steps),
-    exploring is rarer, so that it adds at most ``explore_overhead`` to the plain decoding's
-    time (``explore_every`` >= the extra cost over ``cost(0)``, divided by ``explore_overhead``).
+    nodes anyway, so that too pessimistic cells can recover.
     """
 
     def __init__(self, cost: CostCurve | None = None, *, max_nodes: int = 64, n_sources: int = 3,
                  prior_weight: float = 3.0, prior_depth_decay: float = 0.97, decay: float = 0.998,
-                 explore_every: int = 8, explore_nodes: int = 2, explore_overhead: float = 0.025) -> None:
+                 explore_every: int = 8, explore_nodes: int = 2) -> None:
         if isinstance(max_nodes, bool) or not isinstance(max_nodes, (int, np.integer)) or max_nodes < 1:
             raise ValueError(f"max_nodes must be an int >= 1, got {max_nodes!r}")
         self.cost = cost if cost is not None else DEFAULT_CPU_CURVE
@@ -147,9 +144,6 @@ class AutoBudget:
         self.explore_nodes = int(explore_nodes)
         self._cost = self.cost.table(self.max_nodes)  # float64 [max_nodes + 1]
         self._inv_cost = 1.0 / self._cost
-        if self.explore_every and explore_overhead > 0:
-            extra = self._cost[min(self.explore_nodes, self.max_nodes)] / self._cost[0] - 1.0
-            self.explore_every = max(self.explore_every, int(np.ceil(extra / explore_overhead)))
         self.acceptance = AcceptanceTable(self.n_sources, prior_weight=prior_weight,
                                           prior_depth_decay=prior_depth_decay, decay=decay)
         self._cells = None  # cells of the last selected tree
