@@ -168,9 +168,10 @@ def test_tiny_model_is_the_test_suites_tiny_llama_and_prompts():
 # refdec modules whose public names the benchmarks may use (the engine's modules move)
 PUBLIC_REFDEC_MODULES = {"refdec", "refdec.vllm", "refdec.vllm.proposer", "refdec.proposer", "refdec.budget", "refdec.calibration", "refdec.models",
                          "refdec.edit_prompt", "refdec.index", "refdec.retrieval", "refdec.acceptance",
-                         "refdec.gguf_files", "refdec.llama_cpp.plain"}
+                         "refdec.gguf_files", "refdec.llama_cpp.plain", "refdec.llama_cpp.api"}
 PUBLIC_FROM_SUBMODULES = {"refdec.proposer": {"CursorParams", "SourceParams"},
-                          "refdec.index": {"tokenizer_fingerprint"}}
+                          "refdec.index": {"tokenizer_fingerprint"},
+                          "refdec.llama_cpp.api": {"TreeContext"}}  # llama.cpp's context, for the numerics benchmark
 
 
 def _imports(tree: ast.AST):
