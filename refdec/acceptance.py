@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from refdec.tokens import check_int
+
 __all__ = ["AcceptanceTable", "DEPTH_CENTERS", "DEPTH_EDGES", "SCORE_CENTERS", "SCORE_EDGES", "node_depths"]
 
 # Score buckets (upper edges) and depth buckets (lower edges of depths 2, 3, 5, ...).
@@ -48,13 +50,11 @@ class AcceptanceTable:
 
     def __init__(self, n_sources: int = 3, *, prior_weight: float = 3.0, prior_depth_decay: float = 0.97,
                  decay: float = 0.998) -> None:
-        if isinstance(n_sources, bool) or not isinstance(n_sources, (int, np.integer)) or n_sources < 1:
-            raise ValueError(f"n_sources must be an int >= 1, got {n_sources!r}")
+        self.n_sources = check_int("n_sources", n_sources, 1)
         if not 0.0 < decay <= 1.0:
             raise ValueError(f"decay must be in (0, 1], got {decay!r}")
         if not prior_weight > 0.0:
             raise ValueError(f"prior_weight must be > 0, got {prior_weight!r}")
-        self.n_sources = int(n_sources)
         self.prior_weight = float(prior_weight)
         self.decay = float(decay)
         self.shape = (self.n_sources, len(SCORE_CENTERS), len(DEPTH_CENTERS))

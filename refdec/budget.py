@@ -26,6 +26,7 @@ import numpy as np
 
 from refdec.acceptance import AcceptanceTable
 from refdec.cost_curve import DEFAULT_CPU_CURVE, CostCurve
+from refdec.tokens import check_int, is_int
 from refdec.tree import DraftTree
 
 __all__ = ["AutoBudget", "Budget", "FixedBudget", "MatchLengthBudget", "batch_prefix_sizes", "make_budget"]
@@ -133,12 +134,10 @@ class AutoBudget:
     def __init__(self, cost: CostCurve | None = None, *, max_nodes: int = 64, n_sources: int = 3,
                  prior_weight: float = 3.0, prior_depth_decay: float = 0.97, decay: float = 0.998,
                  explore_every: int = 8, explore_nodes: int = 2) -> None:
-        if isinstance(max_nodes, bool) or not isinstance(max_nodes, (int, np.integer)) or max_nodes < 1:
-            raise ValueError(f"max_nodes must be an int >= 1, got {max_nodes!r}")
+        self.max_nodes = check_int("max_nodes", max_nodes, 1)
         self.cost = cost if cost is not None else DEFAULT_CPU_CURVE
         if not isinstance(self.cost, CostCurve):
             raise ValueError(f"cost must be a refdec.calibration.CostCurve, got {type(cost).__name__}")
-        self.max_nodes = int(max_nodes)
         self.n_sources = int(n_sources)
         self.explore_every = int(explore_every)
         self.explore_nodes = int(explore_nodes)
@@ -207,11 +206,10 @@ class AutoBudget:
         non-empty tree counts as a skipped draft: every ``explore_every``-th one verifies
         the top ``explore_nodes`` nodes instead. ``cells``: int64 [len(tree)], the
         tree's :meth:`cells` when already computed."""
-        if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or n < 0:
-            raise ValueError(f"n must be an int >= 0 (nodes to verify), got {n!r}")
+        n = check_int("n", n, 0)  # nodes to verify
         self.steps += 1
         size = len(tree)
-        n = min(int(n), size)
+        n = min(n, size)
         if n == 0 and size:
             self._skipped += 1
             if self.explore_every and self._skipped % self.explore_every == 0:
@@ -295,7 +293,7 @@ def make_budget(max_draft_tokens, cost: CostCurve | None = None) -> Budget:
         return AutoBudget(cost)
     if isinstance(max_draft_tokens, Budget):
         return max_draft_tokens
-    if isinstance(max_draft_tokens, bool) or not isinstance(max_draft_tokens, (int, np.integer)):
+    if not is_int(max_draft_tokens):
         raise ValueError(f"max_draft_tokens must be an int >= 0, 'auto' or a refdec.budget.Budget, "
                          f"got {max_draft_tokens!r}")
     if max_draft_tokens < 0:

@@ -7,6 +7,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from refdec.tokens import check_int
+
 __all__ = ["CostCurve", "DEFAULT_CPU_CURVE", "flat_curve"]
 
 _FORMAT = 2  # 2: head_chunk_seconds, head_chunk_rows
@@ -46,9 +48,7 @@ class CostCurve:
             if not np.isfinite(head) or head < 0:
                 raise ValueError(f"CostCurve head_chunk_seconds must be finite and >= 0, got {self.head_chunk_seconds}")
             object.__setattr__(self, "head_chunk_seconds", head)
-        if isinstance(self.head_chunk_rows, bool) or int(self.head_chunk_rows) < 1:
-            raise ValueError(f"CostCurve head_chunk_rows must be an int >= 1, got {self.head_chunk_rows!r}")
-        object.__setattr__(self, "head_chunk_rows", int(self.head_chunk_rows))
+        object.__setattr__(self, "head_chunk_rows", check_int("CostCurve head_chunk_rows", self.head_chunk_rows, 1))
 
     @property
     def lazy_head(self) -> bool:

@@ -62,7 +62,7 @@ from tqdm.auto import tqdm
 
 from refdec import _C
 from refdec.atomic import atomic_write
-from refdec.tokens import MAX_TOKEN_ID, as_token_ids
+from refdec.tokens import MAX_TOKEN_ID, as_token_ids, check_int, is_int
 from refdec.retrieval import DocumentSignatures, Retriever, deduplicate, signature_path
 
 __all__ = ["IndexFormatError", "tokenizer_fingerprint", "CorpusIndex", "ContextIndex", "ShardedIndex"]
@@ -104,12 +104,6 @@ def _compute_fingerprint(tokenizer) -> str:
     return hashlib.sha256(payload.encode("utf-8")).hexdigest()
 
 
-def _check_k(value, name: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 0:
-        raise ValueError(f"{name} must be a non-negative integer, got {value!r}")
-    return int(value)
-
-
 class _Queries:
     """The four queries over ``self._view()`` (an ``_C.AutomatonView``)."""
 
@@ -126,11 +120,11 @@ class _Queries:
 
     def next_tokens(self, tokens, k: int) -> list[tuple[int, int]]:
         """Up to ``k`` (token, count) pairs following ``tokens``; most frequent first, ties by smaller token."""
-        return [(int(t), int(c)) for t, c in self._view().next_tokens(as_token_ids(tokens), _check_k(k, "k"))]
+        return [(int(t), int(c)) for t, c in self._view().next_tokens(as_token_ids(tokens), check_int("k", k, 0))]
 
     def continuation(self, tokens, length: int) -> np.ndarray:
         """int32 array of shape (<= length,): tokens that follow one occurrence of ``tokens``."""
-        return self._view().continuation(as_token_ids(tokens), _check_k(length, "length"))
+        return self._view().continuation(as_token_ids(tokens), check_int("length", length, 0))
 
 
 _TOKENIZE_BATCH = 256
@@ -231,17 +225,15 @@ class CorpusIndex(_Queries):
         about 0.5 s per million tokens."""
         if vocab_size is None:
             vocab_size = len(tokenizer) if tokenizer is not None else 0
-        if isinstance(vocab_size, bool) or not isinstance(vocab_size, (int, np.integer)) or not (
-                0 <= vocab_size <= MAX_TOKEN_ID + 1):
-            raise ValueError(f"vocab_size must be an integer in [0, 2**31], got {vocab_size!r}")
+        vocab_size = check_int("vocab_size", vocab_size, 0, MAX_TOKEN_ID + 1)
         if isinstance(documents, (str, bytes)):
             raise ValueError("documents must be an iterable of documents, got a single str")
         fingerprint = tokenizer_fingerprint(tokenizer) if tokenizer is not None else None
-        index = cls(_sam=_C.SuffixAutomaton(), fingerprint=fingerprint, vocab_size=int(vocab_size))
+        index = cls(_sam=_C.SuffixAutomaton(), fingerprint=fingerprint, vocab_size=vocab_size)
         if signatures is None:
             signatures = dedup_threshold is not None
         if dedup_threshold is not None or signatures:
-            documents = list(_tokenize_documents(documents, tokenizer, int(vocab_size), show_progress))
+            documents = list(_tokenize_documents(documents, tokenizer, vocab_size, show_progress))
             sigs = DocumentSignatures.from_documents(documents)
             if dedup_threshold is not None:
                 kept, index.dropped_documents = deduplicate(documents, dedup_threshold, signatures=sigs)
@@ -439,15 +431,14 @@ class CorpusIndex(_Queries):
 
     def document(self, doc_idx: int) -> np.ndarray:
         """int32 array: the tokens of document ``doc_idx``."""
-        if isinstance(doc_idx, bool) or not isinstance(doc_idx, (int, np.integer)):
-            raise ValueError(f"doc_idx must be an integer, got {doc_idx!r}")
+        doc_idx = check_int("doc_idx", doc_idx)
         n = self.num_documents
         if doc_idx < 0:
             doc_idx += n
         if not 0 <= doc_idx < n:
             raise ValueError(f"doc_idx must be in [0, {n}), got {doc_idx}")
         view = self._sam if self._sam is not None else self._frozen
-        return view.document(int(doc_idx))
+        return view.document(doc_idx)
 
     def __repr__(self) -> str:
         where = f"path={self._path!r}" if self._path else ("in memory" if self._sam is not None else "")
@@ -516,11 +507,11 @@ class ShardedIndex:
         return sorted(merged.items(), key=lambda tc: (-tc[1], tc[0]))[:k]
 
     def next_tokens(self, tokens, k: int) -> list[tuple[int, int]]:
-        return self._merged_next(as_token_ids(tokens), _check_k(k, "k"))
+        return self._merged_next(as_token_ids(tokens), check_int("k", k, 0))
 
     def continuation(self, tokens, length: int) -> np.ndarray:
         tokens = as_token_ids(tokens)
-        length = _check_k(length, "length")
+        length = check_int("length", length, 0)
         out: list[int] = []
         while len(out) < length:
             query = np.concatenate([tokens, np.asarray(out, dtype=np.int32)])
@@ -576,10 +567,11 @@ class ShardedIndex:
         return tuple(s.automaton for s in self.shards)
 
     def document(self, doc_idx: int) -> np.ndarray:
+        doc_idx = check_int("doc_idx", doc_idx)
         n = self.num_documents
-        if isinstance(doc_idx, bool) or not isinstance(doc_idx, (int, np.integer)) or not -n <= doc_idx < n:
-            raise ValueError(f"doc_idx must be an integer in [0, {n}), got {doc_idx!r}")
-        doc_idx = int(doc_idx) % n
+        if not -n <= doc_idx < n:
+            raise ValueError(f"doc_idx must be in [0, {n}), got {doc_idx}")
+        doc_idx %= n
         for shard in self.shards:
             if doc_idx < shard.num_documents:
                 return shard.document(doc_idx)
@@ -626,7 +618,7 @@ class ContextIndex(_Queries):
 
     def extend(self, tokens) -> None:
         """Appends tokens (an int, or a sequence / int array of token ids)."""
-        if isinstance(tokens, (int, np.integer)) and not isinstance(tokens, bool):
+        if is_int(tokens):
             tokens = [tokens]
         self._sam.extend_many(as_token_ids(tokens))
 

@@ -38,7 +38,7 @@ import numpy as np
 from refdec import _C
 from refdec._C import CursorParams, SourceParams
 from refdec.index import ContextIndex, CorpusIndex, ShardedIndex
-from refdec.tokens import as_token_ids
+from refdec.tokens import as_token_ids, check_int, is_int
 from refdec.tree import DraftBatch, DraftTree
 
 __all__ = ["CursorParams", "Drafter", "Proposer", "SourceParams"]
@@ -150,15 +150,11 @@ class Proposer:
         if index is not None and not isinstance(index, (CorpusIndex, ShardedIndex)):
             raise ValueError(f"index must be a refdec.CorpusIndex, a refdec.ShardedIndex or None, "
                              f"got {type(index).__name__}")
-        for name, value, lowest in (("max_depth", max_depth, 1), ("backoff", backoff, 0),
-                                    ("min_backoff_len", min_backoff_len, 1)):
-            if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < lowest:
-                raise ValueError(f"{name} must be an integer >= {lowest}, got {value!r}")
+        self.max_depth = check_int("max_depth", max_depth, 1)
+        self.backoff = check_int("backoff", backoff, 0)
+        self.min_backoff_len = check_int("min_backoff_len", min_backoff_len, 1)
         self.index = index
-        self.max_depth = int(max_depth)
-        self.backoff = int(backoff)
-        self.min_backoff_len = int(min_backoff_len)
-        if isinstance(cursor, (bool, int, np.integer)) and not isinstance(cursor, CursorParams):
+        if isinstance(cursor, bool) or is_int(cursor):
             cursor = CursorParams() if cursor else None  # refdec:cursor=1 in the simulator
         if not (cursor is None or isinstance(cursor, CursorParams)):
             raise ValueError(f"cursor must be a refdec.CursorParams, True, False or None, got {cursor!r}")
@@ -219,10 +215,7 @@ class Proposer:
     def propose(self, max_nodes: int) -> DraftTree:
         """Best-first draft tree of at most ``max_nodes`` nodes continuing the context (may be empty)."""
         core = self._require_started()
-        if (type(max_nodes) is not int and (isinstance(max_nodes, bool) or not isinstance(max_nodes, np.integer))
-                or max_nodes < 0):
-            raise ValueError(f"max_nodes must be a non-negative integer, got {max_nodes!r}")
-        draft = core.propose(int(max_nodes))  # refdec._C.DraftArrays
+        draft = core.propose(check_int("max_nodes", max_nodes, 0))  # refdec._C.DraftArrays
         return DraftTree._trusted(draft.token_ids, draft.parents, draft.scores, draft.source_ids, self.source_names)
 
     @staticmethod
@@ -245,10 +238,8 @@ class Proposer:
         ``num_threads`` > 1 drafts contiguous runs of at least 16 requests on that many threads
         (the same trees; the proposers must then be distinct objects). Threads pay where cores
         are idle while the batch drafts (a GPU server); on a CPU that also runs the model, 1."""
-        for name, value, lowest in (("max_nodes", max_nodes, 0), ("num_threads", num_threads, 1)):
-            if (type(value) is not int and (isinstance(value, bool) or not isinstance(value, np.integer))
-                    or value < lowest):
-                raise ValueError(f"{name} must be an integer >= {lowest}, got {value!r}")
+        max_nodes = check_int("max_nodes", max_nodes, 0)
+        num_threads = check_int("num_threads", num_threads, 1)
         cores = []
         for r, proposer in enumerate(proposers):
             core = proposer._core if isinstance(proposer, Proposer) else None
@@ -263,10 +254,10 @@ class Proposer:
         if len(new_tokens) != len(cores):
             raise ValueError(f"new_tokens must hold one array per proposer ({len(cores)}), got {len(new_tokens)}")
         try:
-            arrays = _C.step_batch(cores, new_tokens, int(max_nodes), int(num_threads))
+            arrays = _C.step_batch(cores, new_tokens, max_nodes, num_threads)
         except TypeError:  # not all C-contiguous int32 arrays: checked and converted, each named
             new_tokens = [as_token_ids(t, f"new_tokens[{r}]") for r, t in enumerate(new_tokens)]
-            arrays = _C.step_batch(cores, new_tokens, int(max_nodes), int(num_threads))
+            arrays = _C.step_batch(cores, new_tokens, max_nodes, num_threads)
         return DraftBatch(*arrays, source_names=Proposer.source_names)
 
     def accept(self, tokens: np.ndarray) -> None:

@@ -5,6 +5,9 @@ vocabulary of 262,144 does not fit 16 bits), and below the model's vocabulary
 size where one is known. A sequence of them arrives as a list or tuple of ints,
 a 1-D numpy integer array or a 1-D torch integer tensor; strings, floats, bools
 and nested shapes are refused with a message that names the argument.
+
+An integer argument (a count, a size, an index) is checked by :func:`check_int`:
+a Python or numpy integer, never a bool.
 """
 
 from __future__ import annotations
@@ -13,7 +16,7 @@ import numbers
 
 import numpy as np
 
-__all__ = ["MAX_TOKEN_ID", "as_token_ids", "is_int"]
+__all__ = ["MAX_TOKEN_ID", "as_token_ids", "check_int", "is_int"]
 
 MAX_TOKEN_ID = 2**31 - 1
 
@@ -21,6 +24,19 @@ MAX_TOKEN_ID = 2**31 - 1
 def is_int(value) -> bool:
     """An integer (Python or numpy), not a bool."""
     return isinstance(value, numbers.Integral) and not isinstance(value, bool)
+
+
+def check_int(name: str, value, lowest: int | None = None, highest: int | None = None) -> int:
+    """``value`` as an int: an integer (Python or numpy, not a bool) in ``[lowest, highest]``
+    (None = unbounded). Anything else is a ValueError naming ``name``, the value and the range."""
+    if (type(value) is int or is_int(value)) and (lowest is None or value >= lowest) and (  # type(): fast path
+            highest is None or value <= highest):
+        return int(value)
+    if highest is None:
+        expected = "an int" if lowest is None else f"an int >= {lowest}"
+    else:
+        expected = f"an int <= {highest}" if lowest is None else f"an int in [{lowest}, {highest}]"
+    raise ValueError(f"{name} must be {expected}, got {value!r}")
 
 
 def as_token_ids(tokens, name: str = "tokens", *, vocab_size: int | None = None, dtype=np.int32) -> np.ndarray:

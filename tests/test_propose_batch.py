@@ -113,9 +113,9 @@ def test_bad_arguments_name_themselves():
         Proposer.propose_batch(["not a proposer"], 8)
     with pytest.raises(ValueError, match="new_tokens must hold one array per proposer"):
         Proposer.propose_batch(proposers, 8, [np.zeros(0, np.int32)])
-    with pytest.raises(ValueError, match="max_nodes must be an integer >= 0"):
+    with pytest.raises(ValueError, match="max_nodes must be an int >= 0, got -1"):
         Proposer.propose_batch(proposers, -1)
-    with pytest.raises(ValueError, match="num_threads must be an integer >= 1"):
+    with pytest.raises(ValueError, match="num_threads must be an int >= 1, got 0"):
         Proposer.propose_batch(proposers, 8, num_threads=0)
     with pytest.raises(ValueError, match=r"new_tokens\[0\] must be a 1-D array of token ids, got 2 dimensions"):
         Proposer.propose_batch(proposers, 8, [np.zeros((2, 2), np.int32), np.zeros(0, np.int32)])

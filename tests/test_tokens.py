@@ -1,15 +1,25 @@
 """Specifies refdec.tokens, the one validator of token ids at refdec's boundary: ``as_token_ids``
 takes a list or tuple of ints, a 1-D integer numpy array or a 1-D integer torch tensor, returns a
 C-contiguous array of the asked dtype, and refuses anything else with a ValueError that names the
-argument; ids lie in [0, 2**31), or in [0, vocab_size) when a vocabulary size is given."""
+argument; ids lie in [0, 2**31), or in [0, vocab_size) when a vocabulary size is given. An integer
+argument is checked by ``check_int`` (``is_int``): a Python or numpy integer, never a bool."""
 
 from __future__ import annotations
+
+import json
 
 import numpy as np
 import pytest
 import torch
 
-from refdec.tokens import MAX_TOKEN_ID, as_token_ids, is_int
+from refdec.acceptance import AcceptanceTable
+from refdec.budget import AutoBudget
+from refdec.cost_curve import CostCurve
+from refdec.decode.cache import new_cache, set_prefill_window
+from refdec.index import CorpusIndex
+from refdec.proposer import Proposer
+from refdec.tokens import MAX_TOKEN_ID, as_token_ids, check_int, is_int
+from refdec.vllm.options import speculative_config
 
 
 @pytest.mark.parametrize("tokens", [[5, 0, 7], (5, 0, 7), [np.int64(5), np.int32(0), 7], np.array([5, 0, 7], np.int16),
@@ -100,3 +110,55 @@ def test_a_none_in_a_list_is_an_error_naming_the_argument():
                                              (None, False)])
 def test_is_int_accepts_python_and_numpy_integers_but_not_bools(value, expected):
     assert is_int(value) is expected
+
+
+@pytest.mark.parametrize("value, lowest, highest, message", [
+    (True, None, None, r"n must be an int, got True"),
+    (2.0, 0, None, r"n must be an int >= 0, got 2.0"),
+    (-1, 0, None, r"n must be an int >= 0, got -1"),
+    (np.int64(9), None, 8, r"n must be an int <= 8, got np.int64\(9\)"),
+    ("3", 1, 8, r"n must be an int in \[1, 8\], got '3'"),
+    (None, 1, 8, r"n must be an int in \[1, 8\], got None"),
+])
+def test_check_int_refuses_anything_but_an_integer_in_range_naming_the_argument_the_value_and_the_range(
+        value, lowest, highest, message):
+    with pytest.raises(ValueError, match=message):
+        check_int("n", value, lowest, highest)
+
+
+@pytest.mark.parametrize("value", [3, np.int64(3), np.uint8(3), np.int32(3)])
+def test_check_int_returns_a_python_int(value):
+    out = check_int("n", value, 0, 3)
+    assert out == 3 and type(out) is int
+
+
+def _corpus_document(doc_idx):
+    return CorpusIndex.build([[0], [0]], show_progress=False).document(doc_idx)
+
+
+# Every integer argument means the same (check_int / is_int): a Python or numpy integer, never a
+# bool or a float, refused with a message naming the argument and the value.
+INTEGER_ARGUMENTS = {
+    "max_nodes": lambda v: AutoBudget(max_nodes=v),
+    "n_sources": lambda v: AcceptanceTable(n_sources=v),
+    "max_depth": lambda v: Proposer(max_depth=v),
+    "backoff": lambda v: Proposer(backoff=v),
+    "vocab_size": lambda v: CorpusIndex.build([[0]], vocab_size=v, show_progress=False),
+    "doc_idx": _corpus_document,
+    "head_chunk_rows": lambda v: CostCurve((0, 1), (1.0, 1.0), None, 0.1, v),
+    "window": lambda v: set_prefill_window(new_cache(), [], v),
+    "num_speculative_tokens": speculative_config,
+}
+
+
+@pytest.mark.parametrize("name", INTEGER_ARGUMENTS)
+def test_every_integer_argument_takes_numpy_integers_and_refuses_bools_and_floats(name):
+    call = INTEGER_ARGUMENTS[name]
+    call(np.int64(1))
+    for bad in (True, 1.0):
+        with pytest.raises(ValueError, match=rf"{name} must be an int.*, got {bad!r}"):
+            call(bad)
+
+
+def test_a_numpy_num_speculative_tokens_gives_a_json_config():
+    assert json.loads(json.dumps(speculative_config(np.int64(8))))["num_speculative_tokens"] == 8

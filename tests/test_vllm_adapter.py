@@ -262,7 +262,7 @@ def test_server_options_refuse_bad_values_naming_the_variable(env, message):
 def test_speculative_config():
     assert rv.speculative_config(8) == {"method": "custom_class", "model": "refdec.vllm.Proposer",
                                         "num_speculative_tokens": 8}
-    with pytest.raises(ValueError, match="num_speculative_tokens must be an integer >= 1"):
+    with pytest.raises(ValueError, match="num_speculative_tokens must be an int >= 1, got 0"):
         rv.speculative_config(0)
 
 

@@ -28,6 +28,8 @@ import torch.nn.functional as F
 from transformers import DynamicCache
 from transformers.cache_utils import DynamicLayer
 
+from refdec.tokens import is_int
+
 _MIN_CAPACITY = 256
 
 
@@ -132,7 +134,7 @@ def set_prefill_window(cache: DynamicCache, layer_indices: list[int], window: in
     """Sets ``prefill_window`` of the given (sliding-window) layers of a :func:`new_cache`
     cache that exist yet; ``None`` turns it off. Between the chunks of a prefill, so that
     a sliding layer's attention reads ``window - 1 + chunk`` keys instead of all of them."""
-    if window is not None and (isinstance(window, bool) or not isinstance(window, int) or window < 1):
+    if window is not None and (not is_int(window) or window < 1):
         raise ValueError(f"window must be an int >= 1 or None, got {window!r}")
     for layer_idx in layer_indices:
         if layer_idx < len(cache.layers) and isinstance(cache.layers[layer_idx], GrowingLayer):

@@ -43,7 +43,7 @@ from refdec.decode.settings import (check_index_tokenizer, check_retrieve, logit
 from refdec.decode.stops import StopChecker
 from refdec.index import CorpusIndex, ShardedIndex
 from refdec.proposer import Drafter, Proposer
-from refdec.tokens import is_int
+from refdec.tokens import check_int, is_int
 
 __all__ = ["SpeculativeDecoder", "generate", "make_backend"]
 
@@ -101,15 +101,13 @@ class SpeculativeDecoder:
 
     def __init__(self, model, tokenizer=None, index=None, *, max_depth: int = 64, proposer_factory=None,
                  prefill_chunk: int | None = 512) -> None:
-        if not is_int(max_depth) or max_depth < 1:
-            raise ValueError(f"max_depth must be an int >= 1, got {max_depth!r}")
+        self.max_depth = check_int("max_depth", max_depth, 1)  # the engine's depth limit too, whatever the drafter
         if prefill_chunk is not None and (not is_int(prefill_chunk) or prefill_chunk < 1):
             raise ValueError(f"prefill_chunk must be an int >= 1 or None, got {prefill_chunk!r}")
         self.prefill_chunk = None if prefill_chunk is None else int(prefill_chunk)
         self.model = model
         self.tokenizer = tokenizer
         self.index = index
-        self.max_depth = int(max_depth)
         self.proposer_factory = proposer_factory or default_proposer_factory
         self.backend = make_backend(model)
         if tokenizer is None:  # a llama.cpp model brings its own (refdec.llama_cpp.tokenizer)
@@ -200,8 +198,7 @@ class SpeculativeDecoder:
                     raise ValueError(f"attention_mask for a single prompt must be all ones of its length "
                                      f"{prompts[0].size}, got shape {tuple(mask.shape)} (pass a padded [B, L] batch, "
                                      f"or a list of prompts)")
-        if not is_int(max_new_tokens) or max_new_tokens < 0:
-            raise ValueError(f"max_new_tokens must be an int >= 0, got {max_new_tokens!r}")
+        max_new_tokens = check_int("max_new_tokens", max_new_tokens, 0)
         validate_sampling(do_sample, temperature, top_k, top_p, None if isinstance(seed, (list, tuple)) else seed,
                           min_p)
         eos = eos_ids(eos_token_id, self.backend, self.vocab_size)
@@ -293,9 +290,7 @@ class SpeculativeDecoder:
             pad_token_id = getattr(getattr(self.backend, "generation_config", None), "pad_token_id", None)
             if pad_token_id is None:
                 pad_token_id = min(eos) if eos else 0
-        if not is_int(pad_token_id) or pad_token_id < 0:
-            raise ValueError(f"pad_token_id must be an int >= 0, got {pad_token_id!r}")
-        return int(pad_token_id)
+        return check_int("pad_token_id", pad_token_id, 0)
 
     @staticmethod
     def _output(requests: list[Request], stats: DecodingStats, padded: np.ndarray | None, pad_token_id,

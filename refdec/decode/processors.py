@@ -17,6 +17,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from refdec.tokens import is_int
 from refdec.tree import DraftTree
 
 __all__ = ["PathLogitsProcessor", "path_tokens"]
@@ -183,7 +184,7 @@ def _ban(scores: torch.Tensor, banned: set[int]) -> None:
 
 def _is_token_id(value) -> bool:
     """An int (not a bool) >= 0."""
-    return isinstance(value, (int, np.integer)) and not isinstance(value, bool) and value >= 0
+    return is_int(value) and value >= 0
 
 
 def _id_set(ids, name: str) -> set[int]:

@@ -7,6 +7,8 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+from refdec.tokens import check_int
+
 __all__ = ["DRAFT_KEY", "PROPOSER_CLASS", "REFERENCES_KEY", "RequestOptions", "ServerOptions",
            "parse_request_options", "prediction_text", "speculative_config"]
 
@@ -36,9 +38,7 @@ _OFF = ("0", "off", "false", "no")
 def speculative_config(num_speculative_tokens: int = 16) -> dict:
     """The ``speculative_config`` that makes vLLM draft with refdec (``vllm.LLM(...,
     speculative_config=...)``; the same dict as JSON for ``vllm serve --speculative-config``)."""
-    if isinstance(num_speculative_tokens, bool) or not isinstance(num_speculative_tokens, int) \
-            or num_speculative_tokens < 1:
-        raise ValueError(f"num_speculative_tokens must be an integer >= 1, got {num_speculative_tokens!r}")
+    num_speculative_tokens = check_int("num_speculative_tokens", num_speculative_tokens, 1)
     return {"method": "custom_class", "model": PROPOSER_CLASS, "num_speculative_tokens": num_speculative_tokens}
 
 
