@@ -1,5 +1,7 @@
 // Python bindings (module refdec._C). The only file that includes pybind11:
 // argument conversion, GIL release and error translation, nothing else.
+// Drafting sizes (max_depth, max_nodes) are checked in Python (refdec.Proposer),
+// not here: a size <= 0 drafts nothing (DraftTreeBuilder::build).
 #include <pybind11/numpy.h>
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
@@ -421,11 +423,7 @@ PYBIND11_MODULE(_C, m) {
       .def_readonly("weight", &CopyCandidate::weight);
 
   py::class_<ProposerCore>(m, "ProposerCore")
-      .def(py::init([](int32_t max_depth) {
-             if (max_depth < 1) throw std::invalid_argument("max_depth must be >= 1, got " + std::to_string(max_depth));
-             return std::make_unique<ProposerCore>(max_depth);
-           }),
-           py::arg("max_depth"))
+      .def(py::init<int32_t>(), py::arg("max_depth"))
       .def("set_context", &ProposerCore::set_context, py::arg("sam"), py::arg("params"), py::arg("source_id"),
            py::arg("loop_decay") = 1.0f, py::keep_alive<1, 2>())
       .def(
@@ -452,7 +450,6 @@ PYBIND11_MODULE(_C, m) {
            py::arg("tokens").noconvert(), "tokens: a C-contiguous int32 array (anything else is a TypeError)")
       .def("propose",
            [](ProposerCore& p, int32_t max_nodes) {
-             if (max_nodes < 0) throw std::invalid_argument("max_nodes must be >= 0, got " + std::to_string(max_nodes));
              DraftResult r;
              {
                py::gil_scoped_release release;
@@ -564,8 +561,6 @@ PYBIND11_MODULE(_C, m) {
   testing.def(
       "build_draft",
       [](const std::vector<DraftSource>& sources, int32_t max_nodes, int32_t max_depth) {
-        if (max_nodes < 0) throw std::invalid_argument("max_nodes must be >= 0, got " + std::to_string(max_nodes));
-        if (max_depth < 0) throw std::invalid_argument("max_depth must be >= 0, got " + std::to_string(max_depth));
         DraftResult r;
         {
           py::gil_scoped_release release;

@@ -104,6 +104,8 @@ class DraftTreeBuilder {
   // near-root matches).
   static constexpr size_t kMaxFanout = 256;
 
+  // The tree of at most max_nodes nodes, none deeper than max_depth (empty
+  // when either is <= 0).
   void build(const std::vector<DraftSource>& sources, int32_t max_nodes, int32_t max_depth, DraftResult* out);
   // Score factor per level: a node at depth d scores (combined score) * decay^d
   // (1 = none). Below 1 a deep chain yields budget to near-root alternatives.

@@ -57,6 +57,7 @@ constexpr size_t kMinRequestsPerThread = 16;
 
 class ProposerCore {
  public:
+  // max_depth: the deepest node of a draft (< 1: every draft is empty).
   explicit ProposerCore(int32_t max_depth) : max_depth_(max_depth) {}
 
   // Sets the live-context source (at most one); loop_decay as DraftSource::loop_decay.
@@ -89,7 +90,7 @@ class ProposerCore {
     backoff_ = backoff;
     min_backoff_len_ = min_backoff_len;
   }
-  // Best-first draft tree of at most max_nodes nodes.
+  // Best-first draft tree of at most max_nodes nodes (none when max_nodes <= 0).
   void propose(int32_t max_nodes, DraftResult* out);
   // One source's match: the longest suffix of the context that occurs in it
   // with a continuation.

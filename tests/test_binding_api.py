@@ -152,6 +152,39 @@ def test_a_draft_crosses_as_named_int32_and_float32_arrays():
         _C.testing.DraftSource(view=sam, state=10**6, match_len=2)
 
 
+# Drafting sizes are checked once, in Python (refdec.Proposer: a ValueError naming the argument
+# and the value); the core takes any int32 and drafts nothing for a size <= 0.
+
+
+@pytest.mark.parametrize("kwargs, message", [(dict(max_depth=0), "max_depth must be an int >= 1, got 0"),
+                                             (dict(max_depth=True), "max_depth must be an int >= 1, got True")])
+def test_a_bad_max_depth_is_refused_by_the_proposer_naming_it(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        Proposer(**kwargs)
+
+
+@pytest.mark.parametrize("bad", [-1, True, 2.0])
+def test_a_bad_max_nodes_is_refused_by_the_proposer_naming_it(bad):
+    proposer = Proposer()
+    proposer.start(arr([1, 2, 1]))
+    with pytest.raises(ValueError, match=f"max_nodes must be an int >= 0, got {bad!r}"):
+        proposer.propose(bad)
+
+
+def test_the_core_drafts_nothing_for_a_size_of_zero_or_less():
+    sam = _C.SuffixAutomaton()
+    sam.add_document(arr([1, 2, 3]))
+    source = _C.testing.DraftSource(view=sam, state=sam.find_state(arr([1, 2])), match_len=2)
+    for max_nodes, max_depth in ((0, 4), (-1, 4), (4, 0), (4, -1)):
+        assert len(_C.testing.build_draft([source], max_nodes=max_nodes, max_depth=max_depth).token_ids) == 0
+    assert len(_C.testing.build_draft([source], max_nodes=4, max_depth=4).token_ids) == 1
+    for max_depth, max_nodes, drafted in ((0, 8, 0), (8, -1, 0), (8, 0, 0), (8, 8, 8)):
+        core = _C.ProposerCore(max_depth)
+        core.set_context(ContextIndex().automaton, SourceParams(), 0, 1.0)
+        core.feed(arr([1, 2, 1]))
+        assert len(core.propose(max_nodes).token_ids) == drafted
+
+
 def test_the_core_reports_matches_by_source_id_and_the_cursor_by_name():
     proposer = Proposer(references=[arr([5, 6, 7, 8])], cursor=True)
     proposer.start(arr([1]))
