@@ -425,7 +425,7 @@ PYBIND11_MODULE(_C, m) {
   py::class_<ProposerCore>(m, "ProposerCore")
       .def(py::init<int32_t>(), py::arg("max_depth"))
       .def("set_context", &ProposerCore::set_context, py::arg("sam"), py::arg("params"), py::arg("source_id"),
-           py::arg("loop_decay") = 1.0f, py::keep_alive<1, 2>())
+           py::arg("loop_decay"), py::keep_alive<1, 2>())
       .def(
           "add_matcher_source",
           [](ProposerCore& p, const AutomatonView* view, const SourceParams& params, int32_t source_id) {
@@ -477,6 +477,20 @@ PYBIND11_MODULE(_C, m) {
             return out;
           },
           "{source_id: match length}");
+
+  // Drafting defaults (csrc/proposer_core.h).
+  m.def(
+      "default_source_params",
+      [] {
+        py::dict out;
+        out["context"] = kContextParams;
+        out["reference"] = kReferenceParams;
+        out["corpus"] = kCorpusParams;
+        return out;
+      },
+      "{source name: SourceParams}: each source's default confidence (new copies on every call).");
+  m.attr("LOOP_DECAY") = shortest_double(kLoopDecay);
+  m.attr("EDITING_LOOP_DECAY") = shortest_double(kEditingLoopDecay);
 
   m.def(
       "step_batch",

@@ -15,6 +15,27 @@
 
 namespace refdec {
 
+// Drafting defaults, stated only here (refdec.Proposer reads them through the
+// binding: refdec._C.default_source_params(), LOOP_DECAY, EDITING_LOOP_DECAY).
+//
+// Root confidence of each kind of source (source_confidence()): the live
+// context and a request's references from short matches on; a corpus a little
+// less, and from longer matches (a short match in a large corpus says little).
+inline constexpr SourceParams kContextParams{};  // weight 1, half_len 2
+inline constexpr SourceParams kReferenceParams{};
+inline constexpr SourceParams kCorpusParams{0.9f, 4.0f};
+// set_context's loop_decay: the score factor of each draft token a live-context
+// copy takes from the draft itself (a loop). It depends on the mode, which the
+// caller knows (refdec.Proposer: cursor=), so set_context has no default.
+// Chat outputs: 0.7 (1.0 loses 4-12% tokens/step on Spec-Bench/MT-Bench,
+// benchmarks/RESULTS.md section 3). Editing mode (a copy cursor): 1.0, no
+// decay: when a model repeats a block of the file it keeps repeating it
+// (edits-click, the default model's own outputs: 389 -> 308 verify passes over
+// the 10 e2e pairs; the true edited files: 41.57 -> 41.56 tokens/step at 64
+// nodes, neutral).
+inline constexpr float kLoopDecay = 0.7f;
+inline constexpr float kEditingLoopDecay = 1.0f;
+
 // Holds the sources of one request. The context source is a SuffixAutomaton
 // that feed() extends (its match is link(last): the longest suffix of the
 // context that occurred before with a continuation); every other source is

@@ -79,21 +79,13 @@ class Drafter(Protocol):
 
 _NO_TOKENS = np.zeros(0, np.int32)
 
-DEFAULT_PARAMS = {
-    "context": SourceParams(weight=1.0, half_len=2.0),
-    "reference": SourceParams(weight=1.0, half_len=2.0),
-    "corpus": SourceParams(weight=0.9, half_len=4.0),
-}
+# The defaults live in C++ (csrc/proposer_core.h, with why): {source name: SourceParams}, and the
+# score factor of each draft token a context copy takes from the draft itself (a loop), without
+# and with the copy cursor (editing mode).
+DEFAULT_PARAMS = _C.default_source_params()
+LOOP_DECAY = _C.LOOP_DECAY
+EDITING_LOOP_DECAY = _C.EDITING_LOOP_DECAY
 
-
-# A context copy that runs past the context's end continues with the draft itself (a loop);
-# each such token's score is scaled by the loop decay. Chat outputs: 0.7 (1.0 loses 4-12%
-# tokens/step on Spec-Bench/MT-Bench, benchmarks/RESULTS.md section 3). Editing mode: 1.0,
-# no decay: when a model repeats a block of the file it keeps repeating it (edits-click, the
-# default model's own outputs: 389 -> 308 verify passes over the 10 e2e pairs; the true
-# edited files: 41.57 -> 41.56 tokens/step at 64 nodes, neutral).
-LOOP_DECAY = 0.7
-EDITING_LOOP_DECAY = 1.0
 
 def frames_reference(prompt: np.ndarray, reference: np.ndarray, head: int = 8, tail: int = 2) -> bool:
     """Whether ``prompt`` (int32 [L]) holds the first ``head`` tokens of ``reference`` (int32 [R])

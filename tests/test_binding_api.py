@@ -108,6 +108,22 @@ def test_a_proposer_keeps_its_own_copies_of_the_params_it_was_given():
     assert Proposer().params["context"].weight == 1.0
 
 
+def test_the_drafting_defaults_are_stated_once_in_cpp_and_a_proposer_uses_them():
+    # csrc/proposer_core.h: kContextParams, kReferenceParams, kCorpusParams, kLoopDecay, kEditingLoopDecay
+    assert _C.default_source_params() == {"context": SourceParams(weight=1.0, half_len=2.0),
+                                          "reference": SourceParams(weight=1.0, half_len=2.0),
+                                          "corpus": SourceParams(weight=0.9, half_len=4.0)}
+    assert (_C.LOOP_DECAY, _C.EDITING_LOOP_DECAY) == (0.7, 1.0)
+    assert DEFAULT_PARAMS == _C.default_source_params() and DEFAULT_PARAMS is not _C.default_source_params()
+    assert Proposer().params == DEFAULT_PARAMS and Proposer().loop_decay == _C.LOOP_DECAY
+    assert Proposer(cursor=True).loop_decay == _C.EDITING_LOOP_DECAY
+
+
+def test_the_core_takes_no_default_loop_decay_since_it_depends_on_the_mode():
+    with pytest.raises(TypeError, match="loop_decay"):
+        _C.ProposerCore(8).set_context(ContextIndex().automaton, SourceParams(), 0)
+
+
 def test_a_source_params_value_of_another_type_is_refused_naming_it():
     with pytest.raises(ValueError, match=r"params\['corpus'\] must be a refdec.proposer.SourceParams, got \(0.9, 4.0\)"):
         Proposer(params={"corpus": (0.9, 4.0)})
