@@ -23,7 +23,7 @@ Workloads: ``edits`` = the first 10 pairs of edits-click.jsonl (the prompt frame
 file as refdec's edit template does, up to 512 new tokens); ``chat`` = the first 10 MT-Bench
 first turns in Gemma's turn format (up to 256 new tokens).
 
-``--drafting-cost`` (no server): refdec's adapter (refdec.vllm.Proposer) against a stand-in for
+``--drafting-cost`` (no server): refdec's adapter (refdec.vllm.VllmProposer) against a stand-in for
 vLLM's runner, B concurrent edit requests (references = the original file), each step every
 request fed the tokens the updated file continues with (accepted draft + 1); reports the time of
 one step's drafting for the whole batch (p50 / p99) at each B.
@@ -342,7 +342,7 @@ class _StandInRunner:
 def drafting_cost(args) -> dict:
     from refdec.vllm import proposer as vllm_proposer
     from refdec.models import load_tokenizer
-    from refdec.vllm import Proposer
+    from refdec.vllm import VllmProposer
 
     vllm_proposer.install_runner_hook = lambda: None  # in-process: no vLLM runner to hook
     tok = load_tokenizer()
@@ -361,7 +361,7 @@ def drafting_cost(args) -> dict:
                              model_config=SimpleNamespace(max_model_len=10**6, tokenizer=None))
     out = {"k": args.k, "load_before": os.getloadavg(), "batch_sizes": []}
     for b in (int(x) for x in args.batch_sizes.split(",")):
-        proposer = Proposer(config)
+        proposer = VllmProposer(config)
         proposer._tokenizer = tok
         # what vLLM's engine core does once started (vllm.utils.gc_utils.freeze_gc_heap): the
         # start-up heap (here transformers, the tokenizer, the data) leaves the collector's scans
@@ -416,7 +416,7 @@ def replay(args) -> dict:
 
     from refdec.vllm import proposer as vllm_proposer
     from refdec.models import load_tokenizer
-    from refdec.vllm import Proposer
+    from refdec.vllm import VllmProposer
 
     vllm_proposer.install_runner_hook = lambda: None
     tok = load_tokenizer()
@@ -453,7 +453,7 @@ def replay(args) -> dict:
                     os.environ["REFDEC_VLLM_DRAFT_COST"] = str(cost)
                 config = SimpleNamespace(speculative_config=SimpleNamespace(num_speculative_tokens=args.k),
                                          model_config=SimpleNamespace(max_model_len=10**6, tokenizer=None))
-                proposer = Proposer(config)
+                proposer = VllmProposer(config)
                 proposer._tokenizer = tok
                 proposer.acceptance = table
                 runner = _StandInRunner(proposer, [(prompt, reference if with_reference else None, output)],

@@ -5,6 +5,7 @@ are in test_vllm_engine.py (they need vLLM)."""
 
 from __future__ import annotations
 
+import importlib
 from types import SimpleNamespace
 
 import numpy as np
@@ -260,10 +261,20 @@ def test_server_options_refuse_bad_values_naming_the_variable(env, message):
 
 
 def test_speculative_config():
-    assert rv.speculative_config(8) == {"method": "custom_class", "model": "refdec.vllm.Proposer",
+    assert rv.speculative_config(8) == {"method": "custom_class", "model": "refdec.vllm.VllmProposer",
                                         "num_speculative_tokens": 8}
     with pytest.raises(ValueError, match="num_speculative_tokens must be an int >= 1, got 0"):
         rv.speculative_config(0)
+
+
+@pytest.mark.parametrize("dotted_path", [vllm_options.PROPOSER_CLASS, "refdec.vllm.Proposer",
+                                        "refdec.vllm.proposer.Proposer"])
+def test_the_proposer_class_resolves_by_its_name_and_by_its_old_name(dotted_path):
+    # vLLM imports a custom_class by its dotted path; configs written before the rename name
+    # refdec.vllm.Proposer (not refdec.Proposer, the per-request drafter)
+    module, name = dotted_path.rsplit(".", 1)
+    assert getattr(importlib.import_module(module), name) is rv.VllmProposer
+    assert rv.VllmProposer is not refdec.Proposer
 
 
 # ---------------------------------------------------------------------------------------------
@@ -339,7 +350,7 @@ def make_proposer(monkeypatch):
             monkeypatch.setenv(name, value)
         config = SimpleNamespace(speculative_config=SimpleNamespace(num_speculative_tokens=k),
                                  model_config=SimpleNamespace(max_model_len=256, tokenizer=None))
-        proposer = rv.Proposer(config)
+        proposer = rv.VllmProposer(config)
         proposer._tokenizer = FakeTokenizer()
         return proposer
     return make
@@ -591,7 +602,7 @@ def _index_proposer(make_proposer, monkeypatch, tmp_path, index_paths):
     monkeypatch.setenv("REFDEC_VLLM_INDEX", ":".join(str(p) for p in index_paths))
     config = SimpleNamespace(speculative_config=SimpleNamespace(num_speculative_tokens=8),
                              model_config=SimpleNamespace(max_model_len=256, tokenizer=str(tmp_path / "tok")))
-    return rv.Proposer(config)
+    return rv.VllmProposer(config)
 
 
 def test_corpus_index_drafts_for_requests_without_references(make_proposer, monkeypatch, tmp_path):

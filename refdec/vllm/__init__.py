@@ -1,9 +1,9 @@
 """refdec as the speculative proposer inside vLLM.
 
-vLLM loads :class:`Proposer` through its ``custom_class`` speculative method::
+vLLM loads :class:`VllmProposer` through its ``custom_class`` speculative method::
 
     vllm serve MODEL --speculative-config \\
-        '{"method": "custom_class", "model": "refdec.vllm.Proposer", "num_speculative_tokens": 16}'
+        '{"method": "custom_class", "model": "refdec.vllm.VllmProposer", "num_speculative_tokens": 16}'
     vllm.LLM(model=..., speculative_config=refdec.vllm.speculative_config(16))
 
 vLLM owns the loop (continuous batching, tensor/pipeline parallelism) and verifies ONE chain
@@ -52,10 +52,10 @@ edited) and ``refdec_draft`` (false / 0 / "off": no drafts for this request). Ot
 from refdec.vllm.options import (DRAFT_KEY, PROPOSER_CLASS, REFERENCES_KEY, RequestOptions, ServerOptions,
                                  parse_request_options, prediction_text, speculative_config)
 from refdec.vllm.chain import best_chain, token_price, walk_trees
-from refdec.vllm.proposer import Proposer, load_index
+from refdec.vllm.proposer import Proposer, VllmProposer, load_index  # Proposer: its old name
 
 __all__ = [
-    "Proposer", "ServerOptions", "RequestOptions", "best_chain", "load_index", "parse_request_options",
+    "VllmProposer", "ServerOptions", "RequestOptions", "best_chain", "load_index", "parse_request_options",
     "token_price", "walk_trees",
     "prediction_text", "speculative_config", "PROPOSER_CLASS", "REFERENCES_KEY", "DRAFT_KEY",
 ]

@@ -12,7 +12,7 @@ from refdec.tokens import check_int
 __all__ = ["DRAFT_KEY", "PROPOSER_CLASS", "REFERENCES_KEY", "RequestOptions", "ServerOptions",
            "parse_request_options", "prediction_text", "speculative_config"]
 
-PROPOSER_CLASS = "refdec.vllm.Proposer"
+PROPOSER_CLASS = "refdec.vllm.VllmProposer"
 REFERENCES_KEY = "refdec_references"
 DRAFT_KEY = "refdec_draft"
 REQUEST_KEYS = (REFERENCES_KEY, DRAFT_KEY)

@@ -15,7 +15,7 @@ exists (a vLLM version without one logs a warning and goes on without that part)
   ``usage.completion_tokens_details`` gets OpenAI's ``accepted_prediction_tokens`` (draft
   tokens vLLM accepted) and ``rejected_prediction_tokens`` (draft tokens it rejected).
 
-:func:`refdec.vllm.proposer.install_runner_hook` (installed by :class:`refdec.vllm.Proposer`
+:func:`refdec.vllm.proposer.install_runner_hook` (installed by :class:`refdec.vllm.VllmProposer`
 itself, in the worker that builds it) hands the proposer the batch's request ids before each
 ``propose``: vLLM's ``custom_class`` interface passes batch slots only.
 """

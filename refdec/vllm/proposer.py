@@ -18,7 +18,7 @@ from refdec.vllm.chain import choose_chains
 from refdec.vllm.hooks import wrap_once
 from refdec.vllm.options import ENV_INDEX, RequestOptions, ServerOptions, parse_request_options
 
-__all__ = ["Proposer", "install_runner_hook", "load_index"]
+__all__ = ["VllmProposer", "install_runner_hook", "load_index"]
 
 logger = logging.getLogger(__name__)
 
@@ -53,8 +53,8 @@ class _RequestDraft:
     num_accepted: int = 0
 
 
-class Proposer:
-    """vLLM's ``custom_class`` proposer: ``Proposer(vllm_config)``, then each step
+class VllmProposer:
+    """vLLM's ``custom_class`` proposer: ``VllmProposer(vllm_config)``, then each step
     ``propose(sampled_token_ids, num_tokens_no_spec, token_ids_cpu)`` -> one list of at most
     ``num_speculative_tokens`` token ids per batch slot (see the module docstring).
 
@@ -129,7 +129,7 @@ class Proposer:
         req_ids = self._batch_req_ids
         if req_ids is None:  # only if vLLM drafts past the hooked method: no drafts, never a wrong request's
             if not self._warned_unbound:
-                logger.error("refdec.vllm.Proposer.propose was called without the batch's request ids (the runner "
+                logger.error("refdec.vllm.VllmProposer.propose was called without the batch's request ids (the runner "
                              "hook refdec.vllm.proposer.install_runner_hook did not run): no drafts")
                 self._warned_unbound = True
             return [[] for _ in sampled_token_ids]
@@ -312,6 +312,9 @@ class Proposer:
                 for req_id, s in self._requests.items()}
 
 
+Proposer = VllmProposer  # the old name: speculative configs that name refdec.vllm.Proposer keep working
+
+
 # -- worker: the batch's request ids ----------------------------------------------------------
 
 
@@ -325,13 +328,13 @@ def install_runner_hook() -> None:
     if not hasattr(GPUModelRunner, "propose_draft_token_ids"):
         import vllm
 
-        raise RuntimeError(f"refdec.vllm.Proposer needs vLLM's GPUModelRunner.propose_draft_token_ids, which vLLM "
+        raise RuntimeError(f"refdec.vllm.VllmProposer needs vLLM's GPUModelRunner.propose_draft_token_ids, which vLLM "
                            f"{vllm.__version__} does not have (refdec is tested with vLLM 0.32)")
 
     def make(original):
         def propose_draft_token_ids(self, scheduler_output, *args, **kwargs):
             drafter = getattr(self, "drafter", None)
-            if isinstance(drafter, Proposer):
+            if isinstance(drafter, VllmProposer):
                 drafter.bind_batch(self.input_batch.req_ids, self.requests,
                                    getattr(scheduler_output, "finished_req_ids", ()),
                                    getattr(scheduler_output, "preempted_req_ids", None) or ())
