@@ -12,6 +12,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -32,6 +33,7 @@ namespace {
 using TokenArray = py::array_t<int32_t, py::array::c_style | py::array::forcecast>;
 // Taken with noconvert(): only a C-contiguous int32 array, no copy.
 using ExactTokenArray = py::array_t<int32_t, py::array::c_style>;
+using MinhashArray = py::array_t<uint32_t, py::array::c_style>;
 
 struct Tokens {
   const int32_t* data;
@@ -369,13 +371,31 @@ PYBIND11_MODULE(_C, m) {
   py::class_<FrozenIndex, AutomatonView>(m, "FrozenIndex")
       .def_static(
           "freeze",
-          [](SuffixAutomaton& sam, const std::string& fingerprint, uint32_t vocab_size, bool release_sam) {
+          [](SuffixAutomaton& sam, const std::string& fingerprint, uint32_t vocab_size, bool release_sam,
+             std::optional<MinhashArray> minhash_values, std::optional<MinhashArray> minhash_sizes,
+             uint32_t minhash_seed, uint32_t minhash_ngram) {
+            MinhashSignatures minhash;
+            if (minhash_values.has_value() != minhash_sizes.has_value())
+              throw std::invalid_argument("minhash_values and minhash_sizes must be given together");
+            if (minhash_values) {
+              if (minhash_values->ndim() != 2 || minhash_sizes->ndim() != 1 ||
+                  minhash_sizes->shape(0) != minhash_values->shape(0))
+                throw std::invalid_argument("minhash_values must be uint32 [num_documents, num_perm] and "
+                                            "minhash_sizes uint32 [num_documents]");
+              minhash = {static_cast<uint64_t>(minhash_values->shape(0)),
+                         static_cast<uint32_t>(std::min<py::ssize_t>(minhash_values->shape(1), UINT32_MAX)),
+                         minhash_seed, minhash_ngram, minhash_values->data(), minhash_sizes->data()};
+            }
+            const MinhashSignatures* with = minhash_values ? &minhash : nullptr;
             py::gil_scoped_release release;
-            return release_sam ? FrozenIndex::freeze_and_release(&sam, fingerprint, vocab_size)
-                               : FrozenIndex::freeze(sam, fingerprint, vocab_size);
+            return release_sam ? FrozenIndex::freeze_and_release(&sam, fingerprint, vocab_size, with)
+                               : FrozenIndex::freeze(sam, fingerprint, vocab_size, with);
           },
           py::arg("sam"), py::arg("fingerprint"), py::arg("vocab_size"), py::arg("release") = false,
-          "release=True frees the automaton's build structures while freezing (it cannot grow afterwards)")
+          py::arg("minhash_values") = py::none(), py::arg("minhash_sizes") = py::none(),
+          py::arg("minhash_seed") = 0, py::arg("minhash_ngram") = 0,
+          "release=True frees the automaton's build structures while freezing (it cannot grow afterwards); "
+          "minhash_* are the documents' MinHash signatures to store with the index")
       .def_static(
           "load",
           [](const std::string& path) {
@@ -401,6 +421,26 @@ PYBIND11_MODULE(_C, m) {
       .def_property_readonly("is_mapped", &FrozenIndex::is_mapped)
       .def_property_readonly("num_internal", &FrozenIndex::num_internal)
       .def_property_readonly("num_edges", &FrozenIndex::num_edges)
+      .def_property_readonly(
+          "minhash",
+          [](py::object self) -> py::object {
+            const FrozenIndex& f = self.cast<const FrozenIndex&>();
+            const FileHeader& h = f.header();
+            if (h.minhash_num_perm == 0) return py::none();
+            const auto rows = static_cast<py::ssize_t>(h.num_documents);
+            const auto* image = f.header_ptr();
+            // Views of the image whose base is the index (it stays mapped while they live).
+            MinhashArray values({rows, static_cast<py::ssize_t>(h.minhash_num_perm)},
+                                reinterpret_cast<const uint32_t*>(image + h.minhash_values.offset), self);
+            MinhashArray sizes({rows}, reinterpret_cast<const uint32_t*>(image + h.minhash_sizes.offset), self);
+            values.attr("setflags")(py::arg("write") = false);
+            sizes.attr("setflags")(py::arg("write") = false);
+            return py::dict(py::arg("num_perm") = h.minhash_num_perm, py::arg("seed") = h.minhash_seed,
+                            py::arg("ngram") = h.minhash_ngram, py::arg("values") = values,
+                            py::arg("sizes") = sizes);
+          },
+          "None, or the stored MinHash signatures: num_perm, seed, ngram, and read-only views of the image "
+          "values (uint32 [num_documents, num_perm]) and sizes (uint32 [num_documents])")
       .def_property_readonly("format_version", [](const FrozenIndex& f) { return f.header().version; })
       .def_property_readonly("checksum", [](const FrozenIndex& f) { return f.header().checksum; });
 

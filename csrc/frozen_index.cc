@@ -94,14 +94,15 @@ uint64_t body_checksum(const uint8_t* data, size_t size) {
 }
 
 std::unique_ptr<FrozenIndex> FrozenIndex::freeze(const SuffixAutomaton& sam, const std::string& fingerprint,
-                                                 uint32_t vocab_size) {
-  return freeze_impl(sam, nullptr, fingerprint, vocab_size);
+                                                 uint32_t vocab_size, const MinhashSignatures* minhash) {
+  return freeze_impl(sam, nullptr, fingerprint, vocab_size, minhash);
 }
 
 std::unique_ptr<FrozenIndex> FrozenIndex::freeze_and_release(SuffixAutomaton* sam, const std::string& fingerprint,
-                                                             uint32_t vocab_size) {
+                                                             uint32_t vocab_size,
+                                                             const MinhashSignatures* minhash) {
   try {
-    auto out = freeze_impl(*sam, sam, fingerprint, vocab_size);
+    auto out = freeze_impl(*sam, sam, fingerprint, vocab_size, minhash);
     sam->release();
     return out;
   } catch (...) {
@@ -111,10 +112,19 @@ std::unique_ptr<FrozenIndex> FrozenIndex::freeze_and_release(SuffixAutomaton* sa
 }
 
 std::unique_ptr<FrozenIndex> FrozenIndex::freeze_impl(const SuffixAutomaton& sam, SuffixAutomaton* release,
-                                                      const std::string& fingerprint, uint32_t vocab_size) {
+                                                      const std::string& fingerprint, uint32_t vocab_size,
+                                                      const MinhashSignatures* minhash) {
   if (fingerprint.size() > 64 || !valid_fingerprint(fingerprint))
     throw std::invalid_argument("fingerprint must be at most 64 hex digits, got '" + fingerprint + "'");
   if (sam.released()) throw std::invalid_argument("cannot freeze a released suffix automaton");
+  if (minhash != nullptr) {
+    if (minhash->num_perm < 2 || minhash->num_perm > kMaxMinhashPerm)
+      throw std::invalid_argument("minhash num_perm must be in [2, " + std::to_string(kMaxMinhashPerm) + "], got " +
+                                  std::to_string(minhash->num_perm));
+    if (minhash->num_documents != static_cast<uint64_t>(sam.num_documents()))
+      throw std::invalid_argument("minhash signatures have " + std::to_string(minhash->num_documents) +
+                                  " rows, the index " + std::to_string(sam.num_documents()) + " documents");
+  }
   const std::vector<uint32_t>& count = sam.counts();
   const int64_t n_states = sam.num_states();
   const int64_t n = sam.num_tokens();
@@ -165,6 +175,15 @@ std::unique_ptr<FrozenIndex> FrozenIndex::freeze_impl(const SuffixAutomaton& sam
     h.sections[i].offset = offset;
     h.sections[i].size = counts[i] * kElemSize[i];
     offset = align_up(offset + h.sections[i].size);
+  }
+  if (minhash != nullptr) {
+    h.minhash_num_perm = minhash->num_perm;
+    h.minhash_seed = minhash->seed;
+    h.minhash_ngram = minhash->ngram;
+    h.minhash_values = {offset, static_cast<uint64_t>(n_docs) * minhash->num_perm * 4};
+    offset = align_up(offset + h.minhash_values.size);
+    h.minhash_sizes = {offset, static_cast<uint64_t>(n_docs) * 4};
+    offset = align_up(offset + h.minhash_sizes.size);
   }
   h.file_size = offset;
 
@@ -230,6 +249,10 @@ std::unique_ptr<FrozenIndex> FrozenIndex::freeze_impl(const SuffixAutomaton& sam
   auto* doc_begins = reinterpret_cast<int64_t*>(section(kSecDocBegins));
   for (int64_t d = 0; d < n_docs; ++d) doc_begins[d] = sam.document_begin(d);
   doc_begins[n_docs] = n;
+  if (minhash != nullptr && n_docs) {
+    std::memcpy(base + h.minhash_values.offset, minhash->values, h.minhash_values.size);
+    std::memcpy(base + h.minhash_sizes.offset, minhash->sizes, h.minhash_sizes.size);
+  }
 
   // Step 7. Sort each state's edges by token.
   std::vector<Edge> edges;
@@ -365,6 +388,30 @@ void FrozenIndex::attach(const uint8_t* base, size_t size, const std::string& na
       fail(what + " offset " + std::to_string(sec.offset) + " overlaps the header or the previous section (ends at " +
            std::to_string(previous_end) + ")");
     previous_end = sec.offset + sec.size;
+  }
+  // Step 3b. The optional MinHash sections: all zero without them, else checked as the others.
+  if (h.minhash_num_perm == 0) {
+    if (h.minhash_seed || h.minhash_ngram || h.reserved1 || h.minhash_values.offset || h.minhash_values.size ||
+        h.minhash_sizes.offset || h.minhash_sizes.size)
+      fail("MinHash header fields are set but minhash_num_perm is 0");
+  } else {
+    if (h.reserved1 != 0) fail("reserved header field is not zero");
+    if (h.minhash_num_perm < 2 || h.minhash_num_perm > kMaxMinhashPerm)
+      fail("minhash_num_perm " + std::to_string(h.minhash_num_perm) + " is not in [2, " +
+           std::to_string(kMaxMinhashPerm) + "]");
+    const FileSection* sections[2] = {&h.minhash_values, &h.minhash_sizes};
+    const uint64_t expected[2] = {h.num_documents * h.minhash_num_perm * 4, h.num_documents * 4};
+    const char* names[2] = {"minhash_values", "minhash_sizes"};
+    for (int i = 0; i < 2; ++i) {
+      const FileSection& sec = *sections[i];
+      const std::string what = std::string("section ") + names[i];
+      if (sec.size != expected[i])
+        fail(what + " has " + std::to_string(sec.size) + " bytes, expected " + std::to_string(expected[i]));
+      if (sec.offset % kAlign != 0 || sec.offset < previous_end || sec.offset > size || sec.size > size - sec.offset)
+        fail(what + " offset " + std::to_string(sec.offset) + " (" + std::to_string(sec.size) +
+             " bytes) is unaligned, overlaps the previous section or lies outside the file");
+      previous_end = sec.offset + sec.size;
+    }
   }
   base_ = base;
   size_ = size;

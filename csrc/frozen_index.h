@@ -58,9 +58,31 @@ struct FileHeader {
   uint64_t checksum;           // body_checksum() of bytes [header_size, file_size)
   FileSection sections[kNumSections];  // one per SectionId
   uint64_t header_checksum;    // body_checksum() of the 512 header bytes with this field zeroed
-  uint8_t padding[512 - 8 - 4 - 4 - 64 - 4 - 4 - 8 * 6 - 16 * kNumSections - 8];  // zero
+  // Optional MinHash signatures of the documents (refdec.retrieval), after the
+  // other sections. Without them every field below is zero, as in the files
+  // written before they existed (a reader from before them rejects a file that
+  // has them: nonzero padding).
+  uint32_t minhash_num_perm;   // values per signature, in [2, kMaxMinhashPerm]; 0 = no signatures
+  uint32_t minhash_seed;       // permutation seed (datasketch MinHash)
+  uint32_t minhash_ngram;      // shingle length in tokens
+  uint32_t reserved1;          // zero
+  FileSection minhash_values;  // uint32 [num_documents, minhash_num_perm] one signature per document
+  FileSection minhash_sizes;   // uint32 [num_documents]  distinct shingles of each document
+  uint8_t padding[512 - 8 - 4 - 4 - 64 - 4 - 4 - 8 * 6 - 16 * kNumSections - 8 - 4 * 4 - 16 * 2];  // zero
 };
 static_assert(sizeof(FileHeader) == 512, "FileHeader must be 512 bytes");
+
+constexpr uint32_t kMaxMinhashPerm = 4096;
+
+// MinHash signatures to store with a frozen index (FileHeader::minhash_*).
+struct MinhashSignatures {
+  uint64_t num_documents = 0;        // rows: must equal the automaton's documents
+  uint32_t num_perm = 0;             // columns, in [2, kMaxMinhashPerm]
+  uint32_t seed = 0;
+  uint32_t ngram = 0;
+  const uint32_t* values = nullptr;  // [num_documents * num_perm], row-major
+  const uint32_t* sizes = nullptr;   // [num_documents]
+};
 
 constexpr uint32_t kFormatVersion = 1;
 
@@ -80,14 +102,16 @@ class FrozenIndex : public AutomatonView {
  public:
   // Freezes a mutable automaton into an in-memory buffer (an anonymous
   // mapping, filled section by section: untouched pages cost nothing).
+  // `minhash` (optional) is copied into the image.
   static std::unique_ptr<FrozenIndex> freeze(const SuffixAutomaton& sam, const std::string& fingerprint,
-                                             uint32_t vocab_size);
+                                             uint32_t vocab_size, const MinhashSignatures* minhash = nullptr);
   // Same, and frees the automaton's build structures as soon as each one has
   // been copied (transitions first, then states), so the peak is about the
   // automaton plus the edge sections rather than automaton plus image. The
   // automaton is left released (SuffixAutomaton::release()), even on error.
   static std::unique_ptr<FrozenIndex> freeze_and_release(SuffixAutomaton* sam, const std::string& fingerprint,
-                                                         uint32_t vocab_size);
+                                                         uint32_t vocab_size,
+                                                         const MinhashSignatures* minhash = nullptr);
   // Memory-maps a file and validates its header; throws IndexFormatError.
   static std::unique_ptr<FrozenIndex> load(const std::string& path);
   ~FrozenIndex() override;
@@ -131,7 +155,8 @@ class FrozenIndex : public AutomatonView {
  private:
   FrozenIndex() = default;
   static std::unique_ptr<FrozenIndex> freeze_impl(const SuffixAutomaton& sam, SuffixAutomaton* release,
-                                                  const std::string& fingerprint, uint32_t vocab_size);
+                                                  const std::string& fingerprint, uint32_t vocab_size,
+                                                  const MinhashSignatures* minhash);
   // Validates the header against the buffer and sets the section pointers.
   void attach(const uint8_t* base, size_t size, const std::string& name);
   bool is_leaf(int32_t state) const { return state >= num_internal_ && state < num_internal_ + num_tokens_; }

@@ -53,7 +53,19 @@ for _sec in range(NUM_SECTIONS):
     HEADER_FIELDS[f"section{_sec}.offset"] = (136 + 16 * _sec, "<Q")
     HEADER_FIELDS[f"section{_sec}.size"] = (144 + 16 * _sec, "<Q")
 HEADER_FIELDS["header_checksum"] = (136 + 16 * NUM_SECTIONS, "<Q")
-PADDING = (144 + 16 * NUM_SECTIONS, HEADER_SIZE)
+# The optional MinHash signatures (all zero without them).
+HEADER_FIELDS.update({
+    "minhash_num_perm": (288, "<I"),
+    "minhash_seed": (292, "<I"),
+    "minhash_ngram": (296, "<I"),
+    "reserved1": (300, "<I"),
+    "minhash_values.offset": (304, "<Q"),
+    "minhash_values.size": (312, "<Q"),
+    "minhash_sizes.offset": (320, "<Q"),
+    "minhash_sizes.size": (328, "<Q"),
+})
+MINHASH_FIELDS = [name for name in HEADER_FIELDS if name.startswith("minhash") or name == "reserved1"]
+PADDING = (336, HEADER_SIZE)
 
 _M64 = (1 << 64) - 1
 _P1, _P2, _P3, _P4, _P5 = (11400714785074694791, 14029467366897019727, 1609587929392839161,
@@ -193,6 +205,7 @@ def test_header_layout_matches_this_test(index_file, built):
     assert read_field(data, "file_size") == len(data)
     assert read_field(data, "vocab_size") == built.vocab_size
     assert read_field(data, "reserved0") == 0
+    assert all(read_field(data, name) == 0 for name in MINHASH_FIELDS)  # built without signatures
     assert data[PADDING[0] : PADDING[1]] == bytes(PADDING[1] - PADDING[0])
     assert reseal(data) == data, "the Python port of the header checksum disagrees with the C++ one"
     assert read_field(data, "checksum") == body_checksum(data[HEADER_SIZE:])
@@ -309,7 +322,7 @@ def _corruptions(name: str, value):
         return [1, 2**32 - 1]
     if name == "vocab_size":
         return [1, value + 1, 2**32 - 1]
-    limit = 2**32 - 1 if name in ("version", "header_size") else 2**64 - 1
+    limit = 2**32 - 1 if HEADER_FIELDS[name][1] == "<I" else 2**64 - 1
     candidates = [value + 1, value - 1 if value > 0 else 2, value + 64, limit, limit // 2 + 1]
     return [c for c in candidates if 0 <= c <= limit and c != value]
 
@@ -328,6 +341,7 @@ HEADER_FIELD_PROBLEMS = {
     "file_size": r"size|truncat|header|checksum",
     "checksum": r"checksum|header",
     "header_checksum": r"checksum|header",
+    "minhash_num_perm": r"minhash|section|header|checksum",
 }
 
 
@@ -376,6 +390,18 @@ def test_nonzero_header_padding_raises_index_format_error(tmp_path, index_file):
     path = tmp_path / "padding.refdec"
     path.write_bytes(bytes(data))
     assert_format_error(path, r"padding|reserved|header|checksum")
+
+
+# ---------------------------------------------------------------------------
+# MinHash signatures in the index file
+
+
+def test_freezing_with_signatures_of_another_document_count_is_refused():
+    sam = refdec._C.SuffixAutomaton()
+    sam.add_document(np.array([1, 2, 3], dtype=np.int32))
+    with pytest.raises(ValueError, match="minhash signatures have 2 rows, the index 1 documents"):
+        refdec._C.FrozenIndex.freeze(sam, "", 0, minhash_values=np.zeros((2, 4), np.uint32),
+                                     minhash_sizes=np.zeros(2, np.uint32))
 
 
 # ---------------------------------------------------------------------------
