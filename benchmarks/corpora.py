@@ -47,7 +47,11 @@ def corpus_index(name: str, *, show_progress: bool = False):
     path = CACHE_DIR / f"{name}-{_ids_digest(ids)}.refdec"
     if path.exists():
         try:
-            return refdec.CorpusIndex.load(str(path), tokens.tokenizer())
+            index = refdec.CorpusIndex.load(str(path), tokens.tokenizer())
+            if index.signatures is not None:
+                return index
+            print(f"rebuilding {path}: no MinHash signatures (written before the index file held them)",
+                  file=sys.stderr)
         except refdec.IndexFormatError as exc:  # e.g. written by an older format version
             print(f"rebuilding {path}: {exc}", file=sys.stderr)
     index = refdec.CorpusIndex.build(ids, tokens.tokenizer(), show_progress=show_progress, signatures=True)

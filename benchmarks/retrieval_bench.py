@@ -1,11 +1,10 @@
 """Benchmark refdec.retrieval on ~5,000 real source files (this Python's stdlib, then site-packages;
 ``data.read_stdlib`` / ``data.read_site_packages``).
 
-Measures: signature build throughput, deduplicate time and how much it drops,
-signature save/load, Retriever construction (the LSH Forest rebuild), top_k
-latency per request for both candidate modes, and candidate quality: how often
-the source document of a query is in the top-k, and recall of the true top-k
-(exact Jaccard against every document, computed by brute force for a sample).
+Measures: signature throughput, deduplicate time and how much it drops, the index file
+with and without the signatures (size, save, load), top_k latency per request, and
+candidate quality: how often the source document of a query is in the top-k, and recall of
+the true top-k (exact Jaccard against every document, by brute force for a sample).
 
 Tokenizer: a regex splitting words, single punctuation marks and whitespace
 runs, mapped to ids in order of first appearance. A BPE tokenizer gives
@@ -26,8 +25,9 @@ import time
 
 import numpy as np
 
+import refdec
 from benchmarks import data, report
-from refdec.retrieval import DocumentSignatures, Retriever, deduplicate, shingles, signature_path
+from refdec.retrieval import DocumentSignatures, Retriever, deduplicate, shingles
 
 _TOKEN = re.compile(r"\w+|[^\w\s]|\s+")
 
@@ -102,25 +102,27 @@ def main(argv=None) -> None:
     out["dedup_from_tokens_s"] = dt
 
     with tempfile.TemporaryDirectory() as tmp:
-        path = signature_path(os.path.join(tmp, "corpus.refdec"))
-        t = time.perf_counter()
-        sigs.save(path)
-        t_save = time.perf_counter() - t
-        t = time.perf_counter()
-        DocumentSignatures.load(path, num_docs=len(docs))
-        t_load = time.perf_counter() - t
-        size = os.path.getsize(path)
-    print(f"signature file: {size / 2**20:.2f} MiB, save {1e3 * t_save:.1f} ms, load (checksummed) {1e3 * t_load:.1f} ms")
-    out.update(sig_file_bytes=size, save_s=t_save, load_s=t_load)
+        sizes = {}
+        for signed in (False, True):
+            index = refdec.CorpusIndex.build(docs, show_progress=False, signatures=signed)
+            path = os.path.join(tmp, f"corpus-{signed}.refdec")
+            t = time.perf_counter()
+            index.save(path)
+            t_save = time.perf_counter() - t
+            t = time.perf_counter()
+            loaded = refdec.CorpusIndex.load(path)
+            loaded.signatures
+            t_load = time.perf_counter() - t
+            sizes[signed] = os.path.getsize(path)
+            print(f"index file {'with' if signed else 'without'} signatures: {sizes[signed] / 2**20:.2f} MiB, "
+                  f"save {1e3 * t_save:.1f} ms, load {1e3 * t_load:.1f} ms")
+            out[f"index_{'signed' if signed else 'plain'}"] = {"bytes": sizes[signed], "save_s": t_save,
+                                                               "load_s": t_load}
+            del index, loaded
 
-    retrievers = {}
-    for mode in ("scan", "forest"):
-        t = time.perf_counter()
-        retrievers[mode] = Retriever(sigs, docs.__getitem__, candidates=mode)
-        dt = time.perf_counter() - t
-        print(f"Retriever(candidates={mode!r}) construction (forest rebuild for 'forest'): {1e3 * dt:.1f} ms")
-        out[f"build_{mode}_s"] = dt
-    retrievers["scan16"] = Retriever(sigs, docs.__getitem__, candidates="scan", min_candidates=16, candidates_per_k=3)
+    t = time.perf_counter()
+    retriever = Retriever(sigs, docs.__getitem__)
+    print(f"Retriever construction: {1e3 * (time.perf_counter() - t):.1f} ms")
 
     # Queries: a 30-50 % slice of document j (files shorter than 64 tokens skipped), and a
     # 256-token window, closer to a prompt that quotes part of a long file.
@@ -134,57 +136,43 @@ def main(argv=None) -> None:
         start = int(rng.integers(0, doc.size - length + 1))
         queries.append((j, doc[start : start + length], "slice" if qi % 2 == 0 else "window256"))
 
-    runs = [(mode, r, "jaccard") for mode, r in retrievers.items()] + [("scan", retrievers["scan"], "containment")]
-    for mode, r, score in runs:
-        # cold: shingle sets of the candidates hashed per request; warm: second pass, all cached.
-        for label in ("cold", "warm"):
-            times, cpu, hits = [], [], {"slice": [0, 0], "window256": [0, 0]}
-            for j, q, kind in queries:
-                if label == "cold":
-                    r.clear_cache()
-                t, c = time.perf_counter(), time.process_time()
-                res = r.top_k(q, args.k, score=score)
-                times.append(time.perf_counter() - t)
-                cpu.append(time.process_time() - c)
-                hits[kind][0] += j in [d for d, _ in res]
-                hits[kind][1] += 1
-            hit_txt = ", ".join(f"{kind} {h}/{n}" for kind, (h, n) in hits.items())
-            print(
-                f"top_k(k={args.k}, {score}) {mode:6s} {label}: wall {percentiles(times)}; "
-                f"cpu p50 {1e3 * statistics.median(cpu):.2f} ms; source doc in top-k: {hit_txt}"
-            )
-            name = mode if score == "jaccard" else f"{mode}_{score}"
-            out[f"top_k_{name}_{label}_ms"] = {
-                "p50": 1e3 * statistics.median(times),
-                "p95": 1e3 * sorted(times)[int(0.95 * len(times))],
-                "cpu_p50": 1e3 * statistics.median(cpu),
-            }
-            out[f"hits_{name}"] = hits
+    for score in ("jaccard", "containment"):
+        times, cpu, hits = [], [], {"slice": [0, 0], "window256": [0, 0]}
+        for j, q, kind in queries:
+            t, c = time.perf_counter(), time.process_time()
+            res = retriever.top_k(q, args.k, score=score)
+            times.append(time.perf_counter() - t)
+            cpu.append(time.process_time() - c)
+            hits[kind][0] += j in [d for d, _ in res]
+            hits[kind][1] += 1
+        hit_txt = ", ".join(f"{kind} {h}/{n}" for kind, (h, n) in hits.items())
+        print(f"top_k(k={args.k}, {score}): wall {percentiles(times)}; cpu p50 {1e3 * statistics.median(cpu):.2f} ms; "
+              f"source doc in top-k: {hit_txt}")
+        out[f"top_k_{score}_ms"] = {
+            "p50": 1e3 * statistics.median(times),
+            "p95": 1e3 * sorted(times)[int(0.95 * len(times))],
+            "cpu_p50": 1e3 * statistics.median(cpu),
+        }
+        out[f"hits_{score}"] = hits
 
     # Recall of the true top-k (brute force exact Jaccard over every document).
     doc_shingles = [shingles(d) for d in docs]
-    recall = {mode: [] for mode in retrievers}
-    top1 = {mode: 0 for mode in retrievers}
-    shortfall = {mode: [] for mode in retrievers}  # sum of true top-k scores minus sum of returned
+    recall, top1, shortfall = [], 0, []  # shortfall: sum of true top-k scores minus sum of returned
     for j, q, _ in queries[: args.exact_queries]:
         qh = shingles(q)
         exact = np.array([exact_jaccard(qh, h) for h in doc_shingles])
         order = np.lexsort((np.arange(exact.size), -exact))
         truth = [int(i) for i in order[: args.k] if exact[i] > 0]
         kth = exact[truth[-1]] if truth else 0.0
-        for mode, r in retrievers.items():
-            got = r.top_k(q, args.k)
-            # a returned doc tied with the k-th true score counts as correct
-            recall[mode].append(sum(1 for d, s in got if s >= kth - 1e-12) / max(1, len(truth)))
-            top1[mode] += int(bool(got) and bool(truth) and got[0][1] >= exact[truth[0]] - 1e-12)
-            shortfall[mode].append(float(exact[truth].sum()) - sum(s for _, s in got))
-    for mode, vals in recall.items():
-        print(
-            f"vs brute force ({len(vals)} queries): {mode:6s} recall of exact top-{args.k} {np.mean(vals):.3f}, "
-            f"top-1 correct {top1[mode]}/{len(vals)}, "
-            f"mean (sum of true top-{args.k} Jaccard - sum returned) {np.mean(shortfall[mode]):.4f}"
-        )
-        out[f"recall_{mode}"], out[f"top1_{mode}"] = float(np.mean(vals)), top1[mode]
+        got = retriever.top_k(q, args.k)
+        # a returned doc tied with the k-th true score counts as correct
+        recall.append(sum(1 for d, s in got if s >= kth - 1e-12) / max(1, len(truth)))
+        top1 += int(bool(got) and bool(truth) and got[0][1] >= exact[truth[0]] - 1e-12)
+        shortfall.append(float(exact[truth].sum()) - sum(s for _, s in got))
+    print(f"vs brute force ({len(recall)} queries): recall of exact top-{args.k} {np.mean(recall):.3f}, "
+          f"top-1 correct {top1}/{len(recall)}, "
+          f"mean (sum of true top-{args.k} Jaccard - sum returned) {np.mean(shortfall):.4f}")
+    out["recall"], out["top1"] = float(np.mean(recall)), top1
 
     if args.json:
         report.write_result(args.json, out, argv=argv)

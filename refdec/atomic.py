@@ -1,6 +1,6 @@
 """Atomic file writes: a reader of ``path`` sees the old file or the complete new one, never a part.
 
-Every file refdec writes (index, MinHash signatures, calibration curves) goes
+Every file refdec writes (index, calibration curves) goes
 through :func:`atomic_write`: a temporary ``<path>.tmp-<pid>-<hex>`` in the same
 folder, fsync, ``os.replace``, fsync of the folder. Temporaries left by a killed
 writer of the same path are removed once that process is gone and an hour has passed.

@@ -63,7 +63,7 @@ from tqdm.auto import tqdm
 from refdec import _C
 from refdec.atomic import atomic_write
 from refdec.tokens import MAX_TOKEN_ID, as_token_ids, check_int, is_int
-from refdec.retrieval import DocumentSignatures, Retriever, deduplicate, signature_path
+from refdec.retrieval import DocumentSignatures, Retriever, deduplicate
 
 __all__ = ["IndexFormatError", "tokenizer_fingerprint", "CorpusIndex", "ContextIndex", "ShardedIndex"]
 
@@ -102,6 +102,19 @@ def _compute_fingerprint(tokenizer) -> str:
     special = sorted(str(t) for t in getattr(tokenizer, "all_special_tokens", []) or [])
     payload = json.dumps({"vocab": vocab, "special": special}, ensure_ascii=False, separators=(",", ":"))
     return hashlib.sha256(payload.encode("utf-8")).hexdigest()
+
+
+def _stored_signatures(frozen, path: str | None):
+    """The MinHash signatures stored in a frozen index (``DocumentSignatures`` over read-only
+    views of its image), or None."""
+    info = frozen.minhash
+    if info is None:
+        return None
+    try:
+        return DocumentSignatures(info["values"], info["sizes"], num_perm=info["num_perm"], seed=info["seed"],
+                                  ngram=info["ngram"])
+    except ValueError as err:
+        raise IndexFormatError(f"index file {path!r}: invalid MinHash signatures: {err}") from None
 
 
 class _Queries:
@@ -219,10 +232,10 @@ class CorpusIndex(_Queries):
         Jaccard >= threshold with an earlier kept one) before indexing; their
         number is ``dropped_documents``. ``signatures`` (default: True when
         de-duplicating) keeps the kept documents' MinHash signatures, which
-        :meth:`save` writes beside the index (``signature_path(path)``) and
-        :meth:`retriever` serves to ``generate(..., retrieve=k)``. Both hold
-        the tokenised documents in memory once (4 bytes per token) and cost
-        about 0.5 s per million tokens."""
+        :meth:`save` stores in the index file and :meth:`retriever` serves to
+        ``generate(..., retrieve=k)``. Both hold the tokenised documents in
+        memory once (4 bytes per token) and cost about 0.2 s per million
+        tokens (benchmarks/retrieval_bench.py)."""
         if vocab_size is None:
             vocab_size = len(tokenizer) if tokenizer is not None else 0
         vocab_size = check_int("vocab_size", vocab_size, 0, MAX_TOKEN_ID + 1)
@@ -264,12 +277,9 @@ class CorpusIndex(_Queries):
                 raise ValueError(f"tokenizer fingerprint {fp} differs from the index's {self._fingerprint}")
         documents = list(_tokenize_documents(documents, tokenizer, self._vocab_size, show_progress))
         if self._signatures is not None:  # keep one signature row per document (no de-duplication here)
-            old, new = self._signatures, DocumentSignatures.from_documents(
-                documents, num_perm=self._signatures.num_perm, seed=self._signatures.seed,
-                ngram=self._signatures.ngram)
-            self._signatures = DocumentSignatures(
-                np.concatenate([old.matrix, new.matrix]), np.concatenate([old.sizes, new.sizes]),
-                num_perm=old.num_perm, seed=old.seed, ngram=old.ngram)
+            old = self._signatures
+            new = DocumentSignatures.from_documents(documents, num_perm=old.num_perm, seed=old.seed, ngram=old.ngram)
+            self._signatures = DocumentSignatures.concatenate([old, new])
             self._retriever = None
         self._add(documents, tokenizer, False)
 
@@ -283,8 +293,10 @@ class CorpusIndex(_Queries):
             self._sam.add_document(arr)
         # Freeze now: queries then only read immutable arrays (safe from several threads).
         if release:
-            sam, self._sam = self._sam, None
-            self._frozen = _C.FrozenIndex.freeze(sam, self._fingerprint or "", self._vocab_size, release=True)
+            try:
+                self._frozen = self._freeze(release=True)
+            finally:
+                self._sam = None  # released by the freeze, even when it fails
         else:
             self._frozen_index()
 
@@ -319,56 +331,50 @@ class CorpusIndex(_Queries):
     def save(self, path) -> None:
         """Writes the index to ``path`` atomically (temporary file, fsync, rename,
         fsync of the folder; temporaries left by a killed save of the same path
-        more than an hour ago are removed),
-        and its MinHash signatures, if any, to ``signature_path(path)`` (likewise;
-        a signature file left there by an earlier index is removed)."""
+        more than an hour ago are removed), with its MinHash signatures, if any."""
         path = os.fspath(path)
-        frozen = self._frozen_index()
-        sigs = self.signatures  # read a loaded index's sibling file before it may be overwritten
-        atomic_write(path, [frozen.buffer()])
-        if sigs is not None:
-            sigs.save(signature_path(path))
-        else:
-            try:
-                os.unlink(signature_path(path))
-            except FileNotFoundError:
-                pass
+        atomic_write(path, [self._frozen_index().buffer()])
         self._path = path
 
     @property
     def signatures(self):
         """The documents' MinHash signatures (``refdec.retrieval.DocumentSignatures``),
-        or None: kept by ``build(signatures=True)`` / de-duplication, or read on first
-        use from the sibling file of a loaded index (``signature_path(path)``)."""
-        if self._signatures is None and self._path is not None and self._retriever is None:
-            self.retriever(_missing_ok=True)
+        or None: kept by ``build(signatures=True)`` / de-duplication, or a loaded
+        index file's (read-only views of the mapped file)."""
+        if self._signatures is None and self._sam is None and self._frozen is not None:
+            with self._lazy_lock:
+                if self._signatures is None:
+                    self._signatures = _stored_signatures(self._frozen, self._path)
         return self._signatures
 
-    def retriever(self, _missing_ok: bool = False):
+    def retriever(self):
         """The ``refdec.retrieval.Retriever`` over this index's documents (made once).
-        A sibling signature file is checked against the index (document count and
-        spot-checked signatures: ValueError naming the file when stale). Raises
-        ValueError when the index has no signatures."""
+        Raises ValueError when the index has no signatures."""
         if self._retriever is not None:
             return self._retriever
         with self._lazy_lock:  # made once even when several threads ask at the same time
-            return self._make_retriever(_missing_ok)
-
-    def _make_retriever(self, _missing_ok: bool):
-        if self._retriever is not None:
-            return self._retriever
-        if self._signatures is not None:
-            self._retriever = Retriever(self._signatures, self.document)
-        elif self._path is not None and os.path.exists(signature_path(self._path)):
-            self._retriever = Retriever.load(signature_path(self._path), self.document,
-                                             num_docs=self.num_documents)
-            self._signatures = self._retriever.signatures
-        elif not _missing_ok:
-            where = f"no signature file {signature_path(self._path)!r}" if self._path else "built without them"
-            raise ValueError(f"this corpus index has no MinHash signatures for retrieval ({where}); rebuild it "
-                             "with `refdec index build` (writes them by default) or "
-                             "CorpusIndex.build(..., signatures=True) and save it")
+            signatures = self.signatures
+            if signatures is None:
+                old = f"{self._path}.minhash" if self._path else None
+                if old is not None and os.path.exists(old):  # written by refdec before the MinHash sections
+                    raise ValueError(f"{old}: this index's MinHash signatures are in a separate file, which "
+                                     "refdec no longer reads (they are stored in the index file now); rebuild "
+                                     f"{self._path} with `refdec index build` and delete {old}")
+                where = f"index file {self._path!r}" if self._path else "built without them"
+                raise ValueError(f"this corpus index has no MinHash signatures for retrieval ({where}); rebuild it "
+                                 "with `refdec index build` (writes them by default) or "
+                                 "CorpusIndex.build(..., signatures=True) and save it")
+            if self._retriever is None:
+                self._retriever = Retriever(signatures, self.document)
         return self._retriever
+
+    def _freeze(self, release: bool = False):
+        """The automaton frozen with the signatures (``release``: see build's ``growable``)."""
+        sigs, minhash = self._signatures, {}
+        if sigs is not None:
+            minhash = dict(minhash_values=sigs.matrix, minhash_sizes=sigs.sizes, minhash_seed=sigs.seed,
+                           minhash_ngram=sigs.ngram)
+        return _C.FrozenIndex.freeze(self._sam, self._fingerprint or "", self._vocab_size, release=release, **minhash)
 
     def verify(self) -> bool:
         """Recomputes the body checksum; False when the file is corrupt."""
@@ -385,7 +391,7 @@ class CorpusIndex(_Queries):
 
     def _frozen_index(self):
         if self._frozen is None:
-            self._frozen = _C.FrozenIndex.freeze(self._sam, self._fingerprint or "", self._vocab_size)
+            self._frozen = self._freeze()
         return self._frozen
 
     def _view(self):
@@ -554,11 +560,7 @@ class ShardedIndex:
                 raise ValueError(f"shards[{i}] MinHash signatures have (num_perm, seed, ngram) = {settings}, "
                                  f"shards[0]'s {(signatures[0].num_perm, signatures[0].seed, signatures[0].ngram)}")
             signatures.append(sigs)
-        first = signatures[0]
-        merged = DocumentSignatures(np.concatenate([s.matrix for s in signatures]),
-                                    np.concatenate([s.sizes for s in signatures]),
-                                    num_perm=first.num_perm, seed=first.seed, ngram=first.ngram)
-        return Retriever(merged, self.document)
+        return Retriever(DocumentSignatures.concatenate(signatures), self.document)
 
     @property
     def automata(self) -> tuple:

@@ -84,7 +84,7 @@ def test_build_indexes_matching_files_and_counts_non_utf8_files_as_skipped(capsy
     line = next(text for text in stdout.splitlines() if text.startswith(f"{out}: "))
     figures = re.fullmatch(rf"{re.escape(str(out))}: 2 documents, (\d+) tokens, ([\d.]+) bytes/token \((\d+) bytes\); "
                            r"tokenise [\d.]+ s, build [\d.]+ s, save [\d.]+ s; 1 file skipped \(not UTF-8\), "
-                           rf"signatures in {re.escape(str(out))}\.minhash", line)
+                           r"MinHash signatures stored", line)
     assert figures, line
     n_tokens, per_token, n_bytes = int(figures[1]), float(figures[2]), int(figures[3])
     assert n_bytes == out.stat().st_size and per_token == round(n_bytes / n_tokens, 1)
@@ -220,7 +220,6 @@ def test_help_texts_describe_the_commands(capsys):
 
 def test_cli_build_dedup_reports_the_dropped_documents_and_writes_signatures(capsys, tmp_path):
     from refdec.index import CorpusIndex
-    from refdec.retrieval import signature_path
 
     make_tiny_tokenizer(tmp_path)
     src = tmp_path / "src"
@@ -230,24 +229,25 @@ def test_cli_build_dedup_reports_the_dropped_documents_and_writes_signatures(cap
     (src / "a_copy.py").write_text(body)
     (src / "a_edited.py").write_text(body.replace("x + 7\n", "x + 8\n"))
     (src / "b.py").write_text("import os\nprint('hello world')\n" * 5)
-    out = tmp_path / "corpus.idx"
+    (tmp_path / "out").mkdir()
+    out = tmp_path / "out" / "corpus.idx"
     code = main(["index", "build", str(src), "--tokenizer", str(tmp_path / "tok"), "--out", str(out),
                  "--dedup", "0.9", "--no-progress"])
     printed = capsys.readouterr().out
     assert code == 0
     assert "2 documents," in printed and "2 near-duplicate documents dropped (Jaccard >= 0.9)" in printed
-    assert os.path.exists(signature_path(out)) and "signatures in" in printed
-    assert CorpusIndex.load(out).signatures is not None
+    assert "MinHash signatures stored" in printed and os.listdir(tmp_path / "out") == ["corpus.idx"]
+    assert len(CorpusIndex.load(out).signatures) == 2
 
     code = main(["index", "info", str(out)])
-    assert code == 0 and signature_path(out) in capsys.readouterr().out
+    assert code == 0 and "MinHash, 128 permutations, seed 1, 3-token shingles" in capsys.readouterr().out
 
     plain = tmp_path / "plain.idx"
     code = main(["index", "build", str(src), "--tokenizer", str(tmp_path / "tok"), "--out", str(plain),
                  "--no-signatures", "--no-progress"])
     printed = capsys.readouterr().out
     assert code == 0 and "4 documents," in printed and "dropped" not in printed
-    assert not os.path.exists(signature_path(plain))
+    assert "MinHash" not in printed and CorpusIndex.load(plain).signatures is None
 
 
 def test_cli_dedup_threshold_out_of_range_is_an_argument_error(capsys, tmp_path):

@@ -393,7 +393,59 @@ def test_nonzero_header_padding_raises_index_format_error(tmp_path, index_file):
 
 
 # ---------------------------------------------------------------------------
-# MinHash signatures in the index file
+# MinHash signatures (refdec.retrieval) in the index file
+
+
+@pytest.fixture()
+def signed_file(tmp_path):
+    path = tmp_path / "signed.refdec"
+    CorpusIndex.build(DOCS, show_progress=False, signatures=True).save(path)
+    return path
+
+
+def test_signatures_are_two_sections_after_the_others_named_in_the_header(signed_file):
+    data = signed_file.read_bytes()
+    num_docs, num_perm = len(DOCS), read_field(data, "minhash_num_perm")
+    assert (num_perm, read_field(data, "minhash_seed"), read_field(data, "minhash_ngram")) == (128, 1, 3)
+    values, sizes = read_field(data, "minhash_values.offset"), read_field(data, "minhash_sizes.offset")
+    last_end = read_field(data, f"section{NUM_SECTIONS - 1}.offset") + read_field(data, f"section{NUM_SECTIONS - 1}.size")
+    assert last_end <= values and values % 64 == 0 and sizes % 64 == 0
+    assert read_field(data, "minhash_values.size") == 4 * num_docs * num_perm
+    assert read_field(data, "minhash_sizes.size") == 4 * num_docs and sizes + 4 * num_docs <= len(data)
+    sigs = CorpusIndex.load(signed_file).signatures
+    assert sigs.matrix.tobytes() == data[values : values + 4 * num_docs * num_perm]
+    assert sigs.sizes.tobytes() == data[sizes : sizes + 4 * num_docs]
+    assert read_field(data, "checksum") == body_checksum(data[HEADER_SIZE:])
+
+
+def test_a_loaded_index_with_signatures_saved_again_gives_identical_bytes(signed_file, tmp_path):
+    CorpusIndex.load(signed_file).save(tmp_path / "again.refdec")
+    assert (tmp_path / "again.refdec").read_bytes() == signed_file.read_bytes()
+
+
+@pytest.mark.parametrize("name", [n for n in MINHASH_FIELDS if n not in ("minhash_seed", "minhash_ngram")])
+def test_each_structural_minhash_field_of_a_signed_file_is_validated(tmp_path, signed_file, name):
+    data = signed_file.read_bytes()
+    for bad_idx, bad in enumerate(_corruptions(name, read_field(data, name))):
+        path = tmp_path / f"{name.replace('.', '_')}-{bad_idx}.refdec"
+        path.write_bytes(with_field(data, name, bad, resealed=True))
+        assert_format_error(path, r"minhash|section|offset|size|header|reserved")
+
+
+def test_verify_catches_a_flipped_byte_in_the_signatures(signed_file):
+    data = signed_file.read_bytes()
+    start = read_field(data, "minhash_values.offset")
+    end = read_field(data, "minhash_sizes.offset") + read_field(data, "minhash_sizes.size")
+    missed = _undetected_flips(signed_file, range(start, end, 13))
+    assert not missed, f"verify() missed flipped bytes at offsets {missed[:20]} (of {len(missed)})"
+
+
+def test_an_invalid_shingle_length_in_a_signed_file_is_an_index_format_error_on_first_use(tmp_path, signed_file):
+    path = tmp_path / "ngram.refdec"
+    path.write_bytes(with_field(signed_file.read_bytes(), "minhash_ngram", 0, resealed=True))
+    index = CorpusIndex.load(path)  # the shingle length means nothing to the C++ core
+    with pytest.raises(refdec.IndexFormatError, match=rf"{re.escape(str(path))}.*ngram must be an int in \[1, 64\]"):
+        index.signatures
 
 
 def test_freezing_with_signatures_of_another_document_count_is_refused():

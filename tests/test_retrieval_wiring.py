@@ -1,8 +1,8 @@
 """Retrieval wired into the corpus index and the decoder.
 
 * ``CorpusIndex.build(dedup_threshold=...)`` drops near-duplicates, keeps
-  MinHash signatures one row per kept document, ``save`` writes them beside the
-  index (``refdec.retrieval.signature_path``) and ``load`` finds them;
+  MinHash signatures one row per kept document, ``save`` stores them in the
+  index file and ``load`` reads them from it;
 * ``generate(..., retrieve=k)`` adds the k documents most similar to the prompt
   to the per-request references: output unchanged (greedy equality), drafts
   from the retrieved documents;
@@ -12,7 +12,9 @@
 
 from __future__ import annotations
 
+import gc
 import os
+import re
 
 import numpy as np
 import pytest
@@ -20,7 +22,7 @@ import pytest
 import refdec
 from refdec.index import CorpusIndex
 from refdec.proposer import Proposer
-from refdec.retrieval import DocumentSignatures, signature_path
+from refdec.retrieval import DocumentSignatures
 from tiny_models import VOCAB, hf_greedy, tiny_llama
 
 
@@ -63,34 +65,45 @@ def test_build_without_dedup_keeps_every_document_and_no_signatures_unless_asked
     assert signed.num_documents == 3 and signed.signatures == DocumentSignatures.from_documents(docs)
 
 
-def test_signatures_survive_save_and_load_in_the_sibling_file(tmp_path):
+def test_signatures_survive_save_and_load_in_the_index_file(tmp_path):
     docs = _documents(4)
     index = CorpusIndex.build(docs, vocab_size=VOCAB, dedup_threshold=0.9, show_progress=False)
     path = tmp_path / "corpus.idx"
     index.save(path)
-    assert os.path.exists(signature_path(path))
+    assert os.listdir(tmp_path) == ["corpus.idx"]
     loaded = CorpusIndex.load(path)
-    assert loaded.signatures == index.signatures
+    assert loaded.signatures == index.signatures and not loaded.signatures.matrix.flags.writeable
     hits = loaded.retriever().top_k(docs[2][40:100], 2, score="containment")
     assert hits[0] == (2, 1.0)
+    loaded.save(tmp_path / "again.idx")  # a loaded index saved again keeps them
+    assert CorpusIndex.load(tmp_path / "again.idx").signatures == index.signatures
 
 
-def test_saving_an_index_without_signatures_removes_a_stale_signature_file(tmp_path):
+def test_signatures_of_a_loaded_index_outlive_the_index_object(tmp_path):
+    # They view the mapped file: the views keep it mapped (a view of an unmapped file crashed).
+    docs = _documents(3)
+    CorpusIndex.build(docs, vocab_size=VOCAB, signatures=True, show_progress=False).save(tmp_path / "c.idx")
+    sigs = CorpusIndex.load(tmp_path / "c.idx").signatures
+    gc.collect()
+    assert sigs == DocumentSignatures.from_documents(docs)
+
+
+def test_an_index_saved_without_signatures_over_one_with_them_has_none(tmp_path):
     path = tmp_path / "corpus.idx"
     CorpusIndex.build(_documents(3), vocab_size=VOCAB, signatures=True, show_progress=False).save(path)
     CorpusIndex.build(_documents(2, seed=1), vocab_size=VOCAB, show_progress=False).save(path)
-    assert not os.path.exists(signature_path(path))
+    assert CorpusIndex.load(path).signatures is None
     with pytest.raises(ValueError, match="no MinHash signatures"):
         CorpusIndex.load(path).retriever()
 
 
-def test_a_stale_signature_file_is_refused_naming_it(tmp_path):
+def test_a_signature_file_of_the_old_format_beside_the_index_is_named_with_the_fix(tmp_path):
+    # refdec wrote the signatures to <index>.minhash before the index file had MinHash sections
     path = tmp_path / "corpus.idx"
-    CorpusIndex.build(_documents(3), vocab_size=VOCAB, signatures=True, show_progress=False).save(path)
-    other = tmp_path / "other.idx"
-    CorpusIndex.build(_documents(3, seed=9), vocab_size=VOCAB, signatures=True, show_progress=False).save(other)
-    os.replace(signature_path(other), signature_path(path))  # same count, other documents
-    with pytest.raises(ValueError, match="stale"):
+    CorpusIndex.build(_documents(3), vocab_size=VOCAB, show_progress=False).save(path)
+    (tmp_path / "corpus.idx.minhash").write_bytes(b"RDMINHSH" + bytes(56))
+    where = re.escape(str(path))
+    with pytest.raises(ValueError, match=rf"{where}\.minhash: .*separate file.*rebuild {where} "):
         CorpusIndex.load(path).retriever()
 
 

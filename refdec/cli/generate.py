@@ -52,7 +52,7 @@ def register(subparsers) -> None:
                    help="a reference document to draft from (repeatable), e.g. the file being edited")
     p.add_argument("--retrieve", type=int, default=0, metavar="K",
                    help="also draft from the K documents of --index most similar to the prompt "
-                        "(needs the index's signatures, FILE.minhash; default 0)")
+                        "(needs the MinHash signatures `refdec index build` stores in it; default 0)")
     p.add_argument("--max-new-tokens", type=int, default=256, metavar="N",
                    help="tokens to generate at most (default 256)")
     p.add_argument("--sample", action="store_true", help="sample instead of greedy decoding")

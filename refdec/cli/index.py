@@ -70,8 +70,8 @@ def register(subparsers) -> None:
     build.add_argument(
         "--no-signatures",
         action="store_true",
-        help="do not write the documents' MinHash signatures beside the index (FILE.minhash); "
-        "`refdec generate --retrieve K` needs them",
+        help="do not store the documents' MinHash signatures in the index; `refdec generate --retrieve K` "
+        "needs them",
     )
     build.add_argument("--no-progress", action="store_true", help="do not show a progress bar")
     build.set_defaults(handler=run_build)
@@ -234,9 +234,7 @@ def run_build(args: argparse.Namespace) -> int:
         skipped.append(f"{_plural(index.dropped_documents, 'near-duplicate document')} dropped "
                        f"(Jaccard >= {args.dedup:g})")
     if index.signatures is not None:
-        from refdec.retrieval import signature_path
-
-        skipped.append(f"signatures in {signature_path(args.out)}")
+        skipped.append("MinHash signatures stored")
     print(
         f"{args.out}: {_plural(index.num_documents, 'document')}, {_plural(num_tokens, 'token')}, "
         f"{file_bytes / max(num_tokens, 1):.1f} bytes/token ({file_bytes} bytes); "
@@ -266,10 +264,10 @@ def header_fields(index, path: str) -> list[tuple[str, object]]:
     num_states = getattr(index, "num_states", None)
     if num_states is not None:
         fields.append(("states", num_states))
-    from refdec.retrieval import signature_path
-
+    sigs = getattr(index, "signatures", None)
     fields += [
-        ("signatures", signature_path(path) if os.path.exists(signature_path(path)) else "(none)"),
+        ("signatures", f"MinHash, {sigs.num_perm} permutations, seed {sigs.seed}, {sigs.ngram}-token shingles"
+         if sigs is not None else "(none)"),
         ("vocab size", index.vocab_size),
         ("fingerprint", index.fingerprint or "(none)"),
         ("file size", f"{file_bytes} bytes"),
