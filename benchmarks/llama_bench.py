@@ -16,8 +16,10 @@ Workloads (``../shared/data``, read at run time):
 
 * ``gemma-edits``  -- Gemma 3 270M (the README's model), the edits of ``edits-click.jsonl`` through
   refdec's base-model edit prompt;
-* ``coder-edits``  -- Qwen2.5-Coder-0.5B-Instruct (the editor model), the same edits with each
-  commit message as the instruction, through its chat template;
+* ``coder-edits``  -- Qwen2.5-Coder-1.5B-Instruct (the editor model), the same edits with each
+  commit message as the instruction, as ``refdec edit`` asks it (refdec.edit_prompt's chat prompt:
+  the reply begun with the fence, ending at the closing fence); ``coder-0.5b-edits`` the same with
+  Qwen2.5-Coder-0.5B-Instruct;
 * ``chat``         -- SmolLM2-135M-Instruct, MT-Bench first turns through its chat template.
 
 Per prompt and method: the speed-up over ``plain`` end to end (the prefill included, as a user
@@ -32,7 +34,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import re
 import statistics
 import sys
 import time
@@ -40,20 +41,15 @@ from pathlib import Path
 
 from benchmarks.data import chat_questions, edit_rows
 
-WORKLOADS = ("gemma-edits", "coder-edits", "chat")
+WORKLOADS = ("gemma-edits", "coder-edits", "coder-0.5b-edits", "chat")
 METHODS = ("plain", "lookup", "refdec")
 
 
 def _model_path(workload: str) -> Path:
-    from refdec.gguf_files import chat_model_gguf, default_model_gguf, editor_model_gguf
+    from refdec.gguf_files import chat_model_gguf, default_model_gguf, editor_model_gguf, small_editor_model_gguf
 
-    return {"gemma-edits": default_model_gguf, "coder-edits": editor_model_gguf, "chat": chat_model_gguf}[workload]()
-
-
-def coder_edit_messages(original: str, instruction: str) -> list[dict]:
-    """The editor model's user message: the file fenced, the instruction, the whole file asked for."""
-    return [{"role": "user", "content": f"```\n{original}\n```\n\n{instruction}\n\nReply with the whole updated "
-                                        f"file in one code block."}]
+    return {"gemma-edits": default_model_gguf, "coder-edits": editor_model_gguf,
+            "coder-0.5b-edits": small_editor_model_gguf, "chat": chat_model_gguf}[workload]()
 
 
 def prompts_for(workload: str, tokenizer, limit: int, max_file_chars: int) -> list[dict]:
@@ -64,7 +60,7 @@ def prompts_for(workload: str, tokenizer, limit: int, max_file_chars: int) -> li
             ids = tokenizer.apply_chat_template([{"role": "user", "content": question}], tokenize=True)
             out.append({"name": f"mtbench-{i}", "ids": ids, "references": []})
         return out
-    from refdec.edit_prompt import build_edit_prompt
+    from refdec.edit_prompt import build_chat_edit_prompt, build_edit_prompt
 
     for row in edit_rows():
         if not 1000 <= len(row["before"]) <= max_file_chars or row["before"] == row["after"]:
@@ -72,11 +68,11 @@ def prompts_for(workload: str, tokenizer, limit: int, max_file_chars: int) -> li
         if workload == "gemma-edits":
             prompt = build_edit_prompt(row["before"], row["message"], path=Path(row["path"]).name)
             ids = tokenizer.encode(prompt.text)
-        else:
-            ids = tokenizer.apply_chat_template(coder_edit_messages(row["before"], row["message"]), tokenize=True)
-        extract = prompt.extract if workload == "gemma-edits" else _reply_block
+        else:  # as refdec edit asks an instruct model
+            prompt = build_chat_edit_prompt(row["before"], row["message"], tokenizer)
+            ids = tokenizer.encode(prompt.text, add_special_tokens=False)
         out.append({"name": row["path"] + "@" + row["commit"][:7], "ids": ids, "references": [row["before"]],
-                    "original": row["before"], "extract": extract})
+                    "original": row["before"], "stop": prompt.stop})
         if len(out) == limit:
             break
     return out
@@ -106,6 +102,7 @@ def run_workload(workload: str, args) -> list[dict]:
         import refdec.models
 
         loader = {"gemma-edits": refdec.models.load_default, "coder-edits": refdec.models.load_editor,
+                  "coder-0.5b-edits": lambda: refdec.models.load_editor(small=True),
                   "chat": refdec.models.load_chat_model}[workload]
         hf_model, hf_tokenizer = loader()
         hf = refdec.SpeculativeDecoder(hf_model, tokenizer=hf_tokenizer)
@@ -118,9 +115,9 @@ def run_workload(workload: str, args) -> list[dict]:
         plain, seconds = plain_greedy(llm, ids, n, eos)
         row["plain"] = {"tokens": len(plain), "seconds": seconds, "prefill_seconds": prefill}
         if "original" in prompt:  # does the model edit, or copy the file (the easy case)?
-            text = prompt["extract"](tokenizer.decode(plain, skip_special_tokens=True))
-            row["plain"]["edit"] = ("no file" if text is None else "copied" if text.rstrip() ==
-                                    prompt["original"][: len(text.rstrip())] else "changed")
+            text = tokenizer.decode(plain, skip_special_tokens=True)
+            row["plain"]["edit"] = ("cut" if prompt["stop"] not in text else
+                                    "copied" if text[: text.index(prompt["stop"])] == prompt["original"] else "changed")
         looked, seconds = plain_greedy(lookup, ids, n, eos)
         row["lookup"] = {"tokens": len(looked), "seconds": seconds, "agree": _agreement(looked, plain)}
         out = decoder.generate(ids, references=prompt["references"] or None, max_new_tokens=n,
@@ -193,7 +190,7 @@ def _line(row: dict) -> str:
 def markdown(records: list[dict]) -> str:
     lines = ["| workload | prompts | plain tok/s (median) | lookup / plain (median, min) | refdec / plain (median, "
              "min) | refdec / plain after the prefill (median, min) | refdec / lookup (median) | refdec tokens/pass "
-             "| identical to plain: lookup, refdec | plain's output: changed / copied the file "
+             "| identical to plain: lookup, refdec | plain's output: changed / copied the file / no whole file "
              "| refdec on transformers / plain (median) |",
              "|---|---|---|---|---|---|---|---|---|---|---|"]
     for workload in WORKLOADS:
@@ -218,21 +215,11 @@ def markdown(records: list[dict]) -> str:
     return "\n".join(lines)
 
 
-def _reply_block(reply: str) -> str | None:
-    """The code block of an instruct model's reply, closed or cut at the token limit."""
-    match = re.search(r"^(`{3,})[^\n`]*\n", reply, flags=re.MULTILINE)
-    if match is None:
-        return None
-    body = reply[match.end():]
-    end = body.find("\n" + match.group(1))
-    return body if end < 0 else body[: end + 1]
-
-
 def _edits(rows: list[dict]) -> str:
     kinds = [r["plain"].get("edit") for r in rows]
     if not any(kinds):
         return "-"
-    return f"{kinds.count('changed')} / {kinds.count('copied')}"
+    return f"{kinds.count('changed')} / {kinds.count('copied')} / {kinds.count('cut')}"
 
 
 def main(argv=None) -> int:

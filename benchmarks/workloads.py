@@ -55,12 +55,16 @@ class Case:
     output      int32 array of shape (m,): the true continuation to be drafted.
     references  list of int32 arrays: per-request reference documents.
     name        a short label for diagnostics.
+    original    the file being edited (editor workloads: is the model's output a change or a copy?)
+    stop        the text that ends the edited file in the output (the closing fence), with ``original``
     """
 
     prompt: np.ndarray
     output: np.ndarray
     references: list = field(default_factory=list)
     name: str = ""
+    original: str | None = None
+    stop: str | None = None
 
 
 @dataclass
@@ -181,6 +185,39 @@ def load_chat_workload(category: str, tokenizer, limit: int | None = None) -> Wo
         cases.append(Case(prompt=np.asarray(ids, dtype=np.int32), output=np.zeros(0, dtype=np.int32),
                           name=f"{category}/{i}"))
     return Workload(category, cases)
+
+
+def editor_edit_rows(limit: int | None = None, max_file_chars: int = 5000) -> list[dict]:
+    """The edit pairs an editor model is asked to make: a changed file of 1,000..``max_file_chars``
+    characters, in file order, the first ``limit``."""
+    rows = [r for r in data.edit_rows() if 1000 <= len(r["before"]) <= max_file_chars and r["before"] != r["after"]]
+    return rows[:limit] if limit else rows
+
+
+def load_editor_edits(tokenizer, limit: int | None = None) -> Workload:
+    """The edits as ``refdec edit`` asks an instruct model (refdec.edit_prompt.build_chat_edit_prompt:
+    its chat template, the commit message as the instruction, the reply begun with the fence);
+    references = [the original file]; no true output (end-to-end runs compare against HF greedy)."""
+    from refdec.edit_prompt import build_chat_edit_prompt
+
+    cases = []
+    for row in editor_edit_rows(limit):
+        prompt = build_chat_edit_prompt(row["before"], row["message"], tokenizer)
+        ids = tokenizer(prompt.text, add_special_tokens=False)["input_ids"]
+        before = tokenizer(row["before"], add_special_tokens=False)["input_ids"]
+        cases.append(Case(prompt=np.asarray(ids, dtype=np.int32), output=np.zeros(0, dtype=np.int32),
+                          references=[np.asarray(before, dtype=np.int32)], name=f"{row['path']}@{row['commit'][:8]}",
+                          original=row["before"], stop=prompt.stop))
+    return Workload("edits", cases)
+
+
+def edit_outcome(case: Case, tokenizer, new_tokens: list[int]) -> str:
+    """What the model did with ``case``'s file: "changed" it, "copied" it unchanged, or gave no
+    whole file ("cut": ``case.stop``, the closing fence, not reached within the tokens)."""
+    text = tokenizer.decode(new_tokens, skip_special_tokens=True)
+    if case.stop not in text:
+        return "cut"
+    return "copied" if text[: text.index(case.stop)] == case.original else "changed"
 
 
 def load_workload(name: str, limit: int | None = None, require_output: bool = True) -> Workload:
