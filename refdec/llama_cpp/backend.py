@@ -18,7 +18,7 @@ KV layout (one unified llama.cpp KV cache, refdec.llama_cpp.api.TreeContext):
 
 Logits rows cost more than backbone rows here (a 150k-260k vocabulary), and a node's logits
 are needed only if the node is accepted. The root and every node with children have them; with
-:class:`LogitsPolicy` enabled (off by default, benchmarks/RESULTS.md §9) a leaf asks
+:class:`LogitsPolicy` enabled (off by default, benchmarks/RESULTS.md §7) a leaf asks
 for them only when its estimated acceptance probability pays for its head row.
 When the walk accepts a node that has none, the walk ends there with no bonus token (bonus -1,
 refdec.decode.verify.Verified): the node is emitted, its cell dropped, and it is the next step's
@@ -105,7 +105,7 @@ class LogitsPolicy:
 
     Off by default (``enabled``): a leaf is rarely skipped, and a skipped one that is accepted
     costs a token; where measured it was no faster than every node's logits (benchmarks/RESULTS.md
-    §9). Switch it on with ``decoder.backend.policy.enabled = True`` where a logits row is dearer."""
+    §7). Switch it on with ``decoder.backend.policy.enabled = True`` where a logits row is dearer."""
 
     def __init__(self, head_row_seconds: float | None = None, decay: float = 0.9, enabled: bool = False) -> None:
         self.enabled = enabled
