@@ -54,7 +54,7 @@ def pages() -> list[Path]:
 
 PAGES = [str(path.relative_to(REPO)) for path in pages()]
 # The pages holding the vLLM snippets tests/test_vllm_engine.py runs (in this order, one namespace).
-VLLM_PAGES = ("README.md",)
+VLLM_PAGES = ("README.md", "docs/vllm.md")
 
 SAMPLE_PY = "import os\n\n\ndef data_dir(root):\n    return os.path.join(root, 'data')\n"
 
