@@ -354,7 +354,7 @@ def test_the_stand_ins_still_match_the_readme():
     blocks = [block for path in pages() for block in readme_blocks(path)]
     first_lines = [block.first_line for block in blocks]
     for key in STAND_INS:
-        assert any(line.startswith(key) for line in first_lines), f"no snippet of README.md or docs/ starts with {key!r}"
+        assert any(line.startswith(key) for line in first_lines), f"no snippet of the pages starts with {key!r}"
     text = "\n".join(path.read_text() for path in pages())
     for placeholder in PATH_STAND_INS:
         assert placeholder in text, f"README.md and docs/ no longer name {placeholder!r}"
