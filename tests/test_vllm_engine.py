@@ -411,16 +411,16 @@ def test_default_model_loads_in_vllm_and_its_greedy_tokens_match_transformers():
 
 
 def test_the_readmes_vllm_snippets_run(server, refdec_llm, model_dir, tmp_path, monkeypatch):
-    """README "Serving with vLLM": the client snippet against this module's server and the
-    ``vllm.LLM`` snippet, in one namespace as a reader pastes them. Stand-ins, as the README
-    leaves them to the reader: ``MODEL`` is this module's tiny model, ``app.py`` a small file, the
-    server's address this module's port, ``max_tokens`` within the tiny model's window, and
-    ``vllm.LLM(...)`` returns the engine this module started with refdec (one more engine start
-    costs ~25 s); its arguments are checked to be the README's."""
-    from test_readme import readme_blocks
+    """The vLLM snippets of the pages in tests/test_readme.py's VLLM_PAGES: the client snippet
+    against this module's server and the ``vllm.LLM`` snippet, in one namespace as a reader pastes
+    them. Stand-ins, as the pages leave them to the reader: ``MODEL`` is this module's tiny model,
+    ``app.py`` a small file, the server's address this module's port, ``max_tokens`` within the
+    tiny model's window, and ``vllm.LLM(...)`` returns the engine this module started with refdec
+    (one more engine start costs ~25 s); its arguments are checked to be the snippet's."""
+    from test_readme import REPO, VLLM_PAGES, needs_vllm, readme_blocks
 
-    blocks = [b for b in readme_blocks() if b.language == "python" and ("vllm" in b.text or "OpenAI(" in b.text)]
-    assert len(blocks) == 2, "the README's vLLM section has a client snippet and a vllm.LLM snippet"
+    blocks = [b for page in VLLM_PAGES for b in readme_blocks(REPO / page) if b.language == "python" and needs_vllm(b)]
+    assert len(blocks) == 2, f"{VLLM_PAGES} hold a client snippet and a vllm.LLM snippet"
     monkeypatch.chdir(tmp_path)
     (tmp_path / "app.py").write_text("def foo(x):\n    return foo_helper(x) + 1\n" * 3)
     llm_calls = []
@@ -429,7 +429,7 @@ def test_the_readmes_vllm_snippets_run(server, refdec_llm, model_dir, tmp_path, 
     for block in blocks:
         code = block.text.replace("http://localhost:8000/v1", server + "/v1")
         code = code.replace("max_tokens=1024", "max_tokens=64").replace("max_tokens=512", "max_tokens=64")
-        exec(compile(code, f"README.md:{block.line}", "exec"), namespace)
+        exec(compile(code, block.where, "exec"), namespace)
     details = namespace["resp"].usage.completion_tokens_details
     assert details.accepted_prediction_tokens + details.rejected_prediction_tokens > 0
     assert llm_calls == [dict(model=model_dir, dtype="float32", speculative_config=rv.speculative_config(16))]
