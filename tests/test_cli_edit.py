@@ -96,3 +96,42 @@ def test_edit_defaults_to_the_editor_model_through_its_chat_template(capsys, tmp
     code, _, stderr = run_cli(capsys, "edit", src, "--instruction", "x", "--model", tiny_model_dir_3, "--engine",
                               "llama.cpp")
     assert code == 2 and "--engine llama.cpp needs a GGUF file or a built-in name" in stderr
+
+
+def test_in_place_replaces_the_file_only_with_a_complete_reply(capsys, tmp_path, tiny_model_dir_3, monkeypatch):
+    """--in-place: a reply that closes the fence replaces FILE (atomically, its other links and mode
+    as a new file's); one cut before the fence leaves FILE as it was and exits 1. The decode is a
+    stand-in that replies with a given text (a tiny random model never closes the fence)."""
+    from types import SimpleNamespace
+
+    import torch
+
+    import refdec
+
+    src = tmp_path / "m.py"
+    src.write_text(ORIGINAL_TEXT)
+    edited = ORIGINAL_TEXT.replace("def g(y)", "def h(y)")
+
+    def reply_with(text):
+        def generate(model, input_ids, *, tokenizer, max_new_tokens, **kwargs):
+            new = tokenizer(text, add_special_tokens=False, return_tensors="pt")["input_ids"][:, :max_new_tokens]
+            stop = "max_new_tokens" if new.shape[1] == max_new_tokens else "stop_string"
+            stats = SimpleNamespace(wall_seconds=1.0, stop_reason=stop, new_tokens=new.shape[1], forward_passes=2,
+                                    tokens_per_pass=new.shape[1] / 2, accepted_tokens=0, proposed_tokens=0)
+            return SimpleNamespace(sequences=torch.cat([input_ids, new], dim=1), stats=stats)
+        return generate
+
+    monkeypatch.setattr(refdec, "generate", reply_with(edited + "`````\n"))
+    code, stdout, stderr = run_cli(capsys, "edit", src, "--instruction", "rename g to h", "--model", tiny_model_dir_3,
+                                   "--in-place", "--prompt-template", "rewrite", "--max-new-tokens", 500)
+    assert code == 0, stderr
+    assert src.read_text() == edited and stdout == ""
+    assert [p.name for p in tmp_path.iterdir()] == ["m.py"]  # no temporary left beside it
+    monkeypatch.setattr(refdec, "generate", reply_with(ORIGINAL_TEXT))  # the fence never comes
+    code, _, stderr = run_cli(capsys, "edit", src, "--instruction", "rename h to k", "--model", tiny_model_dir_3,
+                              "--in-place", "--prompt-template", "rewrite", "--max-new-tokens", 20)
+    assert code == 1 and src.read_text() == edited
+    assert "stopped at --max-new-tokens 20 before the closing fence" in stderr and "nothing was written" in stderr
+    with pytest.raises(SystemExit) as exit_:
+        run_cli(capsys, "edit", src, "--instruction", "x", "--in-place", "--out", tmp_path / "o.py")
+    assert exit_.value.code == 2 and "argument --out: not allowed with argument --in-place" in capsys.readouterr().err

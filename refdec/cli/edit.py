@@ -1,7 +1,7 @@
 """``refdec edit``: rewrite a file as an instruction asks, drafting from the original.
 
     refdec edit FILE --instruction TEXT [--model NAME|DIR|F.gguf] [--engine llama.cpp|transformers]
-                [--out FILE] [--prompt-template NAME|F]
+                [--out FILE | --in-place] [--prompt-template NAME|F]
                 [--max-new-tokens N] [--max-draft-tokens N|auto] [--compare] [--diff] [--threads N]
 
 The model is the editor model (Qwen2.5-Coder-1.5B-Instruct, ``refdec[editor]``) unless
@@ -11,7 +11,8 @@ it has one; generation stops at the closing code fence. The original file is pas
 the proposer runs in editing mode (a copy cursor follows the output through the
 original), so unchanged stretches are verified many tokens per forward pass.
 
-Output: the rewritten file goes to ``--out``, or is streamed to stdout (unless
+Output: the rewritten file goes to ``--out`` (or replaces FILE, ``--in-place``), written
+atomically and only when the reply closed the file's fence; else it is streamed to stdout (unless
 ``--diff`` without ``--out``: then only the diff is printed). ``--diff`` prints the
 unified diff of the result against the original to stdout. Stats (tokens/pass,
 accepted fraction, wall time) go to stderr; ``--compare`` also decodes plainly
@@ -44,7 +45,11 @@ def register(subparsers) -> None:
     p.add_argument("file", metavar="FILE", help="the file to rewrite")
     p.add_argument("--instruction", required=True, metavar="TEXT", help="what to change")
     add_model_arguments(p, f"{EDITOR_MODEL}, the editor model (refdec[editor]), on llama.cpp when installed")
-    p.add_argument("--out", metavar="FILE", default=None, help="write the rewritten file here (default: stdout)")
+    where = p.add_mutually_exclusive_group()
+    where.add_argument("--out", metavar="FILE", default=None,
+                       help="write the rewritten file here, only once it is complete (default: stdout)")
+    where.add_argument("--in-place", action="store_true",
+                       help="replace FILE with the rewritten file, atomically and only once it is complete")
     p.add_argument("--prompt-template", metavar="NAME|F", default=None,
                    help="a template name ('chat': through the model's chat template, the default for a model that "
                         "has one; original-change (the default for a base model), commit, rewrite) or a file holding "
@@ -157,7 +162,10 @@ def run(args) -> int:
         raise ValueError("--instruction must be a non-empty text")
     if args.max_new_tokens is not None and args.max_new_tokens < 1:
         raise ValueError(f"--max-new-tokens must be >= 1, got {args.max_new_tokens}")
-    if args.out is not None:
+    if args.in_place:
+        args.out = args.file
+        check_output_path(args.out, "--in-place", replaced=True)
+    elif args.out is not None:
         check_output_path(args.out)
     original = _read(args.file)
     template = _template(args.prompt_template)
