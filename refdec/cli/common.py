@@ -128,6 +128,13 @@ def choose_engine(model: str, engine: str | None) -> str:
     return "transformers"
 
 
+def _usable_cores() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not on Linux
+        return os.cpu_count() or 1
+
+
 def add_model_arguments(parser, default: str | None) -> None:
     """``--model`` and ``--engine`` on ``parser`` (``default``: the model's description for --help)."""
     parser.add_argument("--model", metavar="NAME|DIR|F.gguf", default=None,
@@ -141,8 +148,8 @@ def add_model_arguments(parser, default: str | None) -> None:
 
 def load_model_arg(model: str | None, threads: int | None, engine: str | None = None):
     """``(model, tokenizer, engine)`` for ``--model`` and ``--engine`` (:func:`choose_engine`): on
-    llama.cpp a ``llama_cpp.Llama`` and its own tokenizer (``threads`` its threads, default
-    llama-cpp-python's), on transformers a model and its tokenizer. ``model`` None: the default
+    llama.cpp a ``llama_cpp.Llama`` and its own tokenizer (``threads`` its threads, default one per
+    core this process may use, as torch's), on transformers a model and its tokenizer. ``model`` None: the default
     model, on transformers unless ``engine`` says llama.cpp."""
     if model is None:
         model = "gemma-3-270m"
@@ -163,8 +170,8 @@ def load_model_arg(model: str | None, threads: int | None, engine: str | None = 
             raise ImportError(f"--model {model} runs on llama.cpp: {LLAMA_INSTALL_HINT}") from None
         from refdec.llama_cpp.tokenizer import GgufTokenizer
 
-        kwargs = {} if threads is None else {"n_threads": threads, "n_threads_batch": threads}
-        llm = llama_cpp.Llama(path, n_ctx=GGUF_CONTEXT, verbose=False, **kwargs)
+        threads = threads or _usable_cores()  # llama-cpp-python's own default is half the cores
+        llm = llama_cpp.Llama(path, n_ctx=GGUF_CONTEXT, verbose=False, n_threads=threads, n_threads_batch=threads)
         return llm, GgufTokenizer(llm), engine
     from refdec import models
 
