@@ -159,9 +159,8 @@ def _top_k_top_p_kept(scores: torch.Tensor, top_k: int | None, top_p: float | No
 class TargetSampler:
     """Chooses the target token the model emits after a verified row.
 
-    Greedy: ``argmax`` for all tree rows at once (``greedy_targets``). Sampling
-    (``sample``): one row at a time (the acceptance walk asks only for the rows on
-    its path, so each emitted token costs one row), Gumbel-max with noise keyed by
+    Sampling (``sample``; greedy is an argmax, refdec.decode.verify): one row at a time (the
+    acceptance walk asks only for the rows on its path, so each emitted token costs one row), Gumbel-max with noise keyed by
     ``(seed, position, token)`` restricted to the tokens top-k / top-p / min-p keep.
     """
 
@@ -177,11 +176,6 @@ class TargetSampler:
         self.vocab_size = int(vocab_size)
         self.device = device
         self._all_tokens = None
-
-    @staticmethod
-    def greedy_targets(logits: torch.Tensor) -> torch.Tensor:
-        """int64 [rows]: argmax of each row of ``logits`` [rows, vocab]."""
-        return logits.argmax(dim=-1)
 
     def sample(self, logits_row: torch.Tensor, position: int) -> int:
         """The sampled token at absolute ``position`` given that position's logits [vocab]."""
