@@ -9,7 +9,10 @@ change the count): greedy 6 per step at B = 1 (input ids, positions, mask, compa
 row finishes); sampling the 5 copies and one read per row the walks visit (up to 19 per step at
 B = 1 with 64-node drafts, 27 at B = 8).
 The issue's target: at most 2 per greedy step and 3 per sampling step, at any B and tree size.
-The assertions below are the counts achieved, so that they guard against regressions.
+With the inputs, masks, targets and walks on the device (refdec.decode.masks.device_tree_inputs,
+refdec.decode.verify.verify_greedy_on_device) and the host's arrays sent with non-blocking copies
+(refdec.decode.transfer), a greedy step makes one: the walks' result comes to the host. The
+assertions below are the counts achieved, so that they guard against regressions.
 """
 
 from __future__ import annotations
@@ -21,7 +24,7 @@ import tiny_models
 from sync_counter import count_step_syncs
 
 NEW = 24
-GREEDY_MAX = 7  # per step, the count achieved (the issue's target: 2)
+GREEDY_MAX = 1  # per step, the count achieved (the issue's target: 2)
 
 
 def references(decoder, prompts, kwargs):

@@ -25,8 +25,12 @@ class ModelRunner:
 
     ``lazy_head``: the verifier runs the backbone and then the head on the visited rows
     only (True by default on a CPU for a plain-head model; on a GPU the head of every row
-    costs about as much as one row's, so the model's own forward computes them all).
+    costs about as much as one row's, so every row's target is computed, :meth:`greedy_targets`).
+    ``head_chunk_rows``: how many rows :meth:`greedy_targets` runs the head on at a time (None:
+    as many as keep one chunk's logits within ``HEAD_CHUNK_BYTES``, at least 16).
     """
+
+    HEAD_CHUNK_BYTES = 64 << 20
 
     def __init__(self, model) -> None:
         self.model = model
@@ -40,6 +44,7 @@ class ModelRunner:
         split = split_forward_fn(model)  # None: the model's own forward computes the logits
         self.backbone, self.head = split if split is not None else (None, None)
         self.lazy_head = split is not None and self.device.type == "cpu"
+        self.head_chunk_rows: int | None = None
         # Sliding-window layers (Gemma 3): during a chunked prefill they read only the last
         # window - 1 keys plus the chunk (refdec.decode.cache.set_prefill_window).
         self.sliding_layers = list(self.mask_spec.sliding_layers)
@@ -53,6 +58,24 @@ class ModelRunner:
         attention_mask as refdec.decode.masks builds them)."""
         inputs[self.cache_kw] = cache
         return self.model(use_cache=True, **inputs).logits
+
+    def greedy_targets(self, cache, **inputs) -> torch.Tensor:
+        """int64 [B, T] on the model's device: the argmax of every row's logits after a forward over
+        ``inputs`` (as :meth:`logits`). A plain-head model runs its head on ``head_chunk_rows``
+        rows at a time and keeps their argmax only: no [B, T, V] logits; another model's own
+        forward computes them all."""
+        if self.head is None:
+            return self.logits(cache, **inputs).argmax(dim=-1)
+        hidden = self.hidden(cache, **inputs)  # [B, T, D]
+        flat = hidden.reshape(-1, hidden.shape[-1])
+        chunk = self.head_chunk_rows
+        if chunk is None:
+            itemsize = torch.finfo(self.head.weight.dtype).bits // 8
+            chunk = max(16, self.HEAD_CHUNK_BYTES // (self.vocab_size * itemsize))
+        targets = torch.empty(flat.shape[0], dtype=torch.int64, device=flat.device)
+        for start in range(0, flat.shape[0], chunk):
+            targets[start:start + chunk] = self.head.logits(flat[start:start + chunk]).argmax(dim=-1)
+        return targets.view(hidden.shape[:2])
 
     def hidden(self, cache, **inputs) -> torch.Tensor:
         """float [B, T, D]: the backbone's last hidden states (plain-head models only)."""

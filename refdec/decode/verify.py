@@ -10,8 +10,9 @@ one of three rules, the same for every row of a call:
 
 With a lazy head (refdec.decode.head) the forward runs the backbone over every
 row and the walks, in lock-step, ask the head for the rows they visit (one head
-GEMM per round for all batch rows); otherwise the model's own forward computes
-every row's logits. Either way a step chooses about ``sum_b (1 + k_b)`` targets.
+GEMM per round for all batch rows); otherwise every row's target is computed:
+for plain greedy on the device, with the walks there too and one host sync per step
+(:func:`verify_greedy_on_device`), else from the model's own forward's logits.
 """
 
 from __future__ import annotations
@@ -23,15 +24,15 @@ from typing import Callable
 import numpy as np
 import torch
 
-from refdec.decode.accept import accept_walk, accept_walk_lazy
+from refdec.decode.accept import accept_walk, accept_walk_lazy, accept_walks_on_device, walks_from_device
 from refdec.decode.head import LockstepLazyWalks
-from refdec.decode.masks import TreeInputs
+from refdec.decode.masks import DeviceTrees, TreeInputs
 from refdec.decode.processors import PathLogitsProcessor, path_tokens
 from refdec.decode.requests import Request
 from refdec.decode.runner import ModelRunner
 from refdec.tree import DraftTree
 
-__all__ = ["Verified", "target_rule", "verify_trees"]
+__all__ = ["Verified", "target_rule", "verify_greedy_on_device", "verify_trees"]
 
 # (logits_row float [V], tree row, depth below the root) -> the target token
 TargetRule = Callable[[torch.Tensor, int, int], int]
@@ -92,3 +93,18 @@ def verify_trees(runner: ModelRunner, cache, inputs: TreeInputs, trees: list[Dra
         else:
             results.append(accept_walk_lazy(tree, lambda row, depth, b=b, rule=rule: rule(logits[b, row], row, depth)))
     return Verified(results, [logits.shape[1]] * len(trees), forward_seconds)
+
+
+def verify_greedy_on_device(runner: ModelRunner, cache, inputs: TreeInputs, trees: DeviceTrees) -> Verified:
+    """Plain greedy with every row's target: the forward over ``inputs`` and ``trees``
+    (refdec.decode.masks.device_tree_inputs), the argmax of every row
+    (:meth:`ModelRunner.greedy_targets`, the head in row chunks) and the walks
+    (refdec.decode.accept.accept_walks_on_device) run on the device; their result, a few ints
+    per row, comes to the host in the step's one host sync."""
+    t0 = time.perf_counter()
+    targets = runner.greedy_targets(cache, input_ids=inputs.input_ids, position_ids=inputs.position_ids,
+                                     attention_mask=inputs.attention_mask)  # [B, T]
+    result = accept_walks_on_device(trees.token_rows, trees.parent_rows, trees.ancestors, trees.depth, targets)
+    walks = walks_from_device(result.cpu().numpy())  # the one host sync
+    batch, t = targets.shape
+    return Verified(walks, [t] * batch, time.perf_counter() - t0)
