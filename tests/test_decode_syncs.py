@@ -10,9 +10,12 @@ row finishes); sampling the 5 copies and one read per row the walks visit (up to
 B = 1 with 64-node drafts, 27 at B = 8).
 The issue's target: at most 2 per greedy step and 3 per sampling step, at any B and tree size.
 With the inputs, masks, targets and walks on the device (refdec.decode.masks.device_tree_inputs,
-refdec.decode.verify.verify_greedy_on_device) and the host's arrays sent with non-blocking copies
-(refdec.decode.transfer), a greedy step makes one: the walks' result comes to the host. The
-assertions below are the counts achieved, so that they guard against regressions.
+refdec.decode.verify.verify_on_device) and the host's arrays sent with non-blocking copies
+(refdec.decode.transfer), a greedy or sampling step makes one: the walks' result comes to the
+host. Not on the device, so still one read per visited row: sampling with top-p (its kept set is
+found row by row) and logits settings (repetition penalty etc., applied with each path's tokens
+on the host). The assertions below are the counts achieved, so that they guard against
+regressions.
 """
 
 from __future__ import annotations
@@ -24,25 +27,26 @@ import tiny_models
 from sync_counter import count_step_syncs
 
 NEW = 24
-GREEDY_MAX = 1  # per step, the count achieved (the issue's target: 2)
+MAX_SYNCS = {False: 1, True: 1}  # per greedy / sampling step, the count achieved (the issue's target: 2 / 3)
 
 
 def references(decoder, prompts, kwargs):
     """Per row, a reference holding the row's own output with one token corrupted: long drafts
     accepted up to it, then rejected."""
     refs = []
-    for prompt in prompts:
-        out = decoder.generate(prompt, max_draft_tokens=0, **kwargs).sequences[0].tolist()[len(prompt) - 2:]
+    for b, prompt in enumerate(prompts):  # row b samples with seed + b
+        out = decoder.generate(prompt, max_draft_tokens=0, **{**kwargs, "seed": kwargs["seed"] + b})
+        out = out.sequences[0].tolist()[len(prompt) - 2:]
         out[9] = (out[9] + 1) % tiny_models.VOCAB
         refs.append([out])
     return refs
 
 
-def step_syncs(monkeypatch, model, batch: int, max_draft: int, do_sample: bool):
+def step_syncs(monkeypatch, model, batch: int, max_draft: int, do_sample: bool, **settings):
     decoder = refdec.SpeculativeDecoder(model)
     decoder.lazy_head = False  # the GPU's code path
     prompts = tiny_models.repetitive_prompts(batch, seed=21)
-    kwargs = dict(max_new_tokens=NEW, eos_token_id=[], do_sample=do_sample, seed=7)
+    kwargs = dict(max_new_tokens=NEW, eos_token_id=[], do_sample=do_sample, seed=7, **settings)
     refs = references(decoder, prompts, kwargs)
     outs = []
 
@@ -50,13 +54,15 @@ def step_syncs(monkeypatch, model, batch: int, max_draft: int, do_sample: bool):
         outs.append(decoder.generate(prompts, references=refs, max_draft_tokens=max_draft, **kwargs))
 
     steps = count_step_syncs(monkeypatch, run)
-    assert outs[0].stats.accepted_tokens > 0  # drafts were accepted: the walks went deep
+    assert outs[0].stats.accepted_tokens > 2 * batch  # drafts were accepted: the walks went deep
     return steps
 
 
+@pytest.mark.parametrize("do_sample", [False, True], ids=["greedy", "sampling"])
 @pytest.mark.parametrize("batch", [1, 8])
 @pytest.mark.parametrize("max_draft", [4, 64])
-def test_a_greedy_step_syncs_at_most_the_budget(monkeypatch, llama, batch, max_draft):
-    steps = step_syncs(monkeypatch, llama, batch, max_draft, do_sample=False)
+def test_a_step_syncs_at_most_the_budget(monkeypatch, llama, batch, max_draft, do_sample):
+    settings = dict(temperature=0.8, top_k=20) if do_sample else {}
+    steps = step_syncs(monkeypatch, llama, batch, max_draft, do_sample, **settings)
     worst = max(steps, key=lambda counts: sum(counts.values()))
-    assert sum(worst.values()) <= GREEDY_MAX, dict(worst)
+    assert sum(worst.values()) <= MAX_SYNCS[do_sample], dict(worst)

@@ -25,8 +25,8 @@ class ModelRunner:
 
     ``lazy_head``: the verifier runs the backbone and then the head on the visited rows
     only (True by default on a CPU for a plain-head model; on a GPU the head of every row
-    costs about as much as one row's, so every row's target is computed, :meth:`greedy_targets`).
-    ``head_chunk_rows``: how many rows :meth:`greedy_targets` runs the head on at a time (None:
+    costs about as much as one row's, so every row's target is computed, :meth:`row_targets`).
+    ``head_chunk_rows``: how many rows :meth:`row_targets` runs the head on at a time (None:
     as many as keep one chunk's logits within ``HEAD_CHUNK_BYTES``, at least 16).
     """
 
@@ -59,23 +59,31 @@ class ModelRunner:
         inputs[self.cache_kw] = cache
         return self.model(use_cache=True, **inputs).logits
 
-    def greedy_targets(self, cache, **inputs) -> torch.Tensor:
-        """int64 [B, T] on the model's device: the argmax of every row's logits after a forward over
-        ``inputs`` (as :meth:`logits`). A plain-head model runs its head on ``head_chunk_rows``
-        rows at a time and keeps their argmax only: no [B, T, V] logits; another model's own
-        forward computes them all."""
+    def row_targets(self, cache, choose=None, **inputs) -> torch.Tensor:
+        """int64 [B, T] on the model's device: every row's target after a forward over ``inputs``
+        (as :meth:`logits`), ``choose(logits, start) -> int64 [r]`` of each chunk of ``r`` rows
+        (``logits`` float [r, V]; ``start``: the chunk's first row in the flattened [B * T] order),
+        the argmax by default. A plain-head model runs its head on ``head_chunk_rows`` rows at a
+        time and keeps their targets only: no [B, T, V] logits; another model's own forward
+        computes them all (``choose`` still runs by chunks)."""
+        choose = choose or (lambda logits, start: logits.argmax(dim=-1))
         if self.head is None:
-            return self.logits(cache, **inputs).argmax(dim=-1)
-        hidden = self.hidden(cache, **inputs)  # [B, T, D]
-        flat = hidden.reshape(-1, hidden.shape[-1])
+            logits = self.logits(cache, **inputs)
+            shape, flat = logits.shape[:2], logits.reshape(-1, logits.shape[-1])
+            head = None
+        else:
+            hidden = self.hidden(cache, **inputs)  # [B, T, D]
+            shape, flat = hidden.shape[:2], hidden.reshape(-1, hidden.shape[-1])
+            head = self.head
         chunk = self.head_chunk_rows
         if chunk is None:
-            itemsize = torch.finfo(self.head.weight.dtype).bits // 8
+            itemsize = torch.finfo(self.head.weight.dtype if head else flat.dtype).bits // 8
             chunk = max(16, self.HEAD_CHUNK_BYTES // (self.vocab_size * itemsize))
         targets = torch.empty(flat.shape[0], dtype=torch.int64, device=flat.device)
         for start in range(0, flat.shape[0], chunk):
-            targets[start:start + chunk] = self.head.logits(flat[start:start + chunk]).argmax(dim=-1)
-        return targets.view(hidden.shape[:2])
+            rows = flat[start:start + chunk]
+            targets[start:start + chunk] = choose(rows if head is None else head.logits(rows), start)
+        return targets.view(shape)
 
     def hidden(self, cache, **inputs) -> torch.Tensor:
         """float [B, T, D]: the backbone's last hidden states (plain-head models only)."""
