@@ -97,32 +97,39 @@ def _finish(mask: torch.Tensor, spec: MaskSpec) -> torch.Tensor:
     return torch.where(mask, torch.zeros((), dtype=spec.dtype, device=mask.device), torch.finfo(spec.dtype).min)
 
 
-def masks_from_visible(full: torch.Tensor, q_pos: torch.Tensor, k_pos: torch.Tensor, spec: MaskSpec,
-                       sliding_from: int = 0):
-    """The model's mask(s) [B, 1, T, S] on ``full``'s device from ``full`` bool [B, T, S] (which key
-    slots each query may see, before any window); ``q_pos`` int64 [B, T], ``k_pos`` int64 [B, S]
-    on the same device (see :func:`attention_masks`)."""
-    windowed = None
-    if spec.window is not None:
-        windowed = full & ((q_pos[:, :, None] - k_pos[:, None, :]) < spec.window)
+def _assemble(full: torch.Tensor, windowed: torch.Tensor | None, spec: MaskSpec, sliding_from: int):
+    """The model's mask(s) [B, 1, T, S] from ``full`` / ``windowed`` bool [B, T, S] (before / after the
+    window; ``windowed`` None without one)."""
     if spec.kind == "dict":
         return {"full_attention": _finish(full, spec)[:, None],
                 "sliding_attention": _finish(windowed[:, :, sliding_from:], spec)[:, None]}
     return _finish(full if windowed is None else windowed, spec)[:, None]
 
 
+def masks_from_visible(full: torch.Tensor, q_pos: torch.Tensor, k_pos: torch.Tensor, spec: MaskSpec):
+    """The model's mask(s) [B, 1, T, S] on ``full``'s device from ``full`` bool [B, T, S] (which key
+    slots each query may see, before any window); ``q_pos`` int64 [B, T], ``k_pos`` int64 [B, S]
+    on the same device (see :func:`attention_masks`)."""
+    windowed = None
+    if spec.window is not None:  # q - k < window, as k > q - window (one broadcast op fewer)
+        windowed = full & (k_pos[:, None, :] > (q_pos - spec.window)[:, :, None])
+    return _assemble(full, windowed, spec, 0)
+
+
 def attention_masks(visible: np.ndarray, q_pos: np.ndarray, k_pos: np.ndarray, spec: MaskSpec, device,
                     sliding_from: int = 0):
     """The model's mask(s) [B, 1, T, S] from ``visible`` bool [B, T, S] (which key slots each
-    query may see, before any window).
+    query may see, before any window), built on the host and copied to ``device``.
 
     ``q_pos`` int64 [B, T], ``k_pos`` int64 [B, S]: positions of the query and key slots
     (sliding layers see a key only if ``q_pos - k_pos < window``). ``sliding_from``: with a
     per-layer-type mask (``spec.kind == "dict"``), the sliding layers' mask keeps key columns
-    ``[sliding_from, S)`` only (their windowed prefill, refdec.decode.prefill). Built on the
-    host, then copied to ``device``."""
-    masks = masks_from_visible(torch.from_numpy(np.ascontiguousarray(visible)), torch.from_numpy(q_pos),
-                               torch.from_numpy(k_pos), spec, sliding_from)
+    ``[sliding_from, S)`` only (their windowed prefill, refdec.decode.prefill)."""
+    full = torch.from_numpy(np.ascontiguousarray(visible))
+    windowed = None
+    if spec.window is not None:
+        windowed = full & torch.from_numpy((q_pos[:, :, None] - k_pos[:, None, :]) < spec.window)
+    masks = _assemble(full, windowed, spec, sliding_from)
     if isinstance(masks, dict):
         return {name: mask.to(device) for name, mask in masks.items()}
     return masks.to(device)
