@@ -1,15 +1,19 @@
 """Specifies refdec.decode.accept, the acceptance walk: from the root, descend into the child whose
 token is the current row's target while there is one; the accepted nodes form a root path and the
 bonus token is the last visited row's target. The lazy walk (targets asked row by row) and the
-step generator visit the same rows and give the same result."""
+step generator visit the same rows and give the same result; so do the walks of a padded batch
+on the device (the full head's path)."""
 
 from __future__ import annotations
 
 import numpy as np
+import torch
 from hypothesis import given, settings, strategies as st
 
 from drawn_trees import FORK_PARENTS, BEST_FIRST_TREE, random_tree
-from refdec.decode.accept import accept_walk, accept_walk_lazy, accept_walk_steps, first_child_rows
+from refdec.decode.accept import (accept_walk, accept_walk_lazy, accept_walk_steps, accept_walks_on_device,
+                                  first_child_rows, walks_from_device)
+from refdec.decode.masks import MaskSpec, device_tree_inputs
 from refdec.tree import DraftTree
 
 
@@ -98,3 +102,20 @@ def test_first_child_rows_follow_the_best_child():
     # rows: 0 root, 1 node0(20), 2 node1(21), 3 node2(22), 4 node3(23), 5 node4(24), 6 node5(25)
     assert first_child_rows(BEST_FIRST_TREE).tolist() == [1, 2, 4, 5, -1, -1, -1]
     assert first_child_rows(DraftTree.empty()).tolist() == [-1]
+
+
+@settings(max_examples=100, deadline=None, derandomize=True)
+@given(st.lists(trees_and_targets(), min_size=1, max_size=4))
+def test_the_device_walks_of_a_padded_batch_equal_each_tree_walk(cases):
+    # tokens and targets from {0..3}: siblings often carry the same token, and the walk takes the first
+    trees = [tree for tree, _ in cases]
+    _, on_device = device_tree_inputs(trees, np.zeros(len(trees), dtype=np.int64), np.full(len(trees), 5),
+                                      np.arange(5, dtype=np.int64)[None].repeat(len(trees), 0),
+                                      MaskSpec("single", None, False, torch.float32), "cpu")
+    t = on_device.token_rows.shape[1]
+    targets = torch.tensor(np.stack([np.pad(tg, (0, t - tg.shape[0]), constant_values=2) for _, tg in cases]))
+    result = accept_walks_on_device(on_device.token_rows, on_device.parent_rows, on_device.ancestors,
+                                    on_device.depth, targets)
+    for (tree, tg), (accepted, bonus) in zip(cases, walks_from_device(result.numpy())):
+        want_accepted, want_bonus = accept_walk(tree, tg)
+        assert accepted.tolist() == want_accepted.tolist() and bonus == want_bonus

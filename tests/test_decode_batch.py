@@ -89,10 +89,10 @@ def test_finished_rows_leave_the_batch(monkeypatch, llama, lazy_head):
             return forward(cache, **kwargs)
         return recording_forward
 
-    if lazy_head:  # the backbone runs the forward, the head only the visited rows
-        monkeypatch.setattr(decoder.runner, "hidden", recording(decoder.runner.hidden))
-    else:
-        monkeypatch.setattr(decoder.runner, "logits", recording(decoder.runner.logits))
+    # each forward is the backbone's (the lazy head; greedy steps with the full head, whose head runs
+    # in row chunks) or the model's own (the prefill with the full head)
+    monkeypatch.setattr(decoder.runner, "hidden", recording(decoder.runner.hidden))
+    monkeypatch.setattr(decoder.runner, "logits", recording(decoder.runner.logits))
     eos = hf_greedy(model, prompts[0])[len(prompts[0]) + 3]
     out = decoder.generate(prompts, max_new_tokens=NEW, eos_token_id=eos, max_draft_tokens=4)
     for b, p in enumerate(prompts):

@@ -47,16 +47,29 @@ def hf_greedy(model, prompt, max_new_tokens=NEW, eos_token_id=None):
     return _reference_cache[key][1]
 
 
-# fast: the first 4 of the 20 prompts on Gemma 3 (sliding window) and Llama; full: all 20 prompts
-# on every family
-@pytest.mark.parametrize("name, n_prompts", tiers([("gemma3", 4), ("llama", 4)] + [(name, 20) for name in FAMILIES],
-                                                  fast=[("gemma3", 4), ("llama", 4)]))
-def test_greedy_matches_generate_for_all_prompts_and_tree_shapes(tiny_model_cache, name, n_prompts):
+def set_head(decoder, head: str) -> None:
+    """``"lazy"``: the head on the rows the walks visit (the CPU's default); ``"full"``: every row's
+    target, the walks on the device (a GPU's path: the backbone, then the head in row chunks);
+    ``"model"``: the full path for a model whose head refdec does not split (its own forward)."""
+    decoder.lazy_head = head == "lazy"
+    if head == "model":
+        decoder.runner.head = None
+
+
+# fast: the first 4 of the 20 prompts on Gemma 3 (sliding window) and Llama, with the lazy and the
+# full head; full: all 20 prompts on every family, each head
+@pytest.mark.parametrize("name, n_prompts, head", tiers(
+    [(name, n, head) for name, n in [("gemma3", 4), ("llama", 4)] + [(name, 20) for name in FAMILIES]
+     for head in ("lazy", "full", "model")],
+    fast=[("gemma3", 4, "lazy"), ("llama", 4, "lazy"), ("gemma3", 4, "full"), ("llama", 4, "full"),
+          ("llama", 4, "model")]))
+def test_greedy_matches_generate_for_all_prompts_and_tree_shapes(tiny_model_cache, name, n_prompts, head):
     model = cached_model(tiny_model_cache, name)
     prompts = repetitive_prompts(20, seed=11)[:n_prompts]
     accepted = rejected = 0
     for max_draft, shape in CONFIGS:
         decoder = refdec.SpeculativeDecoder(model, proposer_factory=factory(shape))
+        set_head(decoder, head)
         for prompt in prompts:
             want = hf_greedy(model, prompt)
             out = decoder.generate(prompt, max_new_tokens=NEW, eos_token_id=[],
@@ -80,10 +93,12 @@ def test_greedy_short_generations_match(family_model, max_new_tokens):
         assert out.sequences[0].tolist() == want
 
 
-@pytest.mark.parametrize("family, kind", tiers(
-    [(family, kind) for family in ("gemma3", "gpt2", "llama") for kind in ("cxx", "tree")],
-    fast=[("gemma3", "cxx"), ("llama", "tree")]))
-def test_each_row_equals_generate_on_that_row_alone(tiny_model_cache, family, kind):
+@pytest.mark.parametrize("family, kind, head", tiers(
+    [(family, kind, head) for family in ("gemma3", "gpt2", "llama") for kind in ("cxx", "tree")
+     for head in ("lazy", "full")],
+    fast=[("gemma3", "cxx", "lazy"), ("llama", "tree", "lazy"), ("gemma3", "tree", "full"),
+          ("llama", "cxx", "full")]))
+def test_each_row_equals_generate_on_that_row_alone(tiny_model_cache, family, kind, head):
     model = cached_model(tiny_model_cache, family)
     prompts = mixed_batch()
     free = [hf_greedy(model, p) for p in prompts]
@@ -91,9 +106,10 @@ def test_each_row_equals_generate_on_that_row_alone(tiny_model_cache, family, ki
     want = [hf_greedy(model, p, eos_token_id=eos) for p in prompts]
     # row 0 has a reference holding its continuation: long accepted drafts
     references = [[free[0][len(prompts[0]) - 3:]]] + [None] * (len(prompts) - 1)
-    factory = None if kind == "cxx" else lookup_factory(kind)
-    out = refdec.generate(model, prompts, references=references, max_new_tokens=NEW, eos_token_id=eos,
-                          max_draft_tokens=16, proposer_factory=factory)
+    decoder = refdec.SpeculativeDecoder(model, proposer_factory=None if kind == "cxx" else lookup_factory(kind))
+    set_head(decoder, head)
+    out = decoder.generate(prompts, references=references, max_new_tokens=NEW, eos_token_id=eos,
+                           max_draft_tokens=16)
     for b, p in enumerate(prompts):
         assert batch_row(out, b, len(p)) == want[b], (family, b)
     rows = out.stats.rows

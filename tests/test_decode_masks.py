@@ -1,7 +1,8 @@
 """Specifies refdec.decode.masks: a draft tree becomes (input_ids, position_ids = root position +
 depth, attention mask) where a node sees the whole prefix, its ancestors and itself (and, for a
 sliding-window layer, only what lies in its window); a tree forward then gives every row the
-logits a plain forward over its branch gives.
+logits a plain forward over its branch gives. Built on the device from the trees' parents (the full
+head's path), the inputs are those built on the host.
 
 The trees are drawn in tests/drawn_trees.py (rows: R = root = row 0, node i = row i+1).
 """
@@ -13,9 +14,9 @@ import pytest
 import torch
 
 from drawn_trees import (CHAIN3_ANC, CHAIN3_PARENTS, FORK_ANC, FORK_DEPTH, FORK_PARENTS, WIDE_ANC, WIDE_DEPTH,
-                         WIDE_PARENTS)
+                         WIDE_PARENTS, random_tree)
 from refdec.decode.cache import new_cache
-from refdec.decode.masks import MaskSpec, ancestor_matrix, build_tree_inputs
+from refdec.decode.masks import MaskSpec, ancestor_matrix, build_tree_inputs, device_tree_inputs, tree_step_inputs
 from refdec.decode.model_support import mask_spec_for
 from refdec.tree import DraftTree
 from tiny_models import FAMILIES
@@ -122,3 +123,26 @@ def test_tree_forward_logits_equal_plain_forward_per_branch(family_model, shape,
         branch = prefix + [int(tokens[r - 1]) for r in path_rows[1:]]
         expected = _plain_logits(model, branch)[-1]
         torch.testing.assert_close(logits[row], expected, rtol=0, atol=1e-12)
+
+
+@pytest.mark.parametrize("spec", [MaskSpec("single", None, False, torch.float64), MaskSpec("single", 3, True, torch.float32),
+                                  MaskSpec("dict", 4, False, torch.float64)], ids=["plain", "window-additive", "dict"])
+def test_masks_built_on_the_device_equal_those_built_on_the_host(spec):
+    rng = np.random.default_rng(3)
+    for _ in range(20):
+        batch, slots = int(rng.integers(1, 5)), int(rng.integers(1, 12))
+        trees = [random_tree(rng, int(rng.integers(0, 20)), n_tokens=96) for _ in range(batch)]
+        key_pos = np.where(rng.random((batch, slots)) < 0.8, rng.integers(0, 50, (batch, slots)), -1)
+        roots, root_pos = rng.integers(0, 96, batch), rng.integers(50, 60, batch)
+        host = tree_step_inputs(trees, roots, root_pos, key_pos >= 0, key_pos, spec, "cpu")
+        device, on_device = device_tree_inputs(trees, roots, root_pos, key_pos, spec, "cpu")
+        assert torch.equal(device.input_ids, host.input_ids) and torch.equal(device.position_ids, host.position_ids)
+        want, got = host.attention_mask, device.attention_mask
+        for name in (want if isinstance(want, dict) else [None]):
+            w, g = (want[name], got[name]) if name else (want, got)
+            assert g.dtype == w.dtype and torch.equal(g, w), name
+        for b, tree in enumerate(trees):
+            anc, depth = ancestor_matrix(tree.parents)
+            m = anc.shape[0]
+            assert torch.equal(on_device.ancestors[b, :m, :m], torch.from_numpy(anc))
+            assert on_device.depth[b, :m].tolist() == depth.tolist()

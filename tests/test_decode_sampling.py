@@ -57,15 +57,26 @@ def setting_id(setting: dict) -> str:
 
 
 # fast: top-k + top-p on Llama; full: every family x setting (min-p's kept tokens: test_kept_tokens_...)
-FAST_SAMPLING = [("llama", 3)]
+FAST_SAMPLING = [("llama", 3, "lazy"), ("llama", 1, "full"), ("gemma3", 4, "full")]
 
 
-@pytest.mark.parametrize("name, setting", [
-    pytest.param(name, setting, id=f"{name}-{setting_id(setting)}",
-                 marks=() if (name, i) in FAST_SAMPLING else pytest.mark.full)
-    for name in ("gemma3", "gpt2", "llama", "qwen2") for i, setting in enumerate(SETTINGS)])
-def test_same_seed_gives_the_tokens_of_plain_sampling(tiny_model_cache, name, setting):
+# head "lazy": the LM head on the rows the walks visit (the CPU's default); "full": every row's
+# target (a GPU's path: on the device without top-p, by the walks on the host with it)
+@pytest.mark.parametrize("name, setting, head", [
+    pytest.param(name, setting, head, id=f"{name}-{setting_id(setting)}-{head}",
+                 marks=() if (name, i, head) in FAST_SAMPLING else pytest.mark.full)
+    for name in ("gemma3", "gpt2", "llama", "qwen2") for i, setting in enumerate(SETTINGS)
+    for head in ("lazy", "full") if head == "lazy" or name in ("gemma3", "llama")])
+def test_same_seed_gives_the_tokens_of_plain_sampling(tiny_model_cache, monkeypatch, name, setting, head):
     model = cached_model(tiny_model_cache, name)
+    if head == "full":  # every decoder of this test (refdec.generate makes its own)
+        real_init = refdec.SpeculativeDecoder.__init__
+
+        def full_head_init(self, *args, **kwargs):
+            real_init(self, *args, **kwargs)
+            self.lazy_head = False
+
+        monkeypatch.setattr(refdec.SpeculativeDecoder, "__init__", full_head_init)
     accepted = rejected = 0
     for i, prompt in enumerate(repetitive_prompts(6, seed=21)):
         seed = 1000 + i
@@ -226,3 +237,21 @@ def test_first_token_distribution_over_seeds_is_the_processed_softmax(setting, n
         assert int(a.sequences[0, len(prompt)]) == int(
             decoder.generate(prompt, max_new_tokens=1, do_sample=True, seed=s, max_draft_tokens=0,
                              eos_token_id=[], **setting).sequences[0, -1])
+
+
+@pytest.mark.parametrize("setting", [dict(temperature=1.0), dict(temperature=0.7), dict(top_k=5),
+                                     dict(temperature=1.3, top_k=1), dict(min_p=0.2), dict(temperature=0.6, top_k=9, min_p=0.05)],
+                         ids=setting_id)
+def test_sampling_rows_on_the_device_gives_each_rows_draw(setting):
+    """TargetSampler.sample_rows (every tree row at once, no host sync) draws what sample draws row by
+    row, whatever the row's seed and position, ties at the top-k threshold included."""
+    rng = np.random.default_rng(4)
+    logits = torch.from_numpy(rng.normal(size=(12, 96)) * 3)
+    logits[3, :20] = logits[3, 20]  # a tie across the top-k threshold
+    logits[5] = 0.0  # a flat row
+    seeds, positions = rng.integers(0, 1 << 62, 12), rng.integers(0, 5000, 12)
+    samplers = [sampling.TargetSampler(96, do_sample=True, seed=int(seed), **setting) for seed in seeds]
+    assert samplers[0].samples_rows
+    keys = sampling.position_keys(torch.tensor([sampling.seed_key(int(s)) for s in seeds]), torch.from_numpy(positions))
+    got = samplers[0].sample_rows(logits, keys).tolist()
+    assert got == [sampler.sample(logits[r], int(positions[r])) for r, sampler in enumerate(samplers)]

@@ -8,6 +8,7 @@ Modules, front to back:
 * ``engine``    -- the loop; ``scheduler`` (continuous batching), ``prefill``, ``drafts``
 * ``verify``    -- one forward over the batch's trees + the acceptance walks (target selection)
 * ``masks``     -- tree and prefill attention masks; ``batch`` -- the running batch's KV slots
+* ``transfer``  -- host -> device copies without a host sync
 * ``cache``     -- the KV cache and its row API; ``runner`` -- the model's forwards
 * ``head``      -- the lazy LM head; ``accept`` -- the acceptance walk; ``sampling``, ``processors``
 * ``model_support`` -- what refdec knows about model types; ``selfcheck`` -- the check for unverified ones

@@ -12,10 +12,12 @@ targets are chosen differs (see refdec.decode.sampling).
 from __future__ import annotations
 
 import numpy as np
+import torch
 
 from refdec.tree import DraftTree
 
-__all__ = ["accept_walk", "accept_walk_lazy", "accept_walk_steps", "first_child_rows"]
+__all__ = ["accept_walk", "accept_walk_lazy", "accept_walk_steps", "accept_walks_on_device", "first_child_rows",
+           "walks_from_device"]
 
 
 def accept_walk(tree: DraftTree, targets: np.ndarray) -> tuple[np.ndarray, int]:
@@ -43,6 +45,40 @@ def accept_walk(tree: DraftTree, targets: np.ndarray) -> tuple[np.ndarray, int]:
         row = node + 1
         candidates = candidates[candidates > node]  # descendants come later in topological order
     return np.asarray(accepted, dtype=np.int64), int(targets[row])
+
+
+def accept_walks_on_device(token_rows: torch.Tensor, parent_rows: torch.Tensor, ancestors: torch.Tensor,
+                           depth: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """:func:`accept_walk` for a batch of trees at once, on their device, without a host sync.
+
+    The trees as refdec.decode.masks.DeviceTrees lays them out: ``token_rows``, ``parent_rows``,
+    ``depth`` int64 [B, T], ``ancestors`` bool [B, T, T]; ``targets`` int64 [B, T], the target at
+    every row. A node is accepted when it is the first child of its parent row that proposes the
+    parent's target (as the walk's ``kids[0]``) and so is every ancestor; the accepted nodes form
+    one path from the root, the bonus token is the target at its deepest row.
+
+    Returns int64 [B, T + 1]: per row ``k`` (accepted nodes), the bonus token, then the accepted
+    node indices in path order (``k`` of them, then -1): :func:`walks_from_device` reads it.
+    """
+    batch, t = token_rows.shape
+    rows = torch.arange(t, device=token_rows.device).expand(batch, t)
+    is_node = parent_rows != rows  # the root and padding rows are their own parents
+    correct = is_node & (token_rows == targets.gather(1, parent_rows))
+    # the first correct child of each row (t: none); a padding row is nobody's parent
+    first = torch.full_like(rows, t).scatter_reduce(1, parent_rows, torch.where(correct, rows, t), "amin")
+    ok = (correct & (first.gather(1, parent_rows) == rows)) | (rows == 0)
+    accepted = ~(ancestors & ~ok[:, None, :]).any(dim=2)
+    k = accepted.sum(dim=1) - 1
+    deepest = torch.where(accepted, depth, -1).argmax(dim=1, keepdim=True)
+    path = torch.full((batch, t + 1), -1, dtype=torch.int64, device=token_rows.device)
+    path.scatter_(1, torch.where(accepted & is_node, depth - 1, t), rows - 1)  # column t: the rest
+    return torch.cat([k[:, None], targets.gather(1, deepest), path[:, : t - 1]], dim=1)
+
+
+def walks_from_device(result: np.ndarray) -> list[tuple[np.ndarray, int]]:
+    """``(accepted_nodes int64 [k], bonus token)`` per row of ``result`` (int64 [B, T + 1], from
+    :func:`accept_walks_on_device`, on the host)."""
+    return [(row[2:2 + row[0]].copy(), int(row[1])) for row in result]
 
 
 def accept_walk_lazy(tree: DraftTree, target_of_row) -> tuple[np.ndarray, int]:

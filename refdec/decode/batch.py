@@ -28,6 +28,7 @@ import torch
 
 from refdec.decode.cache import append_rows, gather_slots, select_rows
 from refdec.decode.requests import Request
+from refdec.decode.transfer import to_device
 
 __all__ = ["RunningBatch"]
 
@@ -103,8 +104,8 @@ class RunningBatch:
             self.lengths[b] += kept
         new_len = self.slots
         device = self.device
-        gather_slots(self.cache, torch.arange(n_rows, device=device)[:, None], torch.from_numpy(src).to(device),
-                     torch.from_numpy(dst).to(device), new_len)
+        src_dst = to_device(np.stack([src, dst]), device)  # one copy, no host sync
+        gather_slots(self.cache, torch.arange(n_rows, device=device)[:, None], src_dst[0], src_dst[1], new_len)
         self.valid, self.key_pos = self.valid[:, :new_len], self.key_pos[:, :new_len]
 
     def drop_finished(self) -> None:
@@ -121,7 +122,7 @@ class RunningBatch:
         valid = self.valid[keep, :new_len]
         # left-padding holes that every remaining row has (a long prompt's row left): cut them too
         start = int(valid.argmax(axis=1).min())
-        select_rows(self.cache, torch.tensor(keep, dtype=torch.int64, device=self.device), start, new_len)
+        select_rows(self.cache, to_device(np.asarray(keep, dtype=np.int64), self.device), start, new_len)
         self.requests = [self.requests[b] for b in keep]
         self.lengths = lengths - start
         self.valid = valid[:, start:]

@@ -18,7 +18,7 @@ from refdec.decode.accept import accept_walk_steps, first_child_rows
 from refdec.decode.model_support import PLAIN_HEAD_MODEL_TYPES, cache_kwarg, text_config
 from refdec.tree import DraftTree
 
-__all__ = ["LazyRowLogits", "LockstepLazyWalks", "PlainHead", "split_forward_fn", "tree_forward_fn"]
+__all__ = ["LazyRowLogits", "LockstepLazyWalks", "PlainHead", "split_forward_fn"]
 
 
 class PlainHead:
@@ -75,23 +75,6 @@ def split_forward_fn(model):
         return backbone(use_cache=True, **inputs).last_hidden_state  # [B, T, D]
 
     return backbone_forward, PlainHead(head.weight, getattr(config, "final_logit_softcapping", None))
-
-
-def tree_forward_fn(model):
-    """A verification forward computing every row's logits with :class:`PlainHead`, or None.
-
-    Returns ``forward(cache, **inputs) -> logits`` (float [T, V], one sequence). The
-    logits are the model's up to float rounding.
-    """
-    split = split_forward_fn(model)
-    if split is None:
-        return None
-    backbone_forward, head = split
-
-    def forward(cache, **inputs):
-        return head.logits(backbone_forward(cache, **inputs)[0])
-
-    return forward
 
 
 class LazyRowLogits:

@@ -21,6 +21,8 @@ ANDed with that window, computed on *positions* (a node at depth ``d`` sits at
 ``root_pos + d``), so a tree row sees exactly what the same token would see in a
 plain left-to-right forward of its branch. A model with sliding and full layers
 (Gemma 3) takes a dict ``{"full_attention": m, "sliding_attention": m_window}``.
+With the full LM head (a GPU) the masks are built on the device from the trees' parents
+(:func:`device_tree_inputs`); with the lazy head (a CPU) on the host (:func:`tree_step_inputs`).
 No attention row is ever fully masked (SDPA would return NaN there, and the NaN
 would reach other rows through 0 * NaN in the value product).
 """
@@ -32,9 +34,11 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from refdec.decode.transfer import to_device
 from refdec.tree import DraftTree
 
-__all__ = ["MaskSpec", "TreeInputs", "ancestor_matrix", "attention_masks", "build_tree_inputs", "tree_step_inputs"]
+__all__ = ["DeviceTrees", "MaskSpec", "TreeInputs", "ancestor_matrix", "attention_masks", "build_tree_inputs",
+           "device_tree_inputs", "masks_from_visible", "tree_step_inputs"]
 
 
 @dataclass(frozen=True)
@@ -90,13 +94,32 @@ def _finish(mask: torch.Tensor, spec: MaskSpec) -> torch.Tensor:
     """A bool mask as the model's attention takes it (float 0 / dtype-min for eager attention)."""
     if not spec.additive:
         return mask
-    return torch.where(mask, torch.zeros((), dtype=spec.dtype), torch.finfo(spec.dtype).min)
+    return torch.where(mask, torch.zeros((), dtype=spec.dtype, device=mask.device), torch.finfo(spec.dtype).min)
+
+
+def _assemble(full: torch.Tensor, windowed: torch.Tensor | None, spec: MaskSpec, sliding_from: int):
+    """The model's mask(s) [B, 1, T, S] from ``full`` / ``windowed`` bool [B, T, S] (before / after the
+    window; ``windowed`` None without one)."""
+    if spec.kind == "dict":
+        return {"full_attention": _finish(full, spec)[:, None],
+                "sliding_attention": _finish(windowed[:, :, sliding_from:], spec)[:, None]}
+    return _finish(full if windowed is None else windowed, spec)[:, None]
+
+
+def masks_from_visible(full: torch.Tensor, q_pos: torch.Tensor, k_pos: torch.Tensor, spec: MaskSpec):
+    """The model's mask(s) [B, 1, T, S] on ``full``'s device from ``full`` bool [B, T, S] (which key
+    slots each query may see, before any window); ``q_pos`` int64 [B, T], ``k_pos`` int64 [B, S]
+    on the same device (see :func:`attention_masks`)."""
+    windowed = None
+    if spec.window is not None:  # q - k < window, as k > q - window (one broadcast op fewer)
+        windowed = full & (k_pos[:, None, :] > (q_pos - spec.window)[:, :, None])
+    return _assemble(full, windowed, spec, 0)
 
 
 def attention_masks(visible: np.ndarray, q_pos: np.ndarray, k_pos: np.ndarray, spec: MaskSpec, device,
                     sliding_from: int = 0):
     """The model's mask(s) [B, 1, T, S] from ``visible`` bool [B, T, S] (which key slots each
-    query may see, before any window).
+    query may see, before any window), built on the host and copied to ``device``.
 
     ``q_pos`` int64 [B, T], ``k_pos`` int64 [B, S]: positions of the query and key slots
     (sliding layers see a key only if ``q_pos - k_pos < window``). ``sliding_from``: with a
@@ -105,14 +128,11 @@ def attention_masks(visible: np.ndarray, q_pos: np.ndarray, k_pos: np.ndarray, s
     full = torch.from_numpy(np.ascontiguousarray(visible))
     windowed = None
     if spec.window is not None:
-        in_window = (q_pos[:, :, None] - k_pos[:, None, :]) < spec.window
-        windowed = full & torch.from_numpy(in_window)
-    if spec.kind == "dict":
-        return {"full_attention": _finish(full, spec)[:, None].to(device),
-                "sliding_attention": _finish(windowed[:, :, sliding_from:], spec)[:, None].to(device)}
-    if windowed is not None:
-        return _finish(windowed, spec)[:, None].to(device)
-    return _finish(full, spec)[:, None].to(device)
+        windowed = full & torch.from_numpy((q_pos[:, :, None] - k_pos[:, None, :]) < spec.window)
+    masks = _assemble(full, windowed, spec, sliding_from)
+    if isinstance(masks, dict):
+        return {name: mask.to(device) for name, mask in masks.items()}
+    return masks.to(device)
 
 
 def tree_step_inputs(trees: list[DraftTree], roots: np.ndarray, root_pos: np.ndarray, valid: np.ndarray,
@@ -141,6 +161,62 @@ def tree_step_inputs(trees: list[DraftTree], roots: np.ndarray, root_pos: np.nda
     k_pos = np.concatenate([key_pos, q_pos], axis=1)
     return TreeInputs(input_ids=torch.from_numpy(ids).to(device), position_ids=torch.from_numpy(q_pos).to(device),
                       attention_mask=attention_masks(visible, q_pos, k_pos, spec, device))
+
+
+@dataclass
+class DeviceTrees:
+    """A batch's trees as :func:`device_tree_inputs` lays them out on the device, for the walks
+    there (refdec.decode.accept.accept_walks_on_device): ``token_rows`` int64 [B, T] (row 0 the
+    root, row ``1 + node_idx`` node ``node_idx``; padding: the root again), ``parent_rows`` int64
+    [B, T] (a row's parent row; the root and padding rows: themselves), ``ancestors`` bool [B, T, T]
+    (ancestor-or-self, as :func:`ancestor_matrix`; a padding row: itself only), ``depth`` int64
+    [B, T] (padding: 0)."""
+
+    token_rows: torch.Tensor
+    parent_rows: torch.Tensor
+    ancestors: torch.Tensor
+    depth: torch.Tensor
+
+
+def device_tree_inputs(trees: list[DraftTree], roots: np.ndarray, root_pos: np.ndarray, key_pos: np.ndarray,
+                       spec: MaskSpec, device) -> tuple[TreeInputs, DeviceTrees]:
+    """:func:`tree_step_inputs` built on the device: the host sends one int32 array (each row's
+    tokens, parent rows, cache key positions and root position; refdec.decode.transfer.to_device,
+    no host sync) and the device derives the ancestor relation (repeated squaring of the parent
+    relation), the depths, the positions and the masks from it.
+
+    ``trees[b]``: row b's draft tree; ``roots`` int64 [B]; ``root_pos`` int64 [B]; ``key_pos``
+    int64 [B, S]: the absolute position of each cache slot, -1 for a hole (a slot is valid iff its
+    position is >= 0). Same tensors as :func:`tree_step_inputs`, and the trees as the walks on the
+    device read them."""
+    batch, slots = key_pos.shape
+    t = 1 + max(len(tree) for tree in trees)
+    host = np.empty((batch, 2 * t + slots + 1), dtype=np.int32)
+    ids, parents = host[:, :t], host[:, t:2 * t]
+    parents[:] = np.arange(t, dtype=np.int32)  # the root and padding rows are their own parents
+    for b, tree in enumerate(trees):
+        n = len(tree)
+        ids[b, 0] = roots[b]
+        ids[b, 1:n + 1] = tree.token_ids
+        ids[b, n + 1:] = roots[b]
+        parents[b, 1:n + 1] = tree.parents + 1
+    host[:, 2 * t:2 * t + slots] = key_pos
+    host[:, -1] = root_pos
+    sent = to_device(host, device).to(torch.int64)
+    token_rows, parent_rows = sent[:, :t], sent[:, t:2 * t]
+    k_cache, root = sent[:, 2 * t:2 * t + slots], sent[:, -1:]
+    rows = torch.arange(t, device=sent.device)
+    # reach[b, r, c]: c is r, r's parent, ..., within 2^j generations after j squarings
+    reach = (parent_rows[:, :, None] == rows) | (rows[:, None] == rows)
+    for _ in range(max(0, t - 2).bit_length()):  # depth <= t - 1 generations
+        step = reach.to(torch.float32)
+        reach = torch.bmm(step, step) > 0
+    depth = reach.sum(dim=2) - 1
+    q_pos = root + depth
+    visible = torch.cat([(k_cache >= 0)[:, None, :].expand(batch, t, slots), reach], dim=2)
+    masks = masks_from_visible(visible, q_pos, torch.cat([k_cache, q_pos], dim=1), spec)
+    return (TreeInputs(input_ids=token_rows, position_ids=q_pos, attention_mask=masks),
+            DeviceTrees(token_rows, parent_rows, reach, depth))
 
 
 def build_tree_inputs(tree: DraftTree, root_token: int, root_pos: int, spec: MaskSpec,

@@ -25,8 +25,12 @@ class ModelRunner:
 
     ``lazy_head``: the verifier runs the backbone and then the head on the visited rows
     only (True by default on a CPU for a plain-head model; on a GPU the head of every row
-    costs about as much as one row's, so the model's own forward computes them all).
+    costs about as much as one row's, so every row's target is computed, :meth:`row_targets`).
+    ``head_chunk_rows``: how many rows :meth:`row_targets` runs the head on at a time (None:
+    as many as keep one chunk's logits within ``HEAD_CHUNK_BYTES``, at least 16).
     """
+
+    HEAD_CHUNK_BYTES = 64 << 20
 
     def __init__(self, model) -> None:
         self.model = model
@@ -40,6 +44,7 @@ class ModelRunner:
         split = split_forward_fn(model)  # None: the model's own forward computes the logits
         self.backbone, self.head = split if split is not None else (None, None)
         self.lazy_head = split is not None and self.device.type == "cpu"
+        self.head_chunk_rows: int | None = None
         # Sliding-window layers (Gemma 3): during a chunked prefill they read only the last
         # window - 1 keys plus the chunk (refdec.decode.cache.set_prefill_window).
         self.sliding_layers = list(self.mask_spec.sliding_layers)
@@ -53,6 +58,32 @@ class ModelRunner:
         attention_mask as refdec.decode.masks builds them)."""
         inputs[self.cache_kw] = cache
         return self.model(use_cache=True, **inputs).logits
+
+    def row_targets(self, cache, choose=None, **inputs) -> torch.Tensor:
+        """int64 [B, T] on the model's device: every row's target after a forward over ``inputs``
+        (as :meth:`logits`), ``choose(logits, start) -> int64 [r]`` of each chunk of ``r`` rows
+        (``logits`` float [r, V]; ``start``: the chunk's first row in the flattened [B * T] order),
+        the argmax by default. A plain-head model runs its head on ``head_chunk_rows`` rows at a
+        time and keeps their targets only: no [B, T, V] logits; another model's own forward
+        computes them all (``choose`` still runs by chunks)."""
+        choose = choose or (lambda logits, start: logits.argmax(dim=-1))
+        if self.head is None:
+            logits = self.logits(cache, **inputs)
+            shape, flat = logits.shape[:2], logits.reshape(-1, logits.shape[-1])
+            head = None
+        else:
+            hidden = self.hidden(cache, **inputs)  # [B, T, D]
+            shape, flat = hidden.shape[:2], hidden.reshape(-1, hidden.shape[-1])
+            head = self.head
+        chunk = self.head_chunk_rows
+        if chunk is None:
+            itemsize = torch.finfo(self.head.weight.dtype if head else flat.dtype).bits // 8
+            chunk = max(16, self.HEAD_CHUNK_BYTES // (self.vocab_size * itemsize))
+        targets = torch.empty(flat.shape[0], dtype=torch.int64, device=flat.device)
+        for start in range(0, flat.shape[0], chunk):
+            rows = flat[start:start + chunk]
+            targets[start:start + chunk] = choose(rows if head is None else head.logits(rows), start)
+        return targets.view(shape)
 
     def hidden(self, cache, **inputs) -> torch.Tensor:
         """float [B, T, D]: the backbone's last hidden states (plain-head models only)."""

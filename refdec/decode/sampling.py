@@ -75,6 +75,27 @@ def gumbel_at(seed: int, position: int, indices: torch.Tensor) -> torch.Tensor:
     return -torch.log(-torch.log(u))
 
 
+def seed_key(seed: int) -> int:
+    """The int64 a row's positions are keyed with (:func:`position_keys`)."""
+    return _s64(_splitmix64_int(seed & _MASK64))
+
+
+def position_keys(seed_keys: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+    """int64 like ``positions``: the noise key of each (row's seed, absolute position), as
+    :func:`gumbel_at` keys one. ``seed_keys`` int64 (:func:`seed_key` of each row's seed) and
+    ``positions`` int64 (>= 0) broadcast together."""
+    return _splitmix64(seed_keys ^ positions)
+
+
+def gumbel_keyed(keys: torch.Tensor, vocab_size: int) -> torch.Tensor:
+    """float64 [R, vocab_size]: row ``r`` is ``gumbel_row(seed, position, vocab_size)`` for the
+    (seed, position) whose key (:func:`position_keys`) is ``keys[r]`` (``keys`` int64 [R])."""
+    counters = torch.arange(vocab_size, dtype=torch.int64, device=keys.device) * _GOLDEN + keys[:, None]
+    bits = _srl(_splitmix64(counters), 11)
+    u = (bits.to(torch.float64) + 0.5) * (1.0 / (1 << 53))
+    return -torch.log(-torch.log(u))
+
+
 def gumbel_row(seed: int, position: int, vocab_size: int, device="cpu") -> torch.Tensor:
     """float64 [vocab_size]: Gumbel(0, 1) noise for every token at absolute ``position``."""
     return gumbel_at(seed, position, torch.arange(vocab_size, dtype=torch.int64, device=device))
@@ -159,9 +180,8 @@ def _top_k_top_p_kept(scores: torch.Tensor, top_k: int | None, top_p: float | No
 class TargetSampler:
     """Chooses the target token the model emits after a verified row.
 
-    Greedy: ``argmax`` for all tree rows at once (``greedy_targets``). Sampling
-    (``sample``): one row at a time (the acceptance walk asks only for the rows on
-    its path, so each emitted token costs one row), Gumbel-max with noise keyed by
+    Sampling (``sample``; greedy is an argmax, refdec.decode.verify): one row at a time (the
+    acceptance walk asks only for the rows on its path, so each emitted token costs one row), Gumbel-max with noise keyed by
     ``(seed, position, token)`` restricted to the tokens top-k / top-p / min-p keep.
     """
 
@@ -178,10 +198,37 @@ class TargetSampler:
         self.device = device
         self._all_tokens = None
 
-    @staticmethod
-    def greedy_targets(logits: torch.Tensor) -> torch.Tensor:
-        """int64 [rows]: argmax of each row of ``logits`` [rows, vocab]."""
-        return logits.argmax(dim=-1)
+    @property
+    def samples_rows(self) -> bool:
+        """True when :meth:`sample_rows` gives :meth:`sample`'s tokens: sampling without top-p
+        (whose kept set :func:`kept_tokens` finds row by row)."""
+        return self.do_sample and (self.top_p is None or self.top_p >= 1.0)
+
+    @property
+    def settings(self) -> tuple:
+        """What :meth:`sample_rows` reads besides the seed: rows whose samplers agree on it are
+        sampled together."""
+        return self.temperature, self.top_k, self.min_p
+
+    def sample_rows(self, logits: torch.Tensor, keys: torch.Tensor) -> torch.Tensor:
+        """int64 [R]: :meth:`sample` of each row of ``logits`` float [R, V] on their device, without a
+        host sync (:attr:`samples_rows` only). ``keys`` int64 [R]: each row's (seed, position)
+        key (:func:`position_keys`; the seeds may differ, the settings are this sampler's).
+        The same arithmetic element by element: the top-k threshold and min-p's bound per row,
+        the kept tokens' noisy scores, the first maximum (the kept tokens in vocabulary order)."""
+        scores = logits.to(torch.float64)
+        if self.temperature != 1.0:
+            scores = scores / self.temperature
+        noisy = scores + gumbel_keyed(keys, scores.shape[-1])
+        keep = None
+        if self.top_k is not None and self.top_k < scores.shape[-1]:
+            keep = scores >= torch.topk(scores, self.top_k, dim=-1).values[:, -1:]
+        if self.min_p is not None and self.min_p > 0.0:
+            above = scores >= _min_p_threshold(scores.max(dim=-1, keepdim=True).values, self.min_p)
+            keep = above if keep is None else keep & above
+        if keep is not None:
+            noisy = noisy.masked_fill(~keep, float("-inf"))
+        return noisy.argmax(dim=-1)
 
     def sample(self, logits_row: torch.Tensor, position: int) -> int:
         """The sampled token at absolute ``position`` given that position's logits [vocab]."""

@@ -10,8 +10,10 @@ one of three rules, the same for every row of a call:
 
 With a lazy head (refdec.decode.head) the forward runs the backbone over every
 row and the walks, in lock-step, ask the head for the rows they visit (one head
-GEMM per round for all batch rows); otherwise the model's own forward computes
-every row's logits. Either way a step chooses about ``sum_b (1 + k_b)`` targets.
+GEMM per round for all batch rows); otherwise every row's target is computed:
+for plain greedy and for sampling without logits settings or top-p on the device, with
+the walks there too and one host sync per step (:func:`verify_on_device`), else from the
+model's own forward's logits, the walks on the host asking the rules.
 """
 
 from __future__ import annotations
@@ -23,15 +25,17 @@ from typing import Callable
 import numpy as np
 import torch
 
-from refdec.decode.accept import accept_walk, accept_walk_lazy
+from refdec.decode.accept import accept_walk, accept_walk_lazy, accept_walks_on_device, walks_from_device
 from refdec.decode.head import LockstepLazyWalks
-from refdec.decode.masks import TreeInputs
+from refdec.decode.masks import DeviceTrees, TreeInputs
 from refdec.decode.processors import PathLogitsProcessor, path_tokens
 from refdec.decode.requests import Request
 from refdec.decode.runner import ModelRunner
+from refdec.decode.sampling import TargetSampler, position_keys, seed_key
+from refdec.decode.transfer import to_device
 from refdec.tree import DraftTree
 
-__all__ = ["Verified", "target_rule", "verify_trees"]
+__all__ = ["SampledRule", "Verified", "device_choice", "target_rule", "verify_on_device", "verify_trees"]
 
 # (logits_row float [V], tree row, depth below the root) -> the target token
 TargetRule = Callable[[torch.Tensor, int, int], int]
@@ -61,7 +65,7 @@ def target_rule(request: Request, tree: DraftTree, processor: PathLogitsProcesso
             logits_row, request.seq + path_tokens(tree, row), request.prompt_len, request.sampler,
             root_pos + 1 + depth)
     if do_sample:
-        return lambda logits_row, row, depth: request.sampler.sample(logits_row, root_pos + 1 + depth)
+        return SampledRule(request.sampler, root_pos)
     return None
 
 
@@ -92,3 +96,54 @@ def verify_trees(runner: ModelRunner, cache, inputs: TreeInputs, trees: list[Dra
         else:
             results.append(accept_walk_lazy(tree, lambda row, depth, b=b, rule=rule: rule(logits[b, row], row, depth)))
     return Verified(results, [logits.shape[1]] * len(trees), forward_seconds)
+
+
+class SampledRule:
+    """The target rule of a row sampled without logits settings: ``sampler.sample`` of the row's
+    logits at its absolute position (``root_pos + 1 + depth``). The backend may sample such rows
+    on the device instead (:func:`device_choice`)."""
+
+    def __init__(self, sampler: TargetSampler, root_pos: int) -> None:
+        self.sampler = sampler
+        self.root_pos = root_pos
+
+    def __call__(self, logits_row: torch.Tensor, row: int, depth: int) -> int:
+        return self.sampler.sample(logits_row, self.root_pos + 1 + depth)
+
+
+def device_choice(rules: list[TargetRule | None], position_ids: torch.Tensor):
+    """How :meth:`ModelRunner.row_targets` chooses every row's target for these rows' rules without a
+    host sync: None for the argmax (plain greedy), ``choose(logits, start)`` for rows all sampled
+    by :class:`SampledRule` with one sampler's settings and no top-p; False otherwise (logits
+    settings, top-p, a mix: the walks on the host ask the rules). ``position_ids`` int64 [B, T] on
+    the device: each row's position (a row's target is sampled at position + 1)."""
+    if all(rule is None for rule in rules):
+        return None
+    if not all(isinstance(rule, SampledRule) and rule.sampler.samples_rows for rule in rules):
+        return False
+    sampler = rules[0].sampler
+    if any(rule.sampler.settings != sampler.settings for rule in rules):
+        return False
+    seeds = to_device(np.array([seed_key(rule.sampler.seed) for rule in rules], dtype=np.int64),
+                      position_ids.device)
+    keys = position_keys(seeds[:, None], position_ids + 1).reshape(-1)  # [B * T]
+
+    def choose(logits: torch.Tensor, start: int) -> torch.Tensor:
+        return sampler.sample_rows(logits, keys[start:start + logits.shape[0]])
+
+    return choose
+
+
+def verify_on_device(runner: ModelRunner, cache, inputs: TreeInputs, trees: DeviceTrees, choose=None) -> Verified:
+    """Every row's target chosen on the device (``choose`` from :func:`device_choice`; None: the
+    argmax) after the forward over ``inputs`` and ``trees`` (refdec.decode.masks.device_tree_inputs),
+    the head in row chunks (:meth:`ModelRunner.row_targets`), and the walks there too
+    (refdec.decode.accept.accept_walks_on_device); their result, a few ints per row, comes to the
+    host in the step's one host sync."""
+    t0 = time.perf_counter()
+    targets = runner.row_targets(cache, choose, input_ids=inputs.input_ids, position_ids=inputs.position_ids,
+                                 attention_mask=inputs.attention_mask)  # [B, T]
+    result = accept_walks_on_device(trees.token_rows, trees.parent_rows, trees.ancestors, trees.depth, targets)
+    walks = walks_from_device(result.cpu().numpy())  # the one host sync
+    batch, t = targets.shape
+    return Verified(walks, [t] * batch, time.perf_counter() - t0)
