@@ -8,6 +8,8 @@ import os
 import sys
 from pathlib import Path
 
+from refdec import gguf_files
+
 __all__ = ["BUILTIN_MODELS", "ENGINES", "add_model_arguments", "check_input_file", "check_output_path",
            "choose_engine", "draft_tokens", "is_gguf", "jsonl_lines", "llama_cpp_available", "load_model_arg",
            "read_text_file", "set_threads"]
@@ -158,8 +160,6 @@ def load_model_arg(model: str | None, threads: int | None, engine: str | None = 
     builtin = BUILTIN_MODELS.get(model)
     if engine == "llama.cpp":
         if builtin is not None:
-            from refdec import gguf_files
-
             path = str(getattr(gguf_files, builtin[0])())
         else:
             check_input_file(model, "--model")
