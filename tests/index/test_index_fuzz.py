@@ -110,8 +110,8 @@ class Worker:
         self.proc = None
 
     def _start(self) -> None:
-        tests_dir = Path(__file__).resolve().parent
-        paths = [str(tests_dir.parent), str(tests_dir), os.environ.get("PYTHONPATH", "")]
+        here = Path(__file__).resolve().parent  # tests/index/ (its modules), tests/ (the helper modules)
+        paths = [str(here.parents[1]), str(here.parent), str(here), os.environ.get("PYTHONPATH", "")]
         env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in paths if p))
         script = self.tmp_dir / "fuzz_worker.py"
         script.write_text(_WORKER)

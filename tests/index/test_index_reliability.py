@@ -39,11 +39,11 @@ import refdec
 from refdec import _C, ContextIndex, CorpusIndex, IndexFormatError, Proposer
 from word_tokenizer import WordTokenizer
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 
 def _env() -> dict:
-    paths = [str(REPO), str(Path(__file__).resolve().parent), os.environ.get("PYTHONPATH", "")]
+    paths = [str(REPO), str(REPO / "tests"), os.environ.get("PYTHONPATH", "")]
     return dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in paths if p))
 
 
