@@ -1,19 +1,25 @@
 """Specifies refdec.decode.decoder, the front end: ``refdec.generate`` and ``SpeculativeDecoder``
 check every argument (a ValueError naming it), stream to transformers streamers, survive a
 raising streamer, are reusable across calls (without growing memory), and call ``on_row_done``
-as rows finish."""
+as rows finish; the one-time calibration of ``max_draft_tokens="auto"`` is reported as
+``stats.calibration_seconds``, not in ``wall_seconds``."""
 
 from __future__ import annotations
 
 import gc
 import tracemalloc
+from types import SimpleNamespace
 
 import pytest
 import torch
 from transformers import TextIteratorStreamer
 
 import refdec
-from tiny_models import RecordingStreamer, batch_row, hf_greedy, mixed_batch, repetitive_prompts, tiny_llama
+import refdec.decode.backend as backend_module
+import refdec.decode.decoder as decoder_module
+from refdec import calibration
+from tiny_models import (FakeClock, RecordingStreamer, batch_row, hf_greedy, mixed_batch, repetitive_prompts,
+                         tiny_llama)
 
 NEW = 40
 
@@ -205,3 +211,24 @@ def test_hundreds_of_generate_calls_on_one_decoder_do_not_grow_memory():
     # measured: ~0.4 MiB RSS, ~90 KiB Python heap over 300 calls (noise; 10,000 calls: benchmarks/long_run.py)
     assert rss_growth < 24 * 2**20, rss_growth
     assert heap_growth < 2 * 2**20, heap_growth
+
+
+def test_calibration_is_reported_apart_and_not_in_the_wall_time(monkeypatch):
+    """A fake clock in the decoder module (time passes only while the cost curve is measured): the
+    call reports that time as calibration and none of it as wall time."""
+    clock = FakeClock()
+    monkeypatch.setattr(decoder_module, "time", SimpleNamespace(perf_counter=clock))
+
+    def slow_curve(model):
+        clock.now += 0.5  # measuring the curve takes half a second
+        return calibration.DEFAULT_CPU_CURVE
+
+    monkeypatch.setattr(backend_module, "auto_cost_curve", slow_curve)
+    model = tiny_llama()
+    out = refdec.generate(model, repetitive_prompts(1)[0], max_new_tokens=4, eos_token_id=[])
+    assert out.stats.calibration_seconds == 0.5 and out.stats.wall_seconds == 0.0
+    # a batch likewise; a fixed draft size needs no curve
+    out = refdec.generate(model, repetitive_prompts(2), max_new_tokens=4, eos_token_id=[])
+    assert out.stats.calibration_seconds == 0.5 and out.stats.wall_seconds == 0.0
+    out = refdec.generate(model, repetitive_prompts(1)[0], max_new_tokens=4, eos_token_id=[], max_draft_tokens=8)
+    assert out.stats.calibration_seconds == 0.0
