@@ -1,4 +1,5 @@
-"""refdec on llama.cpp (refdec.llama_cpp.backend) with a tiny random GGUF model (tests/tiny_gguf.py).
+"""Specifies refdec.llama_cpp.backend, refdec on llama.cpp, with a tiny random GGUF model
+(tests/tiny_gguf.py).
 
 llama.cpp's batched evaluation is not bit-identical to its one-token evaluation (shown and
 measured in benchmarks/llama_cpp.py), so greedy identity with llama.cpp's plain decoding is

@@ -1,4 +1,4 @@
-"""The on-disk index file: round trip, corruption, foreign files, atomic save.
+"""Specifies refdec.index's on-disk index file: round trip, corruption, foreign files, atomic save.
 
 Specification:
 - ``save`` then ``load`` (mmap) answers every query exactly as the built index;

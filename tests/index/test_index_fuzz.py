@@ -1,4 +1,5 @@
-"""Fuzzing ``CorpusIndex.load`` with mutated index files (hypothesis).
+"""Specifies refdec.index's loader under fuzzing: ``CorpusIndex.load`` with mutated index files
+(hypothesis).
 
 Property: whatever the bytes of a file, ``CorpusIndex.load`` either raises
 ``IndexFormatError`` or returns an index that answers every query
