@@ -58,6 +58,27 @@ def test_edit_streams_the_file_to_stdout_without_out(capsys, tmp_path, tiny_mode
     assert code == 0 and "[refdec edit] warning: stopped at --max-new-tokens 16" in stderr  # and said to be cut
 
 
+def test_edit_compare_warms_both_methods_up_before_timing_them(monkeypatch, tmp_path, capsys, tiny_model_dir):
+    import refdec
+
+    calls = []
+    generate = refdec.generate
+
+    def recording(model, input_ids, **kwargs):
+        calls.append((kwargs["max_draft_tokens"], kwargs["max_new_tokens"]))
+        return generate(model, input_ids, **kwargs)
+
+    monkeypatch.setattr(refdec, "generate", recording)
+    src = tmp_path / "m.py"
+    src.write_text("def f(x):\n    return x + 1\n")
+    code, _, err = run_cli(capsys, "edit", src, "--instruction", "rename f", "--model", tiny_model_dir(),
+                           "--max-new-tokens", "12", "--compare", "--diff")
+    assert code == 0, err
+    assert "warm-up before timing" in err and "outputs identical: True" in err
+    # both paths run (untimed) before the timed refdec run, then the timed plain run
+    assert calls == [("auto", 4), (0, 4), ("auto", 12), (0, 12)]
+
+
 def test_edit_of_a_missing_file_is_an_error_naming_it(capsys, tmp_path):
     code, _, stderr = run_cli(capsys, "edit", tmp_path / "nope.py", "--instruction", "x")
     assert code == 2 and "nope.py" in stderr
@@ -96,24 +117,3 @@ def test_edit_defaults_to_the_editor_model_through_its_chat_template(capsys, tmp
     code, _, stderr = run_cli(capsys, "edit", src, "--instruction", "x", "--model", tiny_model_dir_3, "--engine",
                               "llama.cpp")
     assert code == 2 and "--engine llama.cpp needs a GGUF file or a built-in name" in stderr
-
-
-def test_edit_compare_warms_both_methods_up_before_timing_them(monkeypatch, tmp_path, capsys, tiny_model_dir):
-    import refdec
-
-    calls = []
-    generate = refdec.generate
-
-    def recording(model, input_ids, **kwargs):
-        calls.append((kwargs["max_draft_tokens"], kwargs["max_new_tokens"]))
-        return generate(model, input_ids, **kwargs)
-
-    monkeypatch.setattr(refdec, "generate", recording)
-    src = tmp_path / "m.py"
-    src.write_text("def f(x):\n    return x + 1\n")
-    code, _, err = run_cli(capsys, "edit", src, "--instruction", "rename f", "--model", tiny_model_dir(),
-                           "--max-new-tokens", "12", "--compare", "--diff")
-    assert code == 0, err
-    assert "warm-up before timing" in err and "outputs identical: True" in err
-    # both paths run (untimed) before the timed refdec run, then the timed plain run
-    assert calls == [("auto", 4), (0, 4), ("auto", 12), (0, 12)]
