@@ -2,7 +2,7 @@
 config (no hub, no weights, no data): a decoder to run many calls on in a second.
 
 The same construction as the test suite's ``tiny_llama`` / ``repetitive_prompts``
-(tests/tiny_models.py; tests/test_e2e_bench.py checks that both give the same weights and
+(tests/tiny_models.py; tests/benchmarks/test_bench_package.py checks that both give the same weights and
 prompts), so ``long_run.py`` measures the setup its recorded figures were taken with. It is
 written again here rather than imported because tests/ is not a package the benchmarks may
 depend on.

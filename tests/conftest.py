@@ -79,3 +79,20 @@ def tiny_model_dir(tmp_path_factory):
         return saved[seed]
 
     return directory
+
+
+@pytest.fixture(scope="session")
+def tiny_gguf(tmp_path_factory):
+    """A tiny random llama model written as a GGUF file (tiny_gguf.py), once per session."""
+    pytest.importorskip("gguf")
+    from tiny_gguf import write_tiny_gguf
+
+    return write_tiny_gguf(tmp_path_factory.mktemp("gguf") / "tiny.gguf")
+
+
+@pytest.fixture(scope="session")
+def tiny_llm(tiny_gguf):
+    """A ``llama_cpp.Llama`` on the tiny GGUF model (one thread, 512 tokens of context), once per
+    session; skips without llama-cpp-python. The tests of refdec.llama_cpp share it."""
+    llama_cpp = pytest.importorskip("llama_cpp")
+    return llama_cpp.Llama(str(tiny_gguf), n_ctx=512, n_threads=1, n_batch=64, verbose=False)

@@ -1,6 +1,7 @@
 """Specifies refdec.calibration: ``measure`` times the backbone per tree size and one head chunk
 (lazy head) or the whole forward; tiny models are not worth calibrating and get the default CPU
-curve without a measurement."""
+curve without a measurement; ``calibrate`` announces a measurement on stderr once and then reads
+the cached curve silently."""
 
 from __future__ import annotations
 
@@ -8,12 +9,12 @@ import pytest
 import torch
 
 import tiny_models
+from refdec import calibration
 from refdec.calibration import measure
+from tiny_models import tiny_llama
 
 
 def test_tiny_model_auto_does_not_calibrate(monkeypatch, tmp_path):
-    from refdec import calibration
-
     monkeypatch.setattr(calibration, "measure", lambda *a, **k: pytest.fail("tiny models must not calibrate"))
 
     class Tiny:
@@ -43,7 +44,6 @@ def test_calibrate_measures_once_per_model_key_and_reads_the_cache_after(monkeyp
     """The curve is saved as JSON under cache_dir()/calibration/, keyed by the model's config, dtype,
     device and thread count; later calls read it, force=True measures again, and an unreadable
     file is measured over."""
-    from refdec import calibration
     from refdec.cost_curve import CostCurve
 
     measured = []
@@ -70,3 +70,15 @@ def test_calibrate_measures_once_per_model_key_and_reads_the_cache_after(monkeyp
         assert calibration.calibration_path(llama) != path
     finally:
         torch.set_num_threads(1)
+
+
+def test_measuring_the_curve_is_announced_on_stderr_once(monkeypatch, tmp_path, capsys):
+    monkeypatch.setenv("REFDEC_CACHE", str(tmp_path))
+    model = tiny_llama()
+    kwargs = dict(nodes=(0, 1, 4), cache_len=16, repeats=1, warmup=0)
+    curve = calibration.calibrate(model, **kwargs)
+    err = capsys.readouterr().err
+    assert "measuring this model's verification cost against draft size" in err
+    assert f"{torch.get_num_threads()} threads" in err and str(calibration.calibration_path(model)) in err
+    assert calibration.calibrate(model, **kwargs) == curve  # read from the cache, silently
+    assert capsys.readouterr().err == ""

@@ -1,6 +1,6 @@
 """Specifies refdec.cli.edit, ``refdec edit``: the file written (or streamed to stdout) is plain
 greedy decoding's output up to the closing fence, with the diff and stats printed; a missing file
-is an error naming it."""
+is an error naming it; ``--compare`` warms both methods up before it times them."""
 
 from __future__ import annotations
 
@@ -56,6 +56,27 @@ def test_edit_streams_the_file_to_stdout_without_out(capsys, tmp_path, tiny_mode
                                    "--max-new-tokens", 16, "--prompt-template", "rewrite")
     assert stdout.strip() and "--- a/" not in stdout  # streamed as it came
     assert code == 0 and "[refdec edit] warning: stopped at --max-new-tokens 16" in stderr  # and said to be cut
+
+
+def test_edit_compare_warms_both_methods_up_before_timing_them(monkeypatch, tmp_path, capsys, tiny_model_dir):
+    import refdec
+
+    calls = []
+    generate = refdec.generate
+
+    def recording(model, input_ids, **kwargs):
+        calls.append((kwargs["max_draft_tokens"], kwargs["max_new_tokens"]))
+        return generate(model, input_ids, **kwargs)
+
+    monkeypatch.setattr(refdec, "generate", recording)
+    src = tmp_path / "m.py"
+    src.write_text("def f(x):\n    return x + 1\n")
+    code, _, err = run_cli(capsys, "edit", src, "--instruction", "rename f", "--model", tiny_model_dir(),
+                           "--max-new-tokens", "12", "--compare", "--diff")
+    assert code == 0, err
+    assert "warm-up before timing" in err and "outputs identical: True" in err
+    # both paths run (untimed) before the timed refdec run, then the timed plain run
+    assert calls == [("auto", 4), (0, 4), ("auto", 12), (0, 12)]
 
 
 def test_edit_of_a_missing_file_is_an_error_naming_it(capsys, tmp_path):

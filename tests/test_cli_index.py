@@ -1,4 +1,6 @@
-"""Specifies refdec.cli.index, the ``refdec index build`` / ``refdec index info`` commands, run in-process.
+"""Specifies refdec.cli.index, the ``refdec index build`` / ``refdec index info`` commands, run in-process
+and, for bad files and a build killed at any moment (--out holds the old index or the whole new one,
+never a partial file), in a child process.
 
 A tiny byte-level BPE tokenizer is trained offline on a few strings and saved
 to a temporary directory, so no test reaches a model hub.
@@ -9,11 +11,19 @@ from __future__ import annotations
 import json
 import os
 import re
+import signal
+import subprocess
+import sys
+import time
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from refdec.cli import main
+from refdec.index import CorpusIndex
+
+REPO = Path(__file__).resolve().parents[1]
 
 TRAINING_TEXT = [
     "def f(x):\n    return x + 1\n",
@@ -72,7 +82,6 @@ def run_cli(capsys, *argv):
 
 
 def test_build_indexes_matching_files_and_counts_non_utf8_files_as_skipped(capsys, tmp_path, source_tree, tokenizer_dir):
-    from refdec.index import CorpusIndex
 
     out = tmp_path / "py.refdec"
     code, stdout, stderr = run_cli(
@@ -101,7 +110,6 @@ def test_build_indexes_matching_files_and_counts_non_utf8_files_as_skipped(capsy
 
 
 def test_build_reads_the_named_field_of_each_jsonl_line(capsys, tmp_path, tokenizer_dir):
-    from refdec.index import CorpusIndex
 
     out = tmp_path / "j.refdec"
     path = tmp_path / "records.jsonl"
@@ -219,7 +227,6 @@ def test_help_texts_describe_the_commands(capsys):
 
 
 def test_cli_build_dedup_reports_the_dropped_documents_and_writes_signatures(capsys, tmp_path):
-    from refdec.index import CorpusIndex
 
     make_tiny_tokenizer(tmp_path)
     src = tmp_path / "src"
@@ -271,3 +278,131 @@ def test_build_without_tokenizer_uses_the_default_models_tokenizer(capsys, tmp_p
     assert index.fingerprint == tokenizer_fingerprint(tokenizer)
     assert index.vocab_size == len(tokenizer)
     assert index.document(0).tolist() == tokenizer.encode((source_tree / "a.py").read_text(), add_special_tokens=False)
+
+
+# ---------------------------------------------------------------------------
+# The command in a child process, on bad files
+
+
+def _env() -> dict:
+    paths = [str(REPO), str(REPO / "tests"), os.environ.get("PYTHONPATH", "")]
+    return dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in paths if p))
+
+
+@pytest.fixture(scope="module")
+def module_tokenizer_dir(tmp_path_factory):
+    """The tiny tokenizer, trained once for the module's tests that share it."""
+    root = tmp_path_factory.mktemp("tok")
+    make_tiny_tokenizer(root)
+    return root / "tok"
+
+
+def _cli(*argv, timeout=300):
+    return subprocess.run([sys.executable, "-m", "refdec.cli", *map(str, argv)], capture_output=True, text=True,
+                          env=_env(), timeout=timeout)
+
+
+def test_build_in_a_child_process_skips_and_counts_non_utf8_files(tmp_path, module_tokenizer_dir):
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "good.py").write_text("def f(x):\n    return x + 1\n")
+    (src / "latin1.py").write_bytes("caf\xe9 = 1\n".encode("latin-1"))
+    (src / "binary.py").write_bytes(bytes(range(256)))
+    out = tmp_path / "i.refdec"
+    proc = _cli("index", "build", src, "--tokenizer", module_tokenizer_dir, "--out", out, "--no-progress")
+    assert proc.returncode == 0, proc.stderr
+    assert "2 files skipped (not UTF-8)" in proc.stdout, proc.stdout
+    assert "latin1.py" in proc.stderr and "binary.py" in proc.stderr
+    assert CorpusIndex.load(out).num_documents == 1
+
+
+def test_build_reads_a_file_named_twice_once_and_refuses_a_corpus_without_tokens(tmp_path, module_tokenizer_dir):
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "good.py").write_text("def f(x):\n    return x + 1\n")
+    out = tmp_path / "i.refdec"
+    proc = _cli("index", "build", src / "good.py", src, src / "good.py", "--tokenizer", module_tokenizer_dir, "--out", out,
+                "--no-progress")
+    assert proc.returncode == 0, proc.stderr
+    assert CorpusIndex.load(out).num_documents == 1  # was 3: the same file indexed three times
+    (tmp_path / "empty.txt").write_text("")
+    proc = _cli("index", "build", tmp_path / "empty.txt", "--tokenizer", module_tokenizer_dir, "--out", tmp_path / "e.refdec",
+                "--no-progress")
+    assert proc.returncode == 2 and "no tokens to index: the document read is empty" in proc.stderr, proc.stderr
+    assert not (tmp_path / "e.refdec").exists()
+
+
+def test_build_with_only_non_utf8_files_is_a_clear_error_and_writes_nothing(tmp_path, module_tokenizer_dir):
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "latin1.py").write_bytes("caf\xe9 = 1\n".encode("latin-1"))
+    out = tmp_path / "i.refdec"
+    proc = _cli("index", "build", src, "--tokenizer", module_tokenizer_dir, "--out", out, "--no-progress")
+    assert proc.returncode == 2
+    assert "no documents to index" in proc.stderr and "not UTF-8" in proc.stderr, proc.stderr
+    assert list(tmp_path.glob("i.refdec*")) == []
+
+
+
+# ---------------------------------------------------------------------------
+# A build killed at any moment: --out is written to a temporary file, then renamed
+
+
+def _write_corpus(root: Path, files: int, lines: int) -> None:
+    rng = np.random.default_rng(0)
+    words = ["def", "return", "self", "value", "import", "class", "print", "x", "y", "for", "in", "range"]
+    root.mkdir()
+    for i in range(files):
+        body = "\n".join(" ".join(rng.choice(words, size=8)) + f" {rng.integers(0, 10**6)}" for _ in range(lines))
+        (root / f"f{i:04d}.py").write_text(body + "\n")
+
+
+@pytest.fixture(scope="module")
+def big_corpus(tmp_path_factory, module_tokenizer_dir):
+    """A corpus whose CLI build takes a few seconds, and the seconds a clean build takes."""
+    root = tmp_path_factory.mktemp("big")
+    _write_corpus(root / "src", files=200, lines=200)
+    out = root / "clean.refdec"
+    t0 = time.perf_counter()
+    proc = _cli("index", "build", root / "src", "--tokenizer", module_tokenizer_dir, "--out", out, "--no-progress")
+    seconds = time.perf_counter() - t0
+    assert proc.returncode == 0, proc.stderr
+    # The index (its MinHash signatures inside), nothing else.
+    assert sorted(p.name for p in root.iterdir()) == ["clean.refdec", "src"], (
+        "a clean run left temporary files")
+    return root / "src", seconds
+
+
+@pytest.mark.parametrize("fraction", [0.5, 0.8, 0.95, "during_save"])
+def test_a_build_killed_mid_way_leaves_the_previous_index_intact(tmp_path, module_tokenizer_dir, big_corpus, fraction):
+    src, clean_seconds = big_corpus
+    out = tmp_path / "corpus.refdec"
+    CorpusIndex.build([[1, 2, 3, 1, 2, 4]], show_progress=False).save(out)
+    before = out.read_bytes()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "refdec.cli", "index", "build", str(src), "--tokenizer", str(module_tokenizer_dir),
+         "--out", str(out), "--no-progress"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=_env(),
+    )
+    if fraction == "during_save":  # as soon as the temporary file appears (if the poll sees it)
+        deadline = time.monotonic() + 10 * clean_seconds + 60
+        while proc.poll() is None and time.monotonic() < deadline:
+            if any(".tmp-" in p.name for p in tmp_path.iterdir()):
+                break
+            time.sleep(0.0005)
+    else:
+        time.sleep(clean_seconds * fraction)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait(timeout=60)
+    # The final name holds either the old index or a complete new one; never a partial file.
+    data = out.read_bytes()
+    index = CorpusIndex.load(out)
+    assert index.verify()
+    if proc.returncode == -signal.SIGKILL:
+        if data != before:  # killed after the rename: the new index is complete, signatures included
+            assert len(index) > 1000 and index.signatures is not None
+        else:
+            assert index.match_length([1, 2, 4]) == 3 and index.signatures is None
+    # A temporary file may survive a SIGKILL during a write, but only under a temporary name.
+    others = [p.name for p in tmp_path.iterdir() if p.name != out.name]
+    assert all(".tmp-" in name or name.endswith(".tmp") for name in others), others

@@ -1,19 +1,29 @@
 """Specifies refdec.decode.decoder, the front end: ``refdec.generate`` and ``SpeculativeDecoder``
 check every argument (a ValueError naming it), stream to transformers streamers, survive a
 raising streamer, are reusable across calls (without growing memory), and call ``on_row_done``
-as rows finish."""
+as rows finish; ``retrieve=k`` adds the k corpus-index documents most similar to the prompt to its
+references (output unchanged, drafts from them); the one-time calibration of ``max_draft_tokens="auto"`` is reported as
+``stats.calibration_seconds``, not in ``wall_seconds``."""
 
 from __future__ import annotations
 
 import gc
 import tracemalloc
+from types import SimpleNamespace
 
+import numpy as np
 import pytest
 import torch
 from transformers import TextIteratorStreamer
 
 import refdec
-from tiny_models import RecordingStreamer, batch_row, hf_greedy, mixed_batch, repetitive_prompts, tiny_llama
+import refdec.decode.backend as backend_module
+import refdec.decode.decoder as decoder_module
+from refdec import calibration
+from refdec.index import CorpusIndex
+from refdec.proposer import Proposer
+from tiny_models import (VOCAB, FakeClock, RecordingStreamer, batch_row, hf_greedy, mixed_batch, repetitive_prompts,
+                         tiny_llama)
 
 NEW = 40
 
@@ -205,3 +215,91 @@ def test_hundreds_of_generate_calls_on_one_decoder_do_not_grow_memory():
     # measured: ~0.4 MiB RSS, ~90 KiB Python heap over 300 calls (noise; 10,000 calls: benchmarks/long_run.py)
     assert rss_growth < 24 * 2**20, rss_growth
     assert heap_growth < 2 * 2**20, heap_growth
+
+
+def test_calibration_is_reported_apart_and_not_in_the_wall_time(monkeypatch):
+    """A fake clock in the decoder module (time passes only while the cost curve is measured): the
+    call reports that time as calibration and none of it as wall time."""
+    clock = FakeClock()
+    monkeypatch.setattr(decoder_module, "time", SimpleNamespace(perf_counter=clock))
+
+    def slow_curve(model):
+        clock.now += 0.5  # measuring the curve takes half a second
+        return calibration.DEFAULT_CPU_CURVE
+
+    monkeypatch.setattr(backend_module, "auto_cost_curve", slow_curve)
+    model = tiny_llama()
+    out = refdec.generate(model, repetitive_prompts(1)[0], max_new_tokens=4, eos_token_id=[])
+    assert out.stats.calibration_seconds == 0.5 and out.stats.wall_seconds == 0.0
+    # a batch likewise; a fixed draft size needs no curve
+    out = refdec.generate(model, repetitive_prompts(2), max_new_tokens=4, eos_token_id=[])
+    assert out.stats.calibration_seconds == 0.5 and out.stats.wall_seconds == 0.0
+    out = refdec.generate(model, repetitive_prompts(1)[0], max_new_tokens=4, eos_token_id=[], max_draft_tokens=8)
+    assert out.stats.calibration_seconds == 0.0
+
+
+# ---------------------------------------------------------------------------------------------
+# generate(retrieve=k): the k index documents most similar to the prompt join its references
+
+
+@pytest.fixture(scope="module")
+def llama3():
+    return tiny_llama(seed=3)
+
+
+def _retrieval_documents(count: int = 6, length: int = 300, seed: int = 0) -> list[np.ndarray]:
+    rng = np.random.default_rng(seed)
+    return [rng.integers(3, VOCAB, size=length).astype(np.int32) for _ in range(count)]
+
+
+def test_retrieve_k_gives_greedy_output_and_the_retrieved_document_feeds_drafts(llama3):
+    docs = _retrieval_documents(6, seed=5)
+    index = CorpusIndex.build(docs, vocab_size=VOCAB, signatures=True, show_progress=False)
+    seen_refs = []
+
+    def factory(index_, references, max_depth):
+        seen_refs.append(list(references))
+        return Proposer(index=index_, references=references or None, max_depth=max_depth)
+
+    decoder = refdec.SpeculativeDecoder(llama3, index=index, proposer_factory=factory)
+    for j in (1, 4):
+        prompt = [1] + docs[j][30:90].tolist()  # a slice of document j
+        want = hf_greedy(llama3, prompt, 24)
+        plain = decoder.generate(prompt, max_new_tokens=24, eos_token_id=[], max_draft_tokens=16)
+        out = decoder.generate(prompt, max_new_tokens=24, eos_token_id=[], max_draft_tokens=16, retrieve=2)
+        assert plain.sequences[0].tolist() == want
+        assert out.sequences[0].tolist() == want
+        assert out.stats.retrieved_documents[0] == j and len(out.stats.retrieved_documents) <= 2
+        assert plain.stats.retrieved_documents == []
+        # the retrieved document is a reference of the request's proposer ...
+        assert any(np.array_equal(r, docs[j]) for r in seen_refs[-1])
+        # ... and drafts its continuation of the prompt from the reference source
+        proposer = factory(index, seen_refs[-1], 64)
+        proposer.start(np.asarray(prompt, dtype=np.int32))
+        tree = proposer.propose(16)
+        names = [tree.source_names[s] for s in tree.source_ids]
+        chain = tree.token_ids[tree.parents < 0]
+        assert "reference" in names and docs[j][90] in chain.tolist()
+
+
+def test_retrieve_through_the_module_level_generate(llama3):
+    docs = _retrieval_documents(4, seed=6)
+    index = CorpusIndex.build(docs, vocab_size=VOCAB, signatures=True, show_progress=False)
+    prompt = [1] + docs[2][10:50].tolist()
+    out = refdec.generate(llama3, prompt, index=index, max_new_tokens=12, eos_token_id=[], retrieve=1)
+    assert out.sequences[0].tolist() == hf_greedy(llama3, prompt, 12)
+    assert out.stats.retrieved_documents == [2]
+
+
+def test_retrieve_without_index_or_without_signatures_or_negative_is_a_clear_error(llama3):
+    decoder = refdec.SpeculativeDecoder(llama3)
+    with pytest.raises(ValueError, match="needs a corpus index"):
+        decoder.generate([1, 5, 6], max_new_tokens=2, retrieve=1)
+    unsigned = CorpusIndex.build(_retrieval_documents(2), vocab_size=VOCAB, show_progress=False)
+    with pytest.raises(ValueError, match="no MinHash signatures"):
+        decoder.generate([1, 5, 6], index=unsigned, max_new_tokens=2, retrieve=1)
+    for bad in (-1, 1.5, True, "2"):
+        with pytest.raises(ValueError, match="retrieve"):
+            decoder.generate([1, 5, 6], index=unsigned, max_new_tokens=2, retrieve=bad)
+    # retrieve=0 (the default) needs no signatures
+    assert decoder.generate([1, 5, 6], index=unsigned, max_new_tokens=2, retrieve=0).stats.new_tokens == 2

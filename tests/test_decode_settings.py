@@ -136,6 +136,8 @@ def test_an_index_built_with_another_tokenizer_is_refused(llama, tiny_tokenizer)
                r"[0-9a-f]{12}\.\.\.\): its drafts would be other text")
     with pytest.raises(ValueError, match=message):
         refdec.generate(llama, [1, 5, 6], tokenizer=tiny_tokenizer, index=index, max_new_tokens=2)
+    with pytest.raises(ValueError, match=message):
+        refdec.SpeculativeDecoder(llama, tokenizer=tiny_tokenizer, index=index).generate([1, 5, 6], max_new_tokens=2)
     own = CorpusIndex.build(["abc abc abd"], tokenizer=tiny_tokenizer, show_progress=False)
     assert refdec.generate(llama, [1, 5, 6], tokenizer=tiny_tokenizer, index=own, max_new_tokens=2,
                            eos_token_id=[]).stats.new_tokens == 2

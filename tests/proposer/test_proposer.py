@@ -1,4 +1,5 @@
-"""Hand-drawn draft trees: what Proposer.propose returns in named situations.
+"""Specifies refdec.proposer by hand-drawn draft trees: what Proposer.propose returns in named
+situations.
 
 Trees are drawn root-down; the root is the last context token (not a node).
 Default confidences: context and reference weight 1.0, half_len 2 (a match of

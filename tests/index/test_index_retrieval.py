@@ -1,13 +1,9 @@
-"""Retrieval wired into the corpus index and the decoder.
-
-* ``CorpusIndex.build(dedup_threshold=...)`` drops near-duplicates, keeps
-  MinHash signatures one row per kept document, ``save`` stores them in the
-  index file and ``load`` reads them from it;
-* ``generate(..., retrieve=k)`` adds the k documents most similar to the prompt
-  to the per-request references: output unchanged (greedy equality), drafts
-  from the retrieved documents;
-* ``refdec index build --dedup`` and ``refdec generate --retrieve``: tests/test_cli_index.py and
-  tests/test_cli_generate.py.
+"""Specifies refdec.index's side of retrieval (refdec.retrieval wired into the corpus index):
+``CorpusIndex.build(dedup_threshold=...)`` drops near-duplicates, keeps MinHash signatures one row
+per kept document, ``save`` stores them in the index file and ``load`` reads them from it;
+``add_documents`` extends them. ``generate(..., retrieve=k)``: tests/test_decode_decoder.py;
+``refdec index build --dedup`` and ``refdec generate --retrieve``: tests/test_cli_index.py and
+tests/test_cli_generate.py.
 """
 
 from __future__ import annotations
@@ -19,11 +15,9 @@ import re
 import numpy as np
 import pytest
 
-import refdec
 from refdec.index import CorpusIndex
-from refdec.proposer import Proposer
 from refdec.retrieval import DocumentSignatures
-from tiny_models import VOCAB, hf_greedy, tiny_llama
+from tiny_models import VOCAB
 
 
 def _documents(count: int = 6, length: int = 300, seed: int = 0) -> list[np.ndarray]:
@@ -36,11 +30,6 @@ def _near_copy(doc: np.ndarray) -> np.ndarray:
     out = doc.copy()
     out[150] = 3 if out[150] != 3 else 4
     return out
-
-
-@pytest.fixture(scope="module")
-def model():
-    return tiny_llama(seed=3)
 
 
 # --------------------------------------------------------------------------- build, save, load
@@ -113,59 +102,3 @@ def test_add_documents_extends_the_signatures_one_row_per_document():
     index.add_documents(docs[2:])
     assert index.signatures == DocumentSignatures.from_documents(docs)
     assert index.retriever().top_k(docs[3][:50], 1)[0][0] == 3
-
-
-# --------------------------------------------------------------------------- generate(retrieve=k)
-
-
-def test_retrieve_k_gives_greedy_output_and_the_retrieved_document_feeds_drafts(model):
-    docs = _documents(6, seed=5)
-    index = CorpusIndex.build(docs, vocab_size=VOCAB, signatures=True, show_progress=False)
-    seen_refs = []
-
-    def factory(index_, references, max_depth):
-        seen_refs.append(list(references))
-        return Proposer(index=index_, references=references or None, max_depth=max_depth)
-
-    decoder = refdec.SpeculativeDecoder(model, index=index, proposer_factory=factory)
-    for j in (1, 4):
-        prompt = [1] + docs[j][30:90].tolist()  # a slice of document j
-        want = hf_greedy(model, prompt, 24)
-        plain = decoder.generate(prompt, max_new_tokens=24, eos_token_id=[], max_draft_tokens=16)
-        out = decoder.generate(prompt, max_new_tokens=24, eos_token_id=[], max_draft_tokens=16, retrieve=2)
-        assert plain.sequences[0].tolist() == want
-        assert out.sequences[0].tolist() == want
-        assert out.stats.retrieved_documents[0] == j and len(out.stats.retrieved_documents) <= 2
-        assert plain.stats.retrieved_documents == []
-        # the retrieved document is a reference of the request's proposer ...
-        assert any(np.array_equal(r, docs[j]) for r in seen_refs[-1])
-        # ... and drafts its continuation of the prompt from the reference source
-        proposer = factory(index, seen_refs[-1], 64)
-        proposer.start(np.asarray(prompt, dtype=np.int32))
-        tree = proposer.propose(16)
-        names = [tree.source_names[s] for s in tree.source_ids]
-        chain = tree.token_ids[tree.parents < 0]
-        assert "reference" in names and docs[j][90] in chain.tolist()
-
-
-def test_retrieve_through_the_module_level_generate(model):
-    docs = _documents(4, seed=6)
-    index = CorpusIndex.build(docs, vocab_size=VOCAB, signatures=True, show_progress=False)
-    prompt = [1] + docs[2][10:50].tolist()
-    out = refdec.generate(model, prompt, index=index, max_new_tokens=12, eos_token_id=[], retrieve=1)
-    assert out.sequences[0].tolist() == hf_greedy(model, prompt, 12)
-    assert out.stats.retrieved_documents == [2]
-
-
-def test_retrieve_without_index_or_without_signatures_or_negative_is_a_clear_error(model):
-    decoder = refdec.SpeculativeDecoder(model)
-    with pytest.raises(ValueError, match="needs a corpus index"):
-        decoder.generate([1, 5, 6], max_new_tokens=2, retrieve=1)
-    unsigned = CorpusIndex.build(_documents(2), vocab_size=VOCAB, show_progress=False)
-    with pytest.raises(ValueError, match="no MinHash signatures"):
-        decoder.generate([1, 5, 6], index=unsigned, max_new_tokens=2, retrieve=1)
-    for bad in (-1, 1.5, True, "2"):
-        with pytest.raises(ValueError, match="retrieve"):
-            decoder.generate([1, 5, 6], index=unsigned, max_new_tokens=2, retrieve=bad)
-    # retrieve=0 (the default) needs no signatures
-    assert decoder.generate([1, 5, 6], index=unsigned, max_new_tokens=2, retrieve=0).stats.new_tokens == 2

@@ -1,4 +1,4 @@
-"""The on-disk index file: round trip, corruption, foreign files, atomic save.
+"""Specifies refdec.index's on-disk index file: round trip, corruption, foreign files, atomic save.
 
 Specification:
 - ``save`` then ``load`` (mmap) answers every query exactly as the built index;
@@ -156,8 +156,8 @@ def index_file(tmp_path, built):
 
 def _subprocess_env() -> dict:
     """Environment for a child Python that imports refdec and these tests' helpers."""
-    tests_dir = Path(__file__).resolve().parent
-    paths = [str(tests_dir.parent), str(tests_dir), os.environ.get("PYTHONPATH", "")]
+    here = Path(__file__).resolve().parent  # tests/index/ (this module), tests/ (the helper modules)
+    paths = [str(here.parents[1]), str(here.parent), str(here), os.environ.get("PYTHONPATH", "")]
     return dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in paths if p))
 
 

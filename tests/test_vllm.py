@@ -1,7 +1,9 @@
-"""refdec inside vLLM (needs vLLM; its own bounded CI step, `.ci/run`): greedy outputs with
-refdec's proposer equal vLLM's without speculation, per-request references reach their own
-request, a corpus index drafts, bad input is that request's error, and the OpenAI server maps
-Predicted Outputs to references and reports prediction tokens in usage.
+"""Specifies the refdec.vllm package inside vLLM, end to end (needs vLLM; its own bounded CI step,
+`.ci/run`): greedy outputs with refdec's proposer equal vLLM's without speculation, per-request
+references reach their own request, a corpus index drafts, bad input is that request's error
+(the plugin's validation hook), and the OpenAI server maps Predicted Outputs to references and
+reports prediction tokens in usage (the plugin's server hooks). Its modules without vLLM:
+tests/test_vllm_<module>.py.
 
 The model is a small random-weight Llama saved to a temporary directory (no hub). Engines are
 started once per module (each start takes ~25 s on a CPU): vLLM without speculation, vLLM with

@@ -1,4 +1,5 @@
-"""Editing mode: the copy cursor re-synchronises drafts with the original file.
+"""Specifies refdec.proposer's editing mode: the copy cursor re-synchronises drafts with the
+original file.
 
 Synthetic "files" are token lists. The true edited output is replayed through
 the Proposer token by token, as the simulator does: propose, accept the

@@ -1,5 +1,5 @@
-"""The simulator's replay accounting and its baseline drafters, on tiny
-synthetic cases (no data, no model)."""
+"""benchmarks.simulate: the simulator's replay accounting and its baseline drafters
+(benchmarks.baselines), on tiny synthetic cases (no data, no model)."""
 
 from __future__ import annotations
 

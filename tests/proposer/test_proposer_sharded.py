@@ -1,4 +1,5 @@
-"""Proposer(index=ShardedIndex): the shards drafted as one corpus.
+"""Specifies refdec.proposer over a sharded index, Proposer(index=ShardedIndex): the shards drafted
+as one corpus.
 
 A corpus split into shards (disjoint documents, each shard its own index file) drafts
 exactly the tree that one index over all the documents drafts: the longest match over the

@@ -1,4 +1,5 @@
-"""Property tests: the suffix-automaton indexes answer exactly like the naive reference.
+"""Specifies refdec.index by property tests: the suffix-automaton indexes answer exactly like the
+naive reference.
 
 Documents are random token runs over tiny alphabets (2-5 symbols, so that
 runs repeat a lot), mapped onto three id ranges: small ids, ids around 2**18

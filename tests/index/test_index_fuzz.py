@@ -1,4 +1,5 @@
-"""Fuzzing ``CorpusIndex.load`` with mutated index files (hypothesis).
+"""Specifies refdec.index's loader under fuzzing: ``CorpusIndex.load`` with mutated index files
+(hypothesis).
 
 Property: whatever the bytes of a file, ``CorpusIndex.load`` either raises
 ``IndexFormatError`` or returns an index that answers every query
@@ -110,8 +111,8 @@ class Worker:
         self.proc = None
 
     def _start(self) -> None:
-        tests_dir = Path(__file__).resolve().parent
-        paths = [str(tests_dir.parent), str(tests_dir), os.environ.get("PYTHONPATH", "")]
+        here = Path(__file__).resolve().parent  # tests/index/ (its modules), tests/ (the helper modules)
+        paths = [str(here.parents[1]), str(here.parent), str(here), os.environ.get("PYTHONPATH", "")]
         env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in paths if p))
         script = self.tmp_dir / "fuzz_worker.py"
         script.write_text(_WORKER)

@@ -1,0 +1,70 @@
+"""Specifies refdec.llama_cpp.calibration, the llama.cpp backend's cost curve: ``measure`` times a
+decode of ``1 + n`` entries per tree size (up to the backend's largest tree) and one more logits
+row, leaving the context's cells as it found them; ``auto_cost_curve`` measures once per model file
+and context settings, says so on stderr, caches the curve as JSON under
+``$REFDEC_CACHE/calibration/`` and reads it afterwards (measuring over a damaged file). Tiny random
+GGUF model (tests/tiny_gguf.py); marked llama.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+llama_cpp = pytest.importorskip("llama_cpp")
+
+from refdec.cost_curve import CostCurve  # noqa: E402
+from refdec.llama_cpp import calibration  # noqa: E402
+from refdec.llama_cpp.backend import LlamaCppBackend  # noqa: E402
+
+pytestmark = pytest.mark.llama
+
+
+@pytest.fixture(autouse=True)
+def fresh_cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("REFDEC_CACHE", str(tmp_path))
+
+
+def test_measure_times_each_tree_size_up_to_the_largest_tree_and_one_logits_row(tiny_llm):
+    backend = LlamaCppBackend(tiny_llm, max_tree=8)
+    free_before = list(backend._free_seqs)
+    curve = calibration.measure(backend, nodes=(0, 1, 4, 8, 16), cache_len=32, repeats=1)
+    assert curve.nodes == (0, 1, 4, 8)  # 16 nodes do not fit the backend's trees
+    assert all(s > 0 for s in curve.seconds) and curve.lazy_head and curve.head_chunk_rows == 1
+    assert curve.head_chunk_seconds >= 0
+    assert curve.meta["engine"] == "llama.cpp" and curve.meta["cache_len"] == 32
+    assert curve.meta["model"] == str(tiny_llm.model_path) and len(curve.meta["all_logits_seconds"]) == 4
+    # the sequence it measured on is given back, empty
+    assert backend._free_seqs == free_before
+    assert all(backend.ctx.seq_pos_range(s) == (-1, -1) for s in range(backend.ctx.n_seq_max))
+
+
+def test_auto_cost_curve_measures_once_says_so_and_reads_the_cache_after(tiny_llm, monkeypatch, capsys):
+    backend = LlamaCppBackend(tiny_llm, max_tree=8)
+    measured = []
+
+    def measure(backend_):
+        measured.append(backend_)
+        return CostCurve((0, 8), (0.002, 0.003), head_chunk_seconds=0.0005, head_chunk_rows=1)
+
+    monkeypatch.setattr(calibration, "measure", measure)
+    path = calibration.calibration_path(backend)
+    curve = calibration.auto_cost_curve(backend)
+    err = capsys.readouterr().err
+    assert measured == [backend] and f"cached at {path}" in err and "one logits row 0.50 ms" in err
+    assert CostCurve.from_json(json.loads(path.read_text())) == curve
+    assert calibration.auto_cost_curve(backend) == curve and len(measured) == 1  # read, not measured
+    assert capsys.readouterr().err == ""
+    path.write_text("{not json")  # a damaged file is measured over
+    assert calibration.auto_cost_curve(backend, announce=False) == curve and len(measured) == 2
+    assert capsys.readouterr().err == ""
+
+
+def test_the_cache_is_per_model_file_and_context_settings(tiny_llm, tiny_gguf):
+    path = calibration.calibration_path(LlamaCppBackend(tiny_llm, max_tree=8))
+    assert path.parent.name == "calibration" and path.name.startswith("llama-") and path.suffix == ".json"
+    assert calibration.calibration_path(LlamaCppBackend(tiny_llm, max_tree=8)) == path
+    assert calibration.calibration_path(LlamaCppBackend(tiny_llm, max_tree=16)) != path
+    two_threads = llama_cpp.Llama(str(tiny_gguf), n_ctx=512, n_threads=2, n_batch=64, verbose=False)
+    assert calibration.calibration_path(LlamaCppBackend(two_threads, max_tree=8)) != path

@@ -1,0 +1,104 @@
+"""Specifies refdec.vllm.options (no vLLM): a request's ``refdec_*`` options (references, the
+draft switch, OpenAI's Predicted Outputs) and the server's ``REFDEC_VLLM_*`` environment, each
+validated with an error naming the key or the variable, and ``speculative_config``."""
+
+from __future__ import annotations
+
+import pytest
+
+from refdec import vllm as rv
+
+
+# ---------------------------------------------------------------------------------------------
+# Request options
+
+
+def test_request_options_accept_a_string_or_a_list_of_strings():
+    assert rv.parse_request_options({"refdec_references": "abc"}).references == ("abc",)
+    assert rv.parse_request_options({"refdec_references": ["a", "b"], "other_plugin": 1}).references == ("a", "b")
+    assert rv.parse_request_options(None) == rv.RequestOptions()
+
+
+@pytest.mark.parametrize("value, message", [
+    (5, "refdec_references must be a string or a list of strings, got int 5"),
+    (["ok", 3], "refdec_references must be a string or a list of strings"),
+    ({"a": "b"}, "refdec_references must be a string or a list of strings, got dict"),
+    ("", r"refdec_references\[0\] is an empty string"),
+    (["x", ""], r"refdec_references\[1\] is an empty string"),
+])
+def test_request_options_refuse_bad_references_naming_the_key(value, message):
+    with pytest.raises(ValueError, match=message):
+        rv.parse_request_options({"refdec_references": value})
+
+
+def test_request_options_refuse_a_huge_reference():
+    with pytest.raises(ValueError, match=r"refdec_references holds 10,000,000 characters, more than .* 1,000,000"):
+        rv.parse_request_options({"refdec_references": "x" * 10_000_000})
+    assert rv.parse_request_options({"refdec_references": "x" * 50}, max_reference_chars=50).references
+
+
+def test_request_options_refuse_unknown_refdec_keys():
+    with pytest.raises(ValueError, match=r"unknown refdec request option\(s\) \['refdec_referenc'\]"):
+        rv.parse_request_options({"refdec_referenc": "typo"})
+
+
+@pytest.mark.parametrize("value, expected", [(False, False), (0, False), ("off", False), ("true", True), (1, True)])
+def test_request_draft_switch(value, expected):
+    assert rv.parse_request_options({"refdec_draft": value}).draft is expected
+
+
+def test_request_draft_switch_refuses_other_values():
+    with pytest.raises(ValueError, match="refdec_draft must be true or false"):
+        rv.parse_request_options({"refdec_draft": "maybe"})
+
+
+def test_prediction_text_forms():
+    assert rv.prediction_text({"type": "content", "content": "abc"}) == "abc"
+    assert rv.prediction_text({"type": "content", "content": [{"type": "text", "text": "a"},
+                                                              {"type": "text", "text": "b"}]}) == "ab"
+    with pytest.raises(ValueError, match="prediction.type must be 'content'"):
+        rv.prediction_text({"type": "image", "content": "abc"})
+    with pytest.raises(ValueError, match=r"prediction.content\[0\] must be"):
+        rv.prediction_text({"type": "content", "content": [{"type": "image_url"}]})
+    with pytest.raises(ValueError, match="prediction must be an object"):
+        rv.prediction_text("abc")
+    with pytest.raises(ValueError, match="prediction.content must be a string"):
+        rv.prediction_text({"type": "content", "content": 3})
+
+
+# ---------------------------------------------------------------------------------------------
+# Server options
+
+
+def test_server_options_defaults_and_values(tmp_path):
+    assert rv.ServerOptions.from_env({}) == rv.ServerOptions()
+    a, b = tmp_path / "a.refdec", tmp_path / "b.refdec"
+    a.write_bytes(b"x")
+    b.write_bytes(b"x")
+    opts = rv.ServerOptions.from_env({"REFDEC_VLLM_INDEX": f"{a}:{b}", "REFDEC_VLLM_TREE_NODES": "40",
+                                      "REFDEC_VLLM_DRAFT_COST": "0.25", "REFDEC_VLLM_TOKEN_COST": "0.01",
+                                      "REFDEC_VLLM_DRAFT": "off", "REFDEC_VLLM_MAX_REFERENCE_CHARS": "10",
+                                      "REFDEC_VLLM_DRAFT_THREADS": "2"})
+    assert opts == rv.ServerOptions(index_paths=(str(a), str(b)), tree_nodes=40, draft_cost=0.25, token_cost=0.01,
+                                    draft_by_default=False, max_reference_chars=10, draft_threads=2)
+
+
+@pytest.mark.parametrize("env, message", [
+    ({"REFDEC_VLLM_INDX": "x"}, r"unknown refdec vLLM option\(s\) \['REFDEC_VLLM_INDX'\]"),
+    ({"REFDEC_VLLM_INDEX": "/no/such.refdec"}, "REFDEC_VLLM_INDEX: '/no/such.refdec' is not a file"),
+    ({"REFDEC_VLLM_TREE_NODES": "0"}, "REFDEC_VLLM_TREE_NODES must be an integer >= 1, got '0'"),
+    ({"REFDEC_VLLM_DRAFT_COST": "-1"}, "REFDEC_VLLM_DRAFT_COST must be a finite number >= 0"),
+    ({"REFDEC_VLLM_DRAFT_COST": "nan"}, "REFDEC_VLLM_DRAFT_COST must be a finite number >= 0"),
+    ({"REFDEC_VLLM_DRAFT": "sometimes"}, "REFDEC_VLLM_DRAFT must be 'on' or 'off'"),
+    ({"REFDEC_VLLM_DRAFT_THREADS": "0"}, "REFDEC_VLLM_DRAFT_THREADS must be an integer >= 1, got '0'"),
+])
+def test_server_options_refuse_bad_values_naming_the_variable(env, message):
+    with pytest.raises(ValueError, match=message):
+        rv.ServerOptions.from_env(env)
+
+
+def test_speculative_config():
+    assert rv.speculative_config(8) == {"method": "custom_class", "model": "refdec.vllm.VllmProposer",
+                                        "num_speculative_tokens": 8}
+    with pytest.raises(ValueError, match="num_speculative_tokens must be an int >= 1, got 0"):
+        rv.speculative_config(0)
