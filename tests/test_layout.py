@@ -137,13 +137,15 @@ CROSS_CUTTING = {
     "test_layout.py": "the package as a whole: its import graph, and this layout of its tests",
     "test_readme.py": "README.md and docs/: every code block runs as a reader would run it",
     "test_binding_api.py": "refdec._C, the compiled C++ core (csrc/bindings.cc): no .py file to name it after",
+    "test_decode_syncs.py": "the engine's step as a whole (engine, verify, masks, accept, sampling, transfer): the "
+                            "host syncs one step makes",
     "benchmarks/": "the benchmarks package, not refdec: test_bench_<name>.py specifies benchmarks/<name>.py, "
                    "test_bench_package.py the package's shared rules",
 }
 
 # modules the test files import (tests/ is on pytest's pythonpath), not test files
-HELPERS = {"conftest.py", "drawn_trees.py", "kv_labels.py", "naive_index.py", "tiny_gguf.py", "tiny_models.py",
-           "word_tokenizer.py"}
+HELPERS = {"conftest.py", "drawn_trees.py", "kv_labels.py", "naive_index.py", "sync_counter.py", "tiny_gguf.py",
+           "tiny_models.py", "word_tokenizer.py"}
 
 
 def refdec_modules() -> dict[str, Path]:

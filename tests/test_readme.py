@@ -15,7 +15,7 @@ the test says what stands in (``STAND_INS``): a path a reader supplies (``path/t
 may use what the README's decode example defines (``model``, ``tok``, ``ids``): ``DOCS_PREAMBLE``
 defines them, with the README's own lines, before the page's first Python block. Install lines,
 the test command itself and CI scripts are not run (``NOT_RUN`` says why). The llama.cpp blocks
-run in tests/test_llama_cpp_backend.py, the vLLM snippets in tests/test_vllm_engine.py (the pages
+run in tests/test_llama_cpp_backend.py, the vLLM snippets in tests/test_vllm.py (the pages
 in ``VLLM_PAGES``). A block the test does not know fails it: add it to the plan.
 """
 
@@ -54,7 +54,7 @@ def pages() -> list[Path]:
 
 
 PAGES = [str(path.relative_to(REPO)) for path in pages()]
-# The pages holding the vLLM snippets tests/test_vllm_engine.py runs (in this order, one namespace).
+# The pages holding the vLLM snippets tests/test_vllm.py runs (in this order, one namespace).
 VLLM_PAGES = ("README.md", "docs/vllm.md")
 
 SAMPLE_PY = "import os\n\n\ndef data_dir(root):\n    return os.path.join(root, 'data')\n"
@@ -121,7 +121,7 @@ NOT_RUN = {
     ".": "environment set-up",
     "pip install": "installs (CI's install step)",
     "pip uninstall": "an install step (.ci/run's vLLM step runs it)",
-    "vllm serve": "vLLM (CI's vLLM step starts the same server: tests/test_vllm_engine.py)",
+    "vllm serve": "vLLM (CI's vLLM step starts the same server: tests/test_vllm.py)",
     "python -m pytest tests/test_vllm": "the vLLM tests (CI's vLLM step)",
     "REFDEC_NATIVE=1": "an install",
     "python -m pytest": "the test command (this is its run)",
@@ -282,7 +282,7 @@ def readme_model_dir(tmp_path_factory):
 
 
 def needs_vllm(block: Block) -> bool:
-    """A Python block for vLLM (refdec[vllm]): run by tests/test_vllm_engine.py (CI's vLLM step)."""
+    """A Python block for vLLM (refdec[vllm]): run by tests/test_vllm.py (CI's vLLM step)."""
     return "import vllm" in block.text or "OpenAI(" in block.text
 
 
@@ -334,7 +334,7 @@ def test_every_readme_block_runs_on_a_stand_in_model(page, tmp_path, monkeypatch
         if block.language in ("", "text"):
             continue  # a diagram
         if block.language == "python" and needs_vllm(block):
-            continue  # run by tests/test_vllm_engine.py::test_the_readmes_vllm_snippets_run (CI's vLLM step)
+            continue  # run by tests/test_vllm.py::test_the_readmes_vllm_snippets_run (CI's vLLM step)
         if needs_llama(block):
             continue  # run by tests/test_llama_cpp_backend.py::test_the_readmes_llama_blocks_run (CI's llama step)
         if block.language == "python":
@@ -351,7 +351,7 @@ def test_every_readme_block_runs_on_a_stand_in_model(page, tmp_path, monkeypatch
 def test_the_stand_ins_still_match_the_readme():
     """A stand-in whose snippet is gone from the README and docs/ is stale: the plan must follow the
     pages. DOCS_PREAMBLE is still what the README's decode example defines, and the vLLM snippets
-    are still where tests/test_vllm_engine.py reads them."""
+    are still where tests/test_vllm.py reads them."""
     blocks = [block for path in pages() for block in readme_blocks(path)]
     first_lines = [block.first_line for block in blocks]
     for key in STAND_INS:
