@@ -17,7 +17,7 @@ Shared modules, one job each:
     corpora     the stdlib corpus index (and the draftretriever datastore), built once, cached
     report      the one result writer (write_result), markdown tables
     baselines   peer drafters (prompt lookup, oracle chain, ArcticInference, draftretriever)
-    tiny_model  a tiny random Llama from a transformers config (long_run.py)
+    tiny_model  tiny random Llama / Qwen2 / Gemma 3 models from transformers configs (long_run, gpu)
 
 Benchmarks: simulate, retrieval_sim (model-free); e2e, e2e_batch, prefill, profile_loop,
 make_outputs (the real model); index_bench, memory_bench, retrieval_bench, step_cost,

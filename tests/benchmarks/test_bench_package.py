@@ -148,19 +148,23 @@ def test_result_path_is_the_json_argument_else_a_file_in_out():
     assert stamped.parent == report.OUT_DIR and stamped.name.startswith("simulate-")
 
 
-# ---------------------------------------------------------------- long_run's tiny model
+# ---------------------------------------------------------------- the tiny models (long_run, gpu)
 
-def test_tiny_model_is_the_test_suites_tiny_llama_and_prompts():
-    # long_run.py's recorded figures were taken with tests/tiny_models.py's model and prompts
-    from tiny_models import repetitive_prompts, tiny_llama
+@pytest.mark.parametrize("family", ["llama", "qwen2", "gemma3"])
+def test_tiny_models_are_the_test_suites_tiny_models_and_prompts(family):
+    # long_run.py's recorded figures were taken with tests/tiny_models.py's model and prompts;
+    # gpu.py checks on a GPU the models the tests check on a CPU
+    from tiny_models import MODEL_BUILDERS, repetitive_prompts
 
     for seed in (0, 1):
-        ours, theirs = tiny_model.tiny_llama(seed), tiny_llama(seed)
+        ours, theirs = tiny_model.TINY_MODELS[family](seed), MODEL_BUILDERS[family](seed)
+        assert ours.dtype == theirs.dtype == torch.float64
         assert ours.config.to_dict() == theirs.config.to_dict()
         ours_state, theirs_state = ours.state_dict(), theirs.state_dict()
         assert ours_state.keys() == theirs_state.keys()
         assert all(torch.equal(ours_state[k], theirs_state[k]) for k in ours_state)
         assert tiny_model.repetitive_prompts(64, seed=seed) == repetitive_prompts(64, seed=seed)
+    assert tiny_model.TINY_MODELS[family](dtype=torch.float32).dtype == torch.float32
 
 
 # ---------------------------------------------------------------- the package's import rules
