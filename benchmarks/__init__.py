@@ -2,6 +2,7 @@
 
     python -m benchmarks.simulate --quick       # model-free drafting replay (needs the data)
     python -m benchmarks.e2e --quick            # the real model against HF greedy / prompt lookup
+    python -m benchmarks.gpu                    # on a lent GPU, < 8 min (--device cpu --quick: a check)
 
 with the flags each prints under ``--help``. Results (JSON with the git commit, the command,
 the machine and torch's thread count) go to ``benchmarks/out/``; benchmarks/RESULTS.md records
@@ -21,7 +22,9 @@ Shared modules, one job each:
 
 Benchmarks: simulate, retrieval_sim (model-free); e2e, e2e_batch, prefill, profile_loop,
 make_outputs (the real model); index_bench, memory_bench, retrieval_bench, step_cost,
-long_run (the index, retrieval, proposer and decoder alone); plot (figures).
+long_run (the index, retrieval, proposer and decoder alone); gpu (one prepared run for a lent
+GPU: equivalence, syncs, forward cost against tree size, the loop's time, replayed tokens/s; no
+weights or data needed); plot (figures).
 
 The benchmarks import refdec's public names only (a few ablations set a private attribute,
 each marked where it does).
