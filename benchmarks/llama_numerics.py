@@ -52,9 +52,10 @@ def compare(path: str, rows: list[int], threads: int, context: int, seed: int) -
 
 
 def main(argv=None) -> int:
-    from refdec.gguf_files import chat_model_gguf, default_model_gguf, editor_model_gguf
+    from refdec.gguf_files import chat_model_gguf, default_model_gguf, editor_model_gguf, small_editor_model_gguf
 
-    files = {"gemma": default_model_gguf, "coder": editor_model_gguf, "chat": chat_model_gguf}
+    files = {"gemma": default_model_gguf, "coder": editor_model_gguf, "coder-0.5b": small_editor_model_gguf,
+             "chat": chat_model_gguf}
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--models", default="gemma,coder", help=f"comma-separated, of {', '.join(files)}")
     ap.add_argument("--rows", default="2,5,9,17,33,65")
