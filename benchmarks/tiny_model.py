@@ -30,16 +30,18 @@ def _finish(model, scale: float, dtype: torch.dtype):
     return model
 
 
+# the tiny Llama's and Qwen2's configuration (as tests/tiny_models.py's)
+_TWO_LAYERS = dict(vocab_size=VOCAB, hidden_size=48, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
+                   num_key_value_heads=2, max_position_embeddings=512, bos_token_id=1, eos_token_id=2, pad_token_id=0,
+                   tie_word_embeddings=False, initializer_range=INIT)
+
+
 def tiny_llama(seed: int = 0, scale: float = 3.0, dtype: torch.dtype = torch.float64):
     """A 2-layer Llama (hidden 48, vocab VOCAB)."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
     torch.manual_seed(seed)
-    cfg = LlamaConfig(vocab_size=VOCAB, hidden_size=48, intermediate_size=96, num_hidden_layers=2,
-                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
-                      bos_token_id=1, eos_token_id=2, pad_token_id=0, tie_word_embeddings=False,
-                      initializer_range=INIT)
-    return _finish(LlamaForCausalLM(cfg), scale, dtype)
+    return _finish(LlamaForCausalLM(LlamaConfig(**_TWO_LAYERS)), scale, dtype)
 
 
 def tiny_qwen2(seed: int = 0, scale: float = 3.0, dtype: torch.dtype = torch.float64):
@@ -47,11 +49,7 @@ def tiny_qwen2(seed: int = 0, scale: float = 3.0, dtype: torch.dtype = torch.flo
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
     torch.manual_seed(seed)
-    cfg = Qwen2Config(vocab_size=VOCAB, hidden_size=48, intermediate_size=96, num_hidden_layers=2,
-                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
-                      bos_token_id=1, eos_token_id=2, pad_token_id=0, tie_word_embeddings=False,
-                      initializer_range=INIT)
-    return _finish(Qwen2ForCausalLM(cfg), scale, dtype)
+    return _finish(Qwen2ForCausalLM(Qwen2Config(**_TWO_LAYERS)), scale, dtype)
 
 
 def tiny_gemma3(seed: int = 0, scale: float = 3.0, sliding_window: int = 8, dtype: torch.dtype = torch.float64):
