@@ -60,7 +60,14 @@ def random_seed() -> int:
 
 
 def _position_key(seed: int, position: int) -> int:
-    return _s64(_splitmix64_int((_splitmix64_int(seed & _MASK64) ^ (position & _MASK64)) & _MASK64))
+    return _s64(_splitmix64_int((seed_key(seed) & _MASK64) ^ (position & _MASK64)))
+
+
+def _gumbel(counters: torch.Tensor) -> torch.Tensor:
+    """float64 like ``counters`` (int64): Gumbel(0, 1) noise, a pure function of each counter."""
+    bits = _srl(_splitmix64(counters), 11)  # 53 uniform bits
+    u = (bits.to(torch.float64) + 0.5) * (1.0 / (1 << 53))  # in (0, 1)
+    return -torch.log(-torch.log(u))
 
 
 def gumbel_at(seed: int, position: int, indices: torch.Tensor) -> torch.Tensor:
@@ -69,10 +76,7 @@ def gumbel_at(seed: int, position: int, indices: torch.Tensor) -> torch.Tensor:
     A pure function of ``(seed, position, vocab index)``: ``gumbel_at(s, p, idx)[j]`` equals
     ``gumbel_row(s, p, V)[idx[j]]``.
     """
-    counters = indices.to(torch.int64) * _GOLDEN + _position_key(seed, position)
-    bits = _srl(_splitmix64(counters), 11)  # 53 uniform bits
-    u = (bits.to(torch.float64) + 0.5) * (1.0 / (1 << 53))  # in (0, 1)
-    return -torch.log(-torch.log(u))
+    return _gumbel(indices.to(torch.int64) * _GOLDEN + _position_key(seed, position))
 
 
 def seed_key(seed: int) -> int:
@@ -90,10 +94,7 @@ def position_keys(seed_keys: torch.Tensor, positions: torch.Tensor) -> torch.Ten
 def gumbel_keyed(keys: torch.Tensor, vocab_size: int) -> torch.Tensor:
     """float64 [R, vocab_size]: row ``r`` is ``gumbel_row(seed, position, vocab_size)`` for the
     (seed, position) whose key (:func:`position_keys`) is ``keys[r]`` (``keys`` int64 [R])."""
-    counters = torch.arange(vocab_size, dtype=torch.int64, device=keys.device) * _GOLDEN + keys[:, None]
-    bits = _srl(_splitmix64(counters), 11)
-    u = (bits.to(torch.float64) + 0.5) * (1.0 / (1 << 53))
-    return -torch.log(-torch.log(u))
+    return _gumbel(torch.arange(vocab_size, dtype=torch.int64, device=keys.device) * _GOLDEN + keys[:, None])
 
 
 def gumbel_row(seed: int, position: int, vocab_size: int, device="cpu") -> torch.Tensor:
