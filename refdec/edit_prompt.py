@@ -87,8 +87,7 @@ def build_edit_prompt(original: str, instruction: str, *, path: str | None = Non
     (default ``DEFAULT_TEMPLATE``). Raises ValueError for an empty instruction,
     an unknown template name or a template without ``{original}``.
     """
-    if not isinstance(instruction, str) or not instruction.strip():
-        raise ValueError(f"instruction must be a non-empty string, got {instruction!r}")
+    body = _file_body(original, instruction)
     if template is None:
         template = TEMPLATES[DEFAULT_TEMPLATE]
     elif template in TEMPLATES:
@@ -97,11 +96,18 @@ def build_edit_prompt(original: str, instruction: str, *, path: str | None = Non
         raise ValueError(f"template must be one of {sorted(TEMPLATES)} or a format string with {{original}}, "
                          f"got {template[:60]!r}")
     _check_fields(template)
-    body = original if original.endswith("\n") or not original else original + "\n"
     fence = fence_for(original + instruction)
     text = template.format(original=body, instruction=instruction.strip(), path=f" {path}" if path else "",
                            fence=fence)
     return EditPrompt(text=text, stop=fence)
+
+
+def _file_body(original: str, instruction: str) -> str:
+    """``original`` ending with a newline (as the prompts show it), once ``instruction`` is checked:
+    ValueError for an empty one."""
+    if not isinstance(instruction, str) or not instruction.strip():
+        raise ValueError(f"instruction must be a non-empty string, got {instruction!r}")
+    return original if original.endswith("\n") or not original else original + "\n"
 
 
 _FIELDS = ("original", "instruction", "path", "fence")
@@ -127,6 +133,15 @@ EDITOR_SYSTEM_MESSAGE = ("You are a code editor. Apply the requested change to t
                          "exactly as it is, including comments, docstrings and blank lines.")
 
 
+def _chat_text(tokenizer, messages: list[dict]) -> str:
+    """``messages`` through ``tokenizer``'s chat template, the assistant's turn opened; ValueError
+    naming --prompt-template chat when the tokenizer has no template."""
+    try:
+        return tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+    except ValueError as exc:  # no chat template at all
+        raise ValueError(f"--prompt-template {CHAT_TEMPLATE}: the model has no chat template ({exc})") from exc
+
+
 def build_chat_edit_prompt(original: str, instruction: str, tokenizer) -> EditPrompt:
     """The edit through ``tokenizer.apply_chat_template``: a system message asking for an exact copy
     apart from the change (:data:`EDITOR_SYSTEM_MESSAGE`; folded into the user message for a
@@ -135,21 +150,15 @@ def build_chat_edit_prompt(original: str, instruction: str, tokenizer) -> EditPr
     writes the file next and closes it with the fence, as with the base-model templates (the
     text is tokenized without adding special tokens: the template wrote them). ValueError when the
     tokenizer has no chat template or ``instruction`` is empty."""
-    if not isinstance(instruction, str) or not instruction.strip():
-        raise ValueError(f"instruction must be a non-empty string, got {instruction!r}")
+    body = _file_body(original, instruction)
     fence = fence_for(original + instruction)
-    body = original if original.endswith("\n") or not original else original + "\n"
     message = (f"{fence}\n{body}{fence}\n\n{instruction.strip()}\n\n"
                f"Reply with the whole updated file in one code block.")
-    chats = ([{"role": "system", "content": EDITOR_SYSTEM_MESSAGE}, {"role": "user", "content": message}],
-             [{"role": "user", "content": f"{EDITOR_SYSTEM_MESSAGE}\n\n{message}"}])
-    for chat in chats:
-        try:
-            text = tokenizer.apply_chat_template(chat, add_generation_prompt=True, tokenize=False)
-            break
-        except ValueError as exc:  # no chat template at all
-            raise ValueError(f"--prompt-template {CHAT_TEMPLATE}: the model has no chat template ({exc})") from exc
-        except Exception:  # noqa: BLE001 - a template that refuses a system role (jinja2's TemplateError)
-            if chat is chats[-1]:
-                raise
+    try:
+        text = _chat_text(tokenizer, [{"role": "system", "content": EDITOR_SYSTEM_MESSAGE},
+                                      {"role": "user", "content": message}])
+    except ValueError:
+        raise
+    except Exception:  # noqa: BLE001 - a template that refuses a system role (jinja2's TemplateError)
+        text = _chat_text(tokenizer, [{"role": "user", "content": f"{EDITOR_SYSTEM_MESSAGE}\n\n{message}"}])
     return EditPrompt(text=f"{text}{fence}\n", stop=fence)
