@@ -449,7 +449,8 @@ def main(argv=None) -> int:
                           f"new token {first}", flush=True)
             outcome = ""
             if case.original is not None and identity_ref == "hf-greedy":  # did the model edit, or copy?
-                results["hf-greedy"]["edit"] = workloads.edit_outcome(case, tok, want)
+                results["hf-greedy"]["edit"] = workloads.edit_outcome(
+                    tok.decode(want, skip_special_tokens=True), case.stop, case.original)
                 outcome = f", the model's output: {results['hf-greedy']['edit']}"
             base = results[baseline]
             base_tps = base["new_tokens"] / base["seconds"]

@@ -39,7 +39,8 @@ import sys
 import time
 from pathlib import Path
 
-from benchmarks.data import chat_questions, edit_rows
+from benchmarks.data import chat_questions
+from benchmarks.workloads import edit_outcome, editor_edit_rows
 
 WORKLOADS = ("gemma-edits", "coder-edits", "coder-0.5b-edits", "chat")
 METHODS = ("plain", "lookup", "refdec")
@@ -62,9 +63,7 @@ def prompts_for(workload: str, tokenizer, limit: int, max_file_chars: int) -> li
         return out
     from refdec.edit_prompt import build_chat_edit_prompt, build_edit_prompt
 
-    for row in edit_rows():
-        if not 1000 <= len(row["before"]) <= max_file_chars or row["before"] == row["after"]:
-            continue
+    for row in editor_edit_rows(limit, max_file_chars):
         if workload == "gemma-edits":
             prompt = build_edit_prompt(row["before"], row["message"], path=Path(row["path"]).name)
             ids = tokenizer.encode(prompt.text)
@@ -73,8 +72,6 @@ def prompts_for(workload: str, tokenizer, limit: int, max_file_chars: int) -> li
             ids = tokenizer.encode(prompt.text, add_special_tokens=False)
         out.append({"name": row["path"] + "@" + row["commit"][:7], "ids": ids, "references": [row["before"]],
                     "original": row["before"], "stop": prompt.stop})
-        if len(out) == limit:
-            break
     return out
 
 
@@ -115,9 +112,8 @@ def run_workload(workload: str, args) -> list[dict]:
         plain, seconds = plain_greedy(llm, ids, n, eos)
         row["plain"] = {"tokens": len(plain), "seconds": seconds, "prefill_seconds": prefill}
         if "original" in prompt:  # does the model edit, or copy the file (the easy case)?
-            text = tokenizer.decode(plain, skip_special_tokens=True)
-            row["plain"]["edit"] = ("cut" if prompt["stop"] not in text else
-                                    "copied" if text[: text.index(prompt["stop"])] == prompt["original"] else "changed")
+            row["plain"]["edit"] = edit_outcome(tokenizer.decode(plain, skip_special_tokens=True), prompt["stop"],
+                                                prompt["original"])
         looked, seconds = plain_greedy(lookup, ids, n, eos)
         row["lookup"] = {"tokens": len(looked), "seconds": seconds, "agree": _agreement(looked, plain)}
         out = decoder.generate(ids, references=prompt["references"] or None, max_new_tokens=n,

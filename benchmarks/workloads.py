@@ -211,13 +211,13 @@ def load_editor_edits(tokenizer, limit: int | None = None) -> Workload:
     return Workload("edits", cases)
 
 
-def edit_outcome(case: Case, tokenizer, new_tokens: list[int]) -> str:
-    """What the model did with ``case``'s file: "changed" it, "copied" it unchanged, or gave no
-    whole file ("cut": ``case.stop``, the closing fence, not reached within the tokens)."""
-    text = tokenizer.decode(new_tokens, skip_special_tokens=True)
-    if case.stop not in text:
+def edit_outcome(text: str, stop: str, original: str) -> str:
+    """What a model did with the file ``original``, given its output ``text`` (decoded): "changed"
+    it, "copied" it unchanged, or gave no whole file ("cut": ``stop``, the closing fence, not
+    reached)."""
+    if stop not in text:
         return "cut"
-    return "copied" if text[: text.index(case.stop)] == case.original else "changed"
+    return "copied" if text[: text.index(stop)] == original else "changed"
 
 
 def load_workload(name: str, limit: int | None = None, require_output: bool = True) -> Workload:
