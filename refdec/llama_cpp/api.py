@@ -24,7 +24,7 @@ try:
 except ImportError as exc:  # pragma: no cover - depends on the environment
     raise ImportError("refdec on llama.cpp needs llama-cpp-python: pip install 'refdec[llama]'") from exc
 
-__all__ = ["LlamaDecodeError", "TreeContext", "chat_template_prompt", "llama_version"]
+__all__ = ["LlamaDecodeError", "TreeContext", "chat_template", "chat_template_prompt", "llama_version"]
 
 MAX_SEQUENCES = int(_lib.llama_max_parallel_sequences())
 
@@ -157,11 +157,16 @@ class TreeContext:
         return int(_lib.llama_n_threads(self.ctx)), int(_lib.llama_n_threads_batch(self.ctx))
 
 
+def chat_template(llm) -> str | None:
+    """The chat template the GGUF file of ``llm`` carries (``tokenizer.chat_template``), None without one."""
+    return (llm.metadata or {}).get("tokenizer.chat_template") or None
+
+
 def chat_template_prompt(llm, messages: list[dict], add_generation_prompt: bool = True) -> str:
     """The prompt text of ``messages`` through the chat template the GGUF file carries
     (``tokenizer.chat_template``), rendered as transformers renders it. ValueError without one."""
-    template = (llm.metadata or {}).get("tokenizer.chat_template")
-    if not template:
+    template = chat_template(llm)
+    if template is None:
         raise ValueError(f"{llm.model_path} carries no chat template (tokenizer.chat_template)")
 
     vocab = _lib.llama_model_get_vocab(llm.model)

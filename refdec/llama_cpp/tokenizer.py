@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from refdec.llama_cpp.api import chat_template_prompt
+from refdec.llama_cpp.api import chat_template, chat_template_prompt
 
 __all__ = ["GgufTokenizer"]
 
@@ -24,7 +24,7 @@ class GgufTokenizer:
     @property
     def chat_template(self) -> str | None:
         """The GGUF file's chat template (``tokenizer.chat_template``), None without one."""
-        return (self.llm.metadata or {}).get("tokenizer.chat_template") or None
+        return chat_template(self.llm)
 
     def __len__(self) -> int:
         return int(self.llm.n_vocab())
