@@ -138,3 +138,15 @@ def occurs_in(haystack: Sequence[int], needle: Sequence[int]) -> bool:
     needle = _as_list(needle)
     m = len(needle)
     return any(haystack[i : i + m] == needle for i in range(len(haystack) - m + 1))
+
+
+def assert_loaded_like_built(loaded, built, docs) -> None:
+    """A loaded index file holds what the index it was saved from held: the body checksum
+    verifies, and the sizes, vocabulary, tokenizer fingerprint and every document are equal."""
+    assert loaded.verify()
+    assert len(loaded) == len(built)
+    assert loaded.num_documents == built.num_documents
+    assert loaded.vocab_size == built.vocab_size
+    assert loaded.fingerprint == built.fingerprint
+    for doc_idx, doc in enumerate(docs):
+        assert loaded.document(doc_idx).tolist() == doc

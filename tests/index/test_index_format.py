@@ -28,7 +28,7 @@ import numpy as np
 import pytest
 
 import refdec
-from naive_index import NaiveIndex
+from naive_index import NaiveIndex, assert_loaded_like_built
 from refdec.index import CorpusIndex, tokenizer_fingerprint
 
 # Header layout (csrc/frozen_index.h, struct FileHeader; little-endian, 512 bytes):
@@ -213,13 +213,7 @@ def test_header_layout_matches_this_test(index_file, built):
 
 def test_save_then_load_answers_every_query_identically(index_file, built):
     loaded = CorpusIndex.load(index_file)
-    assert loaded.verify()
-    assert len(loaded) == len(built)
-    assert loaded.num_documents == built.num_documents
-    assert loaded.vocab_size == built.vocab_size
-    assert loaded.fingerprint == built.fingerprint
-    for doc_idx, doc in enumerate(DOCS):
-        assert loaded.document(doc_idx).tolist() == doc
+    assert_loaded_like_built(loaded, built, DOCS)
     assert answers(loaded) == answers(built)
     naive = NaiveIndex(DOCS)
     for query in QUERIES:

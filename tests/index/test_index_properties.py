@@ -24,7 +24,7 @@ import pytest
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
-from naive_index import NaiveContext, NaiveIndex, occurs_in
+from naive_index import NaiveContext, NaiveIndex, assert_loaded_like_built, occurs_in
 from refdec.index import ContextIndex, CorpusIndex
 
 INT32_MAX = 2**31 - 1
@@ -160,13 +160,7 @@ def test_corpus_index_answers_are_unchanged_by_save_and_mmap_load(corpus, data):
         path = os.path.join(tmp, "corpus.refdec")
         built.save(path)
         loaded = CorpusIndex.load(path)
-        assert loaded.verify()
-        assert len(loaded) == len(built)
-        assert loaded.num_documents == built.num_documents
-        assert loaded.vocab_size == built.vocab_size
-        assert loaded.fingerprint == built.fingerprint
-        for doc_idx, doc in enumerate(docs):
-            assert loaded.document(doc_idx).tolist() == doc
+        assert_loaded_like_built(loaded, built, docs)
         check_same_answers(loaded, naive, queries, label="loaded")
         for query in queries:
             # Deterministic: the loaded index picks the same occurrence as the built one.
