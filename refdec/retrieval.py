@@ -100,6 +100,17 @@ def _minhash(empty: MinHash, hashes: np.ndarray) -> np.ndarray:
     return minhash.hashvalues
 
 
+def _checked_params(num_perm, seed, ngram) -> tuple[int, int, int]:
+    """(num_perm, seed, ngram) as ints, each checked (ValueError naming it)."""
+    return (check_int("num_perm", num_perm, 2, 4096), check_int("seed", seed, 0, 2**32 - 1),
+            check_int("ngram", ngram, 1, 64))
+
+
+def _empty_minhash(num_perm: int, seed: int) -> MinHash:
+    """A MinHash of no values with these parameters, over 32-bit shingle hashes taken as they are."""
+    return MinHash(num_perm=num_perm, seed=seed, scheme="affine32", hashfunc=_identity)
+
+
 def _read_only(array: np.ndarray) -> np.ndarray:
     if array.flags.writeable:  # a private copy, frozen (an array from an index file is read-only already)
         array = array.copy()
@@ -119,25 +130,21 @@ class DocumentSignatures:
     """
 
     def __init__(self, matrix: np.ndarray, sizes: np.ndarray, *, num_perm: int, seed: int, ngram: int) -> None:
-        self.num_perm = check_int("num_perm", num_perm, 2, 4096)
-        self.seed = check_int("seed", seed, 0, 2**32 - 1)
-        self.ngram = check_int("ngram", ngram, 1, 64)
+        self.num_perm, self.seed, self.ngram = _checked_params(num_perm, seed, ngram)
         matrix, sizes = np.asarray(matrix), np.asarray(sizes)
         if matrix.dtype != np.uint32 or matrix.ndim != 2 or matrix.shape[1] != self.num_perm:
             raise ValueError(f"matrix must be uint32 [num_docs, {self.num_perm}], got {matrix.dtype} {matrix.shape}")
         if sizes.dtype != np.uint32 or sizes.shape != matrix.shape[:1]:
             raise ValueError(f"sizes must be uint32 [{matrix.shape[0]}], got {sizes.dtype} {sizes.shape}")
         self.matrix, self.sizes = _read_only(matrix), _read_only(sizes)
-        self._empty = MinHash(num_perm=self.num_perm, seed=self.seed, scheme="affine32", hashfunc=_identity)
+        self._empty = _empty_minhash(self.num_perm, self.seed)
 
     @classmethod
     def from_documents(cls, documents: Sequence, *, num_perm: int = DEFAULT_NUM_PERM, seed: int = DEFAULT_SEED,
                        ngram: int = DEFAULT_NGRAM) -> DocumentSignatures:
         """Signatures of ``documents``, a sequence of int32 [length] token arrays."""
-        num_perm = check_int("num_perm", num_perm, 2, 4096)
-        empty = MinHash(num_perm=num_perm, seed=check_int("seed", seed, 0, 2**32 - 1), scheme="affine32",
-                        hashfunc=_identity)
-        ngram = check_int("ngram", ngram, 1, 64)
+        num_perm, seed, ngram = _checked_params(num_perm, seed, ngram)
+        empty = _empty_minhash(num_perm, seed)
         matrix = np.empty((len(documents), num_perm), dtype=np.uint32)
         sizes = np.empty(len(documents), dtype=np.uint32)
         for doc_idx in range(len(documents)):
