@@ -191,6 +191,7 @@ def section_equivalence(plan: Plan, device: torch.device, clock: Clock, ctx: dic
                 stats = out.stats
                 runs.append({"family": family, "prompt": i, "max_draft_tokens": budget, "reference": refs is not None,
                              "identical": out.sequences[0].tolist() == want, "new_tokens": stats.new_tokens,
+                             "output_device": str(out.sequences.device),
                              "hf_new_tokens": len(want) - len(prompt), "passes": stats.forward_passes,
                              "tokens_per_pass": round(stats.tokens_per_pass, 3), "lazy_head": decoder.lazy_head})
         families[family] = "run"

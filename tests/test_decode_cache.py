@@ -129,3 +129,37 @@ def test_a_cache_layer_that_may_evict_entries_is_refused_naming_it():
     with pytest.raises(TypeError, match=r"cache layer 0 is DynamicSlidingWindowLayer; tree verification needs full "
                                         r"layers"):
         compact(cache, 1, None, 0)
+
+
+class _IndexDevices(torch.overrides.TorchFunctionMode):
+    """Records (indexed tensor's device, index tensor's device) of every indexing call."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.pairs: list[tuple[str, str]] = []
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        name = getattr(func, "__name__", "")
+        if name in ("__getitem__", "__setitem__", "index_select") and isinstance(args[0], torch.Tensor):
+            index = args[1] if name != "index_select" else args[2]
+            parts = index if isinstance(index, tuple) else (index,)
+            self.pairs += [(args[0].device.type, part.device.type) for part in parts if isinstance(part, torch.Tensor)]
+        return func(*args, **kwargs)
+
+
+def test_row_moves_send_the_indices_to_each_layers_own_device():
+    """Under device_map="auto" a model's layers (and their cache) sit on several devices: the row API
+    indexes each layer with indices on that layer's device ("meta" stands in for a second device)."""
+    cache = new_cache()
+    for layer_idx, device in enumerate(["cpu", "meta", "cpu"]):
+        kv = torch.zeros(2, 1, 6, 4, device=device)
+        cache.update(kv, kv.clone(), layer_idx)
+    recorder = _IndexDevices()
+    with recorder:
+        gather_slots(cache, torch.arange(2)[:, None], torch.tensor([[4, 5], [5, 5]]),
+                     torch.tensor([[2, 3], [1, 1]]), 4)
+        select_rows(cache, torch.tensor([1]), 1, 4)
+    assert {"meta", "cpu"} <= {indexed for indexed, _ in recorder.pairs}
+    assert all(indexed == index for indexed, index in recorder.pairs), recorder.pairs
+    assert [tuple(layer.keys.shape) for layer in cache.layers] == [(1, 1, 3, 4)] * 3

@@ -188,13 +188,31 @@ def compact(cache: DynamicCache, base: int, keep_offsets: torch.Tensor | None, n
         _set_length(layer, end)
 
 
+class _OnLayerDevices:
+    """Index tensors copied once to each device a cache layer lives on (under ``device_map="auto"``
+    the layers of one model sit on several devices); ``on(device)`` gives them there, in order
+    (no copy for the device they are on)."""
+
+    def __init__(self, *tensors: torch.Tensor) -> None:
+        self._by_device = {tensors[0].device: tensors}
+
+    def on(self, device: torch.device) -> tuple[torch.Tensor, ...]:
+        found = self._by_device.get(device)
+        if found is None:
+            found = tuple(t.to(device, non_blocking=True) for t in next(iter(self._by_device.values())))
+            self._by_device[device] = found
+        return found
+
+
 def gather_slots(cache: DynamicCache, batch_idx: torch.Tensor, src: torch.Tensor, dst: torch.Tensor,
                  new_len: int) -> None:
     """Per row ``b``: slots ``dst[b, j] <- src[b, j]`` (``batch_idx`` int64 [B, 1], ``src`` / ``dst``
-    int64 [B, K]), then cut the cache to ``new_len`` slots. Padding entries repeat a real
-    (src, dst) pair, so duplicate writes carry the same value."""
+    int64 [B, K], on any device: each layer gets them on its own), then cut the cache to ``new_len``
+    slots. Padding entries repeat a real (src, dst) pair, so duplicate writes carry the same value."""
+    indices = _OnLayerDevices(batch_idx, src, dst)
     for layer in layers(cache):
         keys, values = layer.keys, layer.values
+        batch_idx, src, dst = indices.on(keys.device)
         # advanced indices around a slice: [B, K, H, D]; the read copies before the write
         keys[batch_idx, :, dst] = keys[batch_idx, :, src]
         values[batch_idx, :, dst] = values[batch_idx, :, src]
@@ -225,8 +243,11 @@ def append_rows(cache: DynamicCache, other: DynamicCache) -> int:
 
 
 def select_rows(cache: DynamicCache, rows: torch.Tensor, start: int, new_len: int) -> None:
-    """Keep the batch rows ``rows`` (int64 [B']) and the slots ``[start, new_len)`` (renumbered from 0)."""
+    """Keep the batch rows ``rows`` (int64 [B'], on any device: each layer gets them on its own) and the
+    slots ``[start, new_len)`` (renumbered from 0)."""
+    indices = _OnLayerDevices(rows)
     for layer in layers(cache):
+        rows, = indices.on(layer.keys.device)
         if isinstance(layer, GrowingLayer):
             layer.keep_rows(rows, start, new_len)
         else:

@@ -172,6 +172,8 @@ class SpeculativeDecoder:
         (continuous batching, refdec.decode.scheduler). ``on_row_done(batch_row,
         new_tokens, row_stats)`` (batches only): called as each row finishes, with its index
         in the batch, its new tokens (list of int) and its DecodingStats.
+
+        Returns the sequences (int64 [1, L] or [B, L], on the model's device) and the stats.
         """
         if on_row_done is not None and not callable(on_row_done):
             raise ValueError(f"on_row_done must be callable or None, got {type(on_row_done).__name__}")
@@ -265,7 +267,9 @@ class SpeculativeDecoder:
         if streamer is not None:
             streamer.end()
         stats.calibration_seconds = calibration_seconds
-        return self._output(requests, stats, padded, pad_token_id, single, started)
+        output = self._output(requests, stats, padded, pad_token_id, single, started)
+        output.sequences = output.sequences.to(self.device)  # as model.generate's: on the model's device
+        return output
 
     def _budgets(self, max_draft_tokens, single: bool, n_rows: int) -> list[Budget]:
         """One budget per row. A single prompt uses the decoder's own "auto" policy (its feedback

@@ -129,7 +129,7 @@ def device_choice(rules: list[TargetRule | None], position_ids: torch.Tensor):
     keys = position_keys(seeds[:, None], position_ids + 1).reshape(-1)  # [B * T]
 
     def choose(logits: torch.Tensor, start: int) -> torch.Tensor:
-        return sampler.sample_rows(logits, keys[start:start + logits.shape[0]])
+        return sampler.sample_rows(logits, keys[start:start + logits.shape[0]].to(logits.device, non_blocking=True))
 
     return choose
 
@@ -142,7 +142,9 @@ def verify_on_device(runner: ModelRunner, cache, inputs: TreeInputs, trees: Devi
     host in the step's one host sync."""
     t0 = time.perf_counter()
     targets = runner.row_targets(cache, choose, input_ids=inputs.input_ids, position_ids=inputs.position_ids,
-                                 attention_mask=inputs.attention_mask)  # [B, T]
+                                 attention_mask=inputs.attention_mask)  # [B, T], on the head's device
+    # to the inputs' device (under device_map="auto" the first layer's, not the head's)
+    targets = targets.to(trees.token_rows.device, non_blocking=True)
     result = accept_walks_on_device(trees.token_rows, trees.parent_rows, trees.ancestors, trees.depth, targets)
     walks = walks_from_device(result.cpu().numpy())  # the one host sync
     batch, t = targets.shape
