@@ -110,7 +110,7 @@ def test_the_device_walks_of_a_padded_batch_equal_each_tree_walk(cases):
     # tokens and targets from {0..3}: siblings often carry the same token, and the walk takes the first
     trees = [tree for tree, _ in cases]
     _, on_device = device_tree_inputs(trees, np.zeros(len(trees), dtype=np.int64), np.full(len(trees), 5),
-                                      np.arange(5, dtype=np.int64)[None].repeat(len(trees), 0),
+                                      torch.arange(5)[None].repeat(len(trees), 1),
                                       MaskSpec("single", None, False, torch.float32), "cpu")
     t = on_device.token_rows.shape[1]
     targets = torch.tensor(np.stack([np.pad(tg, (0, t - tg.shape[0]), constant_values=2) for _, tg in cases]))

@@ -29,7 +29,7 @@ def running(labels, valid, done=None):
     lengths = np.array([int(np.flatnonzero(row)[-1]) + 1 for row in valid], dtype=np.int64)
     requests = [SimpleNamespace(done=False) for _ in labels] if done is None else \
         [SimpleNamespace(done=d) for d in done]
-    return RunningBatch(torch.device("cpu"), requests, labelled_cache(True, labels), lengths, valid, key_pos)
+    return RunningBatch(torch.device("cpu"), requests, labelled_cache(True, labels), lengths, key_pos)
 
 
 def test_after_a_step_each_row_keeps_its_root_and_accepted_nodes_after_its_own_entries():
@@ -41,7 +41,6 @@ def test_after_a_step_each_row_keeps_its_root_and_accepted_nodes_after_its_own_e
     rows = labels_of(batch_.cache)  # row 1's slots past its entries are holes (stale labels)
     assert rows[0] == [1, 2, 3, 10, 11, 13] and rows[1][:3] == [101, 102, 110]
     assert batch_.lengths.tolist() == [6, 3] and batch_.slots == 6
-    assert batch_.valid.tolist() == [[True] * 6, [True] * 3 + [False] * 3]
     assert batch_.key_pos.tolist() == [[0, 1, 2, 3, 4, 5], [0, 1, 2, -1, -1, -1]]
 
 
@@ -52,7 +51,7 @@ def test_finished_rows_leave_and_the_holes_every_remaining_row_has_are_cut():
     batch_.drop_finished()
     assert len(batch_) == 2 and labels_of(batch_.cache) == [[0, 103, 104, 0], [202, 203, 204, 205]]
     assert batch_.lengths.tolist() == [3, 4] and batch_.slots == 4
-    assert batch_.valid.tolist() == [[False, True, True, False], [True, True, True, True]]
+    assert batch_.lead_holes.tolist() == [1, 0]
     assert batch_.key_pos.tolist() == [[-1, 0, 1, -1], [0, 1, 2, 3]]
     for request in batch_.requests:
         request.done = True
@@ -67,7 +66,7 @@ def test_a_joining_group_is_appended_after_the_running_rows():
     assert len(batch_) == 3 and labels_of(batch_.cache) == [[1, 2, 3, 0, 0], [0, 102, 103, 104, 105],
                                                             [201, 202, 203, 204, 205]]
     assert batch_.lengths.tolist() == [3, 5, 5]
-    assert batch_.valid.tolist() == [[1, 1, 1, 0, 0], [0, 1, 1, 1, 1], [1] * 5]
+    assert batch_.lead_holes.tolist() == [0, 1, 0]
     assert batch_.key_pos.tolist() == [[0, 1, 2, -1, -1], [-1, 0, 1, 2, 3], [0, 1, 2, 3, 4]]
     empty = RunningBatch.empty(torch.device("cpu"))
     empty.join(joining)  # an empty batch takes the group as it is

@@ -135,7 +135,7 @@ def test_masks_built_on_the_device_equal_those_built_on_the_host(spec):
         key_pos = np.where(rng.random((batch, slots)) < 0.8, rng.integers(0, 50, (batch, slots)), -1)
         roots, root_pos = rng.integers(0, 96, batch), rng.integers(50, 60, batch)
         host = tree_step_inputs(trees, roots, root_pos, key_pos >= 0, key_pos, spec, "cpu")
-        device, on_device = device_tree_inputs(trees, roots, root_pos, key_pos, spec, "cpu")
+        device, on_device = device_tree_inputs(trees, roots, root_pos, torch.from_numpy(key_pos), spec, "cpu")
         assert torch.equal(device.input_ids, host.input_ids) and torch.equal(device.position_ids, host.position_ids)
         want, got = host.attention_mask, device.attention_mask
         for name in (want if isinstance(want, dict) else [None]):

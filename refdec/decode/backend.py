@@ -89,8 +89,8 @@ class TransformersBackend:
         t0 = time.perf_counter()
         runner = self.runner
         if runner.uses_lazy_head:
-            inputs = tree_step_inputs(trees, roots, root_pos, batch.valid, batch.key_pos, runner.mask_spec,
-                                      self.device)
+            key_pos = batch.host_key_pos()
+            inputs = tree_step_inputs(trees, roots, root_pos, key_pos >= 0, key_pos, runner.mask_spec, self.device)
             prepare_seconds = time.perf_counter() - t0
             verified = verify_trees(runner, batch.cache, inputs, trees, rules)
         else:

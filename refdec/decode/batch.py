@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import numpy as np
 import torch
+import torch.nn.functional as F
 
 from refdec.decode.cache import append_rows, gather_slots, select_rows
 from refdec.decode.requests import Request
@@ -35,23 +36,25 @@ __all__ = ["RunningBatch"]
 
 class RunningBatch:
     """``requests``: the active rows, in batch order; ``cache``: their KV cache (None while
-    empty), on ``device``; ``lengths`` int64 [B]: each row's valid slot count (left holes included);
-    ``valid`` bool [B, S]: which slots hold the row's tokens; ``key_pos`` int64 [B, S]: the
-    absolute position of each slot (-1 for a hole)."""
+    empty), on ``device``; ``lengths`` int64 [B] (host): each row's valid slot count (left holes
+    included); ``lead_holes`` int64 [B] (host): each row's left-padding holes at the front;
+    ``key_pos`` int64 [B, S] **on the device**, kept there: the absolute position of each slot
+    (-1 for a hole), from which the step's masks are built (a slot is valid iff its position is
+    >= 0). The constructor takes ``key_pos`` from the host (int64 [B, S] numpy, every row with a
+    valid slot)."""
 
-    def __init__(self, device, requests: list[Request], cache, lengths: np.ndarray, valid: np.ndarray,
-                 key_pos: np.ndarray) -> None:
+    def __init__(self, device, requests: list[Request], cache, lengths: np.ndarray, key_pos: np.ndarray) -> None:
         self.device = device
         self.requests = requests
         self.cache = cache
         self.lengths = lengths
-        self.valid = valid
-        self.key_pos = key_pos
+        self.lead_holes = (key_pos >= 0).argmax(axis=1).astype(np.int64) if key_pos.shape[1] else \
+            np.zeros(key_pos.shape[0], dtype=np.int64)
+        self.key_pos = to_device(key_pos.astype(np.int64), device)  # a copy: the caller's array stays its own
 
     @classmethod
     def empty(cls, device) -> "RunningBatch":
-        return cls(device, [], None, np.zeros(0, dtype=np.int64), np.zeros((0, 0), dtype=bool),
-                   np.zeros((0, 0), dtype=np.int64))
+        return cls(device, [], None, np.zeros(0, dtype=np.int64), np.zeros((0, 0), dtype=np.int64))
 
     def __len__(self) -> int:
         return len(self.requests)
@@ -61,52 +64,51 @@ class RunningBatch:
         """``S``: the cache length."""
         return int(self.lengths.max())
 
+    def host_key_pos(self) -> np.ndarray:
+        """int64 [B, S]: ``key_pos`` on the host (the host-built masks of the CPU's lazy-head path;
+        on a CPU no copy, on a GPU a host sync)."""
+        return self.key_pos.cpu().numpy()
+
     def join(self, other: "RunningBatch") -> None:
         """Appends the rows of ``other`` (a group prefilled on its own) after this batch's."""
         if not len(other):
             return
         if not len(self):
             self.requests, self.cache = other.requests, other.cache
-            self.lengths, self.valid, self.key_pos = other.lengths, other.valid, other.key_pos
+            self.lengths, self.lead_holes, self.key_pos = other.lengths, other.lead_holes, other.key_pos
             return
         n = append_rows(self.cache, other.cache)
-
-        def padded(a: np.ndarray, fill) -> np.ndarray:
-            return np.pad(a, ((0, 0), (0, n - a.shape[1])), constant_values=fill)
-
         self.requests = self.requests + other.requests
         self.lengths = np.concatenate([self.lengths, other.lengths])
-        self.valid = np.concatenate([padded(self.valid, False), padded(other.valid, False)])
-        self.key_pos = np.concatenate([padded(self.key_pos, -1), padded(other.key_pos, -1)])
+        self.lead_holes = np.concatenate([self.lead_holes, other.lead_holes])
+        self.key_pos = torch.cat([F.pad(self.key_pos, (0, n - self.key_pos.shape[1]), value=-1),
+                                  F.pad(other.key_pos, (0, n - other.key_pos.shape[1]), value=-1)])
 
     def keep_accepted(self, root_pos: np.ndarray, accepted_rows: list[np.ndarray]) -> None:
         """After a step over ``S`` slots: row ``b`` keeps its root (slot ``S``) and its accepted
         nodes (``accepted_rows[b]``, int64 [k_b] node indices; node ``i`` sits at slot
         ``S + 1 + i``) at slots ``lengths[b] ..``; ``root_pos`` int64 [B] is each row's root
-        position. The cache is cut to the longest row."""
+        position. The cache is cut to the longest row. One host-to-device copy (the slot moves
+        and the kept slots' positions), no host sync."""
         slots = self.slots
         n_rows = len(self.requests)
         kmax = 1 + max(a.shape[0] for a in accepted_rows)
-        src = np.empty((n_rows, kmax), dtype=np.int64)
-        dst = np.empty((n_rows, kmax), dtype=np.int64)
-        grow = max(0, int(max(self.lengths[b] + 1 + a.shape[0] for b, a in enumerate(accepted_rows))) - slots)
-        if grow:
-            self.valid = np.concatenate([self.valid, np.zeros((n_rows, grow), dtype=bool)], axis=1)
-            self.key_pos = np.concatenate([self.key_pos, np.full((n_rows, grow), -1, dtype=np.int64)], axis=1)
+        moves = np.empty((3, n_rows, kmax), dtype=np.int64)  # source slots, destination slots, positions
         for b, accepted in enumerate(accepted_rows):
             kept = 1 + accepted.shape[0]
-            s = slots + np.concatenate([[0], accepted + 1])
-            d = self.lengths[b] + np.arange(kept)
-            src[b, :kept], dst[b, :kept] = s, d
-            src[b, kept:], dst[b, kept:] = s[-1], d[-1]  # padding repeats a real pair
-            self.valid[b, d] = True
-            self.key_pos[b, d] = root_pos[b] + np.arange(kept)
+            moves[0, b, 0], moves[0, b, 1:kept] = slots, slots + 1 + accepted
+            moves[1, b, :kept] = self.lengths[b] + np.arange(kept)
+            moves[2, b, :kept] = root_pos[b] + np.arange(kept)
+            moves[:, b, kept:] = moves[:, b, kept - 1:kept]  # padding repeats a real move
             self.lengths[b] += kept
         new_len = self.slots
-        device = self.device
-        src_dst = to_device(np.stack([src, dst]), device)  # one copy, no host sync
-        gather_slots(self.cache, torch.arange(n_rows, device=device)[:, None], src_dst[0], src_dst[1], new_len)
-        self.valid, self.key_pos = self.valid[:, :new_len], self.key_pos[:, :new_len]
+        sent = to_device(moves, self.device)  # one copy, no host sync
+        grow = new_len - self.key_pos.shape[1]
+        if grow > 0:
+            self.key_pos = F.pad(self.key_pos, (0, grow), value=-1)
+        self.key_pos.scatter_(1, sent[1], sent[2])
+        gather_slots(self.cache, torch.arange(n_rows, device=self.device)[:, None], sent[0], sent[1], new_len)
+        self.key_pos = self.key_pos[:, :new_len]
 
     def drop_finished(self) -> None:
         """Removes finished rows (their cache rows included) and cuts holes no active row needs."""
@@ -115,15 +117,15 @@ class RunningBatch:
             return
         if not keep:
             self.requests, self.cache = [], None
-            self.lengths, self.valid, self.key_pos = self.lengths[:0], self.valid[:0], self.key_pos[:0]
+            self.lengths, self.lead_holes, self.key_pos = self.lengths[:0], self.lead_holes[:0], self.key_pos[:0]
             return
         lengths = self.lengths[keep]
         new_len = int(lengths.max())
-        valid = self.valid[keep, :new_len]
         # left-padding holes that every remaining row has (a long prompt's row left): cut them too
-        start = int(valid.argmax(axis=1).min())
-        select_rows(self.cache, to_device(np.asarray(keep, dtype=np.int64), self.device), start, new_len)
+        start = int(self.lead_holes[keep].min())
+        rows = to_device(np.asarray(keep, dtype=np.int64), self.device)
+        select_rows(self.cache, rows, start, new_len)
         self.requests = [self.requests[b] for b in keep]
         self.lengths = lengths - start
-        self.valid = valid[:, start:]
-        self.key_pos = self.key_pos[keep, start:new_len]
+        self.lead_holes = self.lead_holes[keep] - start
+        self.key_pos = self.key_pos.index_select(0, rows)[:, start:new_len]

@@ -178,20 +178,20 @@ class DeviceTrees:
     depth: torch.Tensor
 
 
-def device_tree_inputs(trees: list[DraftTree], roots: np.ndarray, root_pos: np.ndarray, key_pos: np.ndarray,
+def device_tree_inputs(trees: list[DraftTree], roots: np.ndarray, root_pos: np.ndarray, key_pos: torch.Tensor,
                        spec: MaskSpec, device) -> tuple[TreeInputs, DeviceTrees]:
     """:func:`tree_step_inputs` built on the device: the host sends one int32 array (each row's
-    tokens, parent rows, cache key positions and root position; refdec.decode.transfer.to_device,
-    no host sync) and the device derives the ancestor relation (repeated squaring of the parent
-    relation), the depths, the positions and the masks from it.
+    tokens, parent rows and root position; refdec.decode.transfer.to_device, no host sync) and the
+    device derives the ancestor relation (repeated squaring of the parent relation), the depths,
+    the positions and the masks from it and from the cache slots' positions kept there.
 
     ``trees[b]``: row b's draft tree; ``roots`` int64 [B]; ``root_pos`` int64 [B]; ``key_pos``
-    int64 [B, S]: the absolute position of each cache slot, -1 for a hole (a slot is valid iff its
-    position is >= 0). Same tensors as :func:`tree_step_inputs`, and the trees as the walks on the
-    device read them."""
+    int64 [B, S] on ``device`` (refdec.decode.batch.RunningBatch.key_pos): the absolute position
+    of each cache slot, -1 for a hole (a slot is valid iff its position is >= 0). Same tensors as
+    :func:`tree_step_inputs`, and the trees as the walks on the device read them."""
     batch, slots = key_pos.shape
     t = 1 + max(len(tree) for tree in trees)
-    host = np.empty((batch, 2 * t + slots + 1), dtype=np.int32)
+    host = np.empty((batch, 2 * t + 1), dtype=np.int32)
     ids, parents = host[:, :t], host[:, t:2 * t]
     parents[:] = np.arange(t, dtype=np.int32)  # the root and padding rows are their own parents
     for b, tree in enumerate(trees):
@@ -200,11 +200,9 @@ def device_tree_inputs(trees: list[DraftTree], roots: np.ndarray, root_pos: np.n
         ids[b, 1:n + 1] = tree.token_ids
         ids[b, n + 1:] = roots[b]
         parents[b, 1:n + 1] = tree.parents + 1
-    host[:, 2 * t:2 * t + slots] = key_pos
     host[:, -1] = root_pos
     sent = to_device(host, device).to(torch.int64)
-    token_rows, parent_rows = sent[:, :t], sent[:, t:2 * t]
-    k_cache, root = sent[:, 2 * t:2 * t + slots], sent[:, -1:]
+    token_rows, parent_rows, root = sent[:, :t], sent[:, t:2 * t], sent[:, -1:]
     rows = torch.arange(t, device=sent.device)
     # reach[b, r, c]: c is r, r's parent, ..., within 2^j generations after j squarings
     reach = (parent_rows[:, :, None] == rows) | (rows[:, None] == rows)
@@ -213,8 +211,8 @@ def device_tree_inputs(trees: list[DraftTree], roots: np.ndarray, root_pos: np.n
         reach = torch.bmm(step, step) > 0
     depth = reach.sum(dim=2) - 1
     q_pos = root + depth
-    visible = torch.cat([(k_cache >= 0)[:, None, :].expand(batch, t, slots), reach], dim=2)
-    masks = masks_from_visible(visible, q_pos, torch.cat([k_cache, q_pos], dim=1), spec)
+    visible = torch.cat([(key_pos >= 0)[:, None, :].expand(batch, t, slots), reach], dim=2)
+    masks = masks_from_visible(visible, q_pos, torch.cat([key_pos, q_pos], dim=1), spec)
     return (TreeInputs(input_ids=token_rows, position_ids=q_pos, attention_mask=masks),
             DeviceTrees(token_rows, parent_rows, reach, depth))
 

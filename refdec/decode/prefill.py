@@ -65,4 +65,4 @@ def prefill(runner: ModelRunner, group: list[Request], chunk: int | None) -> tup
                                                        runner.mask_spec, device, runner.sliding_prefill_start(begin))
         last = runner.prefill_chunk(cache, begin, end == width, **inputs)
     lengths = np.full(len(group), width, dtype=np.int64)  # valid slot count per row (left holes included)
-    return RunningBatch(device, list(group), cache, lengths, valid, key_pos), last
+    return RunningBatch(device, list(group), cache, lengths, key_pos), last
