@@ -16,7 +16,8 @@ import torch
 from drawn_trees import (CHAIN3_ANC, CHAIN3_PARENTS, FORK_ANC, FORK_DEPTH, FORK_PARENTS, WIDE_ANC, WIDE_DEPTH,
                          WIDE_PARENTS, random_tree)
 from refdec.decode.cache import new_cache
-from refdec.decode.masks import MaskSpec, ancestor_matrix, build_tree_inputs, device_tree_inputs, tree_step_inputs
+from refdec.decode.masks import (MASK_ROW_ALIGN, MaskSpec, ancestor_matrix, build_tree_inputs, device_tree_inputs,
+                                 tree_step_inputs)
 from refdec.decode.model_support import mask_spec_for
 from refdec.tree import DraftTree
 from tiny_models import FAMILIES
@@ -140,7 +141,10 @@ def test_masks_built_on_the_device_equal_those_built_on_the_host(spec):
         want, got = host.attention_mask, device.attention_mask
         for name in (want if isinstance(want, dict) else [None]):
             w, g = (want[name], got[name]) if name else (want, got)
-            assert g.dtype == w.dtype and torch.equal(g, w), name
+            visible = w if w.dtype == torch.bool else w == 0
+            assert g.dtype == spec.dtype and torch.equal(g == 0, visible), name  # additive in the model's dtype
+            assert torch.equal(g != 0, g == torch.finfo(spec.dtype).min), name
+            assert g.stride(-2) % MASK_ROW_ALIGN == 0, name  # rows aligned for SDPA's kernels
         for b, tree in enumerate(trees):
             anc, depth = ancestor_matrix(tree.parents)
             m = anc.shape[0]

@@ -37,7 +37,7 @@ import torch
 from refdec.decode.transfer import to_device
 from refdec.tree import DraftTree
 
-__all__ = ["DeviceTrees", "MaskSpec", "TreeInputs", "ancestor_matrix", "attention_masks", "build_tree_inputs",
+__all__ = ["DeviceTrees", "MASK_ROW_ALIGN", "MaskSpec", "TreeInputs", "ancestor_matrix", "attention_masks", "build_tree_inputs",
            "device_tree_inputs", "masks_from_visible", "tree_step_inputs"]
 
 
@@ -97,23 +97,43 @@ def _finish(mask: torch.Tensor, spec: MaskSpec) -> torch.Tensor:
     return torch.where(mask, torch.zeros((), dtype=spec.dtype, device=mask.device), torch.finfo(spec.dtype).min)
 
 
-def _assemble(full: torch.Tensor, windowed: torch.Tensor | None, spec: MaskSpec, sliding_from: int):
+# The row stride of a mask built on the device, in elements: a multiple of 16 (a mask whose rows are
+# not 16-byte aligned is copied into an aligned one by SDPA's memory-efficient kernel, in every layer).
+MASK_ROW_ALIGN = 16
+
+
+def _additive_aligned(mask: torch.Tensor, spec: MaskSpec) -> torch.Tensor:
+    """``mask`` bool [B, T, S] as an additive mask in the model's dtype (0 where visible, dtype-min
+    elsewhere: SDPA adds a float mask as it is, where a bool one is converted in every layer), a
+    view [B, T, S] of rows ``MASK_ROW_ALIGN``-element aligned."""
+    batch, t, width = mask.shape
+    stride = -(-width // MASK_ROW_ALIGN) * MASK_ROW_ALIGN
+    out = torch.full((batch, t, stride), torch.finfo(spec.dtype).min, dtype=spec.dtype, device=mask.device)
+    out[:, :, :width].masked_fill_(mask, 0.0)
+    return out[:, :, :width]
+
+
+def _assemble(full: torch.Tensor, windowed: torch.Tensor | None, spec: MaskSpec, sliding_from: int,
+              finish=_finish):
     """The model's mask(s) [B, 1, T, S] from ``full`` / ``windowed`` bool [B, T, S] (before / after the
-    window; ``windowed`` None without one)."""
+    window; ``windowed`` None without one), each made by ``finish(mask, spec)``."""
     if spec.kind == "dict":
-        return {"full_attention": _finish(full, spec)[:, None],
-                "sliding_attention": _finish(windowed[:, :, sliding_from:], spec)[:, None]}
-    return _finish(full if windowed is None else windowed, spec)[:, None]
+        return {"full_attention": finish(full, spec)[:, None],
+                "sliding_attention": finish(windowed[:, :, sliding_from:], spec)[:, None]}
+    return finish(full if windowed is None else windowed, spec)[:, None]
 
 
 def masks_from_visible(full: torch.Tensor, q_pos: torch.Tensor, k_pos: torch.Tensor, spec: MaskSpec):
     """The model's mask(s) [B, 1, T, S] on ``full``'s device from ``full`` bool [B, T, S] (which key
     slots each query may see, before any window); ``q_pos`` int64 [B, T], ``k_pos`` int64 [B, S]
-    on the same device (see :func:`attention_masks`)."""
+    on the same device (see :func:`attention_masks`). Additive, in the model's dtype, rows
+    aligned (:func:`_additive_aligned`), whatever the attention: the same model outputs as
+    :func:`attention_masks`'s (every row sees at least one key, so dtype-min and a bool mask's
+    -inf both weigh exactly 0 after the softmax)."""
     windowed = None
     if spec.window is not None:  # q - k < window, as k > q - window (one broadcast op fewer)
         windowed = full & (k_pos[:, None, :] > (q_pos - spec.window)[:, :, None])
-    return _assemble(full, windowed, spec, 0)
+    return _assemble(full, windowed, spec, 0, _additive_aligned)
 
 
 def attention_masks(visible: np.ndarray, q_pos: np.ndarray, k_pos: np.ndarray, spec: MaskSpec, device,
