@@ -1,7 +1,9 @@
 """Specifies refdec.decode.cache: the KV cache never evicts (sliding layers included), grows into a
 preallocated buffer, and moves entries only through its row API -- ``compact`` (one row keeps its
 accepted nodes), ``gather_slots`` (each batch row moves its own slots), ``append_rows`` (a joining
-group's rows after the running batch's), ``select_rows`` (rows and a slot range kept)."""
+group's rows after the running batch's), ``select_rows`` (rows and a slot range kept); in static mode
+(``make_static``, refdec.decode.static_step) a layer is one buffer of fixed capacity written at given
+slots."""
 
 from __future__ import annotations
 
@@ -13,8 +15,8 @@ from transformers.cache_utils import DynamicSlidingWindowLayer
 
 from drawn_trees import FORK_PARENTS
 from kv_labels import append, labels_of, labelled_cache
-from refdec.decode.cache import (GrowingLayer, append_rows, compact, gather_slots, new_cache, select_rows,
-                                 set_prefill_window)
+from refdec.decode.cache import (GrowingLayer, append_rows, compact, gather_slots, make_static, new_cache,
+                                 select_rows, set_lengths, set_prefill_window, static_buffers)
 from refdec.decode.masks import build_tree_inputs
 from refdec.decode.model_support import mask_spec_for
 from refdec.tree import DraftTree
@@ -163,3 +165,24 @@ def test_row_moves_send_the_indices_to_each_layers_own_device():
     assert {"meta", "cpu"} <= {indexed for indexed, _ in recorder.pairs}
     assert all(indexed == index for indexed, index in recorder.pairs), recorder.pairs
     assert [tuple(layer.keys.shape) for layer in cache.layers] == [(1, 1, 3, 4)] * 3
+
+
+def test_a_static_layer_keeps_its_entries_writes_a_forwards_rows_at_the_given_slots_and_returns_its_buffer():
+    cache = new_cache()
+    for layer_idx in range(2):
+        cache.update(torch.arange(1.0, 4.0).view(1, 1, 3, 1), -torch.arange(1.0, 4.0).view(1, 1, 3, 1), layer_idx)
+    slots = {2: torch.tensor([5, 6])}
+    buffers = make_static(cache, 8, slots)
+    assert buffers == static_buffers(cache) and len(buffers) == 2
+    layer = cache.layers[0]
+    assert layer.get_seq_length() == 3 and layer.static_slots is slots
+    assert layer._key_buf[0, 0, :, 0].tolist() == [1, 2, 3, 0, 0, 0, 0, 0]  # the entries, then zeros (no NaN)
+    keys, values = layer.update(torch.tensor([[[[7.0], [8.0]]]]), torch.tensor([[[[-7.0], [-8.0]]]]))
+    assert keys.shape[-2] == 8 and keys[0, 0, :, 0].tolist() == [1, 2, 3, 0, 0, 7, 8, 0]
+    assert values[0, 0, 5:7, 0].tolist() == [-7, -8] and layer.get_seq_length() == 3  # the length is the caller's
+    set_lengths(cache, 7)
+    assert [lay.get_seq_length() for lay in cache.layers] == [7, 7] and static_buffers(cache) == buffers
+    select_rows(cache, torch.tensor([0]), 1, 7)  # a row API call that replaces the buffers
+    assert static_buffers(cache) != buffers
+    with pytest.raises(ValueError, match="capacity 4 is less than the cache's 6 entries"):
+        make_static(cache, 4, slots)

@@ -150,3 +150,35 @@ def test_masks_built_on_the_device_equal_those_built_on_the_host(spec):
             m = anc.shape[0]
             assert torch.equal(on_device.ancestors[b, :m, :m], torch.from_numpy(anc))
             assert on_device.depth[b, :m].tolist() == depth.tolist()
+
+
+@pytest.mark.parametrize("spec", [MaskSpec("single", 3, True, torch.float32), MaskSpec("dict", 4, False, torch.float64)],
+                         ids=["window-additive", "dict"])
+def test_fixed_shape_inputs_pad_the_rows_and_hide_every_column_past_the_trees(spec):
+    """``rows`` pads T (padding rows: the root, at the root's position, seeing only themselves) and
+    ``width`` widens the masks to the cache's capacity, every column past S + T hidden; the rest as without."""
+    rng = np.random.default_rng(5)
+    trees = [random_tree(rng, n, n_tokens=96) for n in (3, 9)]
+    key_pos = torch.from_numpy(np.where(rng.random((2, 7)) < 0.8, rng.integers(0, 50, (2, 7)), -1))
+    roots, root_pos = np.array([4, 5]), np.array([51, 55])
+    plain, plain_trees = device_tree_inputs(trees, roots, root_pos, key_pos, spec, "cpu")
+    fixed, fixed_trees = device_tree_inputs(trees, roots, root_pos, key_pos, spec, "cpu", rows=16, width=40)
+    t = plain.input_ids.shape[1]
+    assert t > 4
+    assert fixed.input_ids.shape == (2, 16) and torch.equal(fixed.input_ids[:, :t], plain.input_ids)
+    assert torch.equal(fixed.input_ids[:, t:], torch.tensor(roots)[:, None].expand(2, 16 - t))
+    assert torch.equal(fixed.position_ids[:, t:], torch.tensor(root_pos)[:, None].expand(2, 16 - t))
+    assert torch.equal(fixed_trees.depth[:, :t], plain_trees.depth)
+    want, got = plain.attention_mask, fixed.attention_mask
+    for name in (want if isinstance(want, dict) else [None]):
+        w, g = (want[name], got[name]) if name else (want, got)
+        assert g.shape == (2, 1, 16, 40)
+        assert torch.equal(g[:, :, :t, :7], w[:, :, :, :7])  # the cache's slots
+        assert torch.equal(g[:, :, :t, 7:7 + t], w[:, :, :, 7:])  # the tree's own columns
+        visible = g == 0
+        assert not visible[:, :, :, 7 + 16:].any()  # past S + T: hidden
+        assert torch.equal(visible[:, 0, t:, 7:7 + 16], torch.eye(16, dtype=torch.bool)[t:].expand(2, -1, -1))
+    with pytest.raises(ValueError, match=f"rows={t - 1} is fewer than the {t} rows of the largest tree"):
+        device_tree_inputs(trees, roots, root_pos, key_pos, spec, "cpu", rows=t - 1)
+    with pytest.raises(ValueError, match="width=20 is less than the cache's 7 slots plus 16 query rows"):
+        device_tree_inputs(trees, roots, root_pos, key_pos, spec, "cpu", rows=16, width=20)

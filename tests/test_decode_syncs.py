@@ -42,9 +42,10 @@ def references(decoder, prompts, kwargs):
     return refs
 
 
-def step_syncs(monkeypatch, model, batch: int, max_draft: int, do_sample: bool, **settings):
+def step_syncs(monkeypatch, model, batch: int, max_draft: int, do_sample: bool, static: bool = False, **settings):
     decoder = refdec.SpeculativeDecoder(model)
     decoder.lazy_head = False  # the GPU's code path
+    decoder.static_shapes = static  # fixed shapes (refdec.decode.static_step), as with cuda_graphs=True
     prompts = tiny_models.repetitive_prompts(batch, seed=21)
     kwargs = dict(max_new_tokens=NEW, eos_token_id=[], do_sample=do_sample, seed=7, **settings)
     refs = references(decoder, prompts, kwargs)
@@ -64,5 +65,16 @@ def step_syncs(monkeypatch, model, batch: int, max_draft: int, do_sample: bool, 
 def test_a_step_syncs_at_most_the_budget(monkeypatch, llama, batch, max_draft, do_sample):
     settings = dict(temperature=0.8, top_k=20) if do_sample else {}
     steps = step_syncs(monkeypatch, llama, batch, max_draft, do_sample, **settings)
+    worst = max(steps, key=lambda counts: sum(counts.values()))
+    assert sum(worst.values()) <= MAX_SYNCS[do_sample], dict(worst)
+
+
+@pytest.mark.parametrize("do_sample", [False, True], ids=["greedy", "sampling"])
+@pytest.mark.parametrize("batch", [1, 8])
+def test_a_fixed_shape_step_syncs_no_more(monkeypatch, llama, batch, do_sample):
+    """The fixed-shape step (refdec.decode.static_step) sets its write slots and refills its buffers
+    on the device: as many syncs as the other step, B = 8 including rows that finish."""
+    settings = dict(temperature=0.8, top_k=20) if do_sample else {}
+    steps = step_syncs(monkeypatch, llama, batch, 64, do_sample, static=True, **settings)
     worst = max(steps, key=lambda counts: sum(counts.values()))
     assert sum(worst.values()) <= MAX_SYNCS[do_sample], dict(worst)

@@ -94,8 +94,11 @@ class TransformersBackend:
             prepare_seconds = time.perf_counter() - t0
             verified = verify_trees(runner, batch.cache, inputs, trees, rules)
         else:
-            inputs, on_device = device_tree_inputs(trees, roots, root_pos, batch.key_pos, runner.mask_spec,
-                                                   self.device)
+            if runner.static_step is not None:  # fixed shapes (refdec.decode.static_step)
+                inputs, on_device = runner.static_step.prepare(batch, trees, roots, root_pos)
+            else:
+                inputs, on_device = device_tree_inputs(trees, roots, root_pos, batch.key_pos, runner.mask_spec,
+                                                       self.device)
             prepare_seconds = time.perf_counter() - t0
             choose = device_choice(rules, inputs.position_ids)
             if choose is not False:

@@ -45,6 +45,10 @@ class GrowingLayer(DynamicLayer):
     """
 
     prefill_window: int | None = None
+    # Static mode (refdec.decode.static_step, :func:`make_static`): ``rows -> int64 [rows]`` on the
+    # buffer's device, the slots a forward of that many query rows writes (persistent tensors the
+    # step refills); the forward then returns the whole buffer. None: the entries are appended.
+    static_slots: dict[int, torch.Tensor] | None = None
 
     @property
     def is_sliding(self) -> bool:
@@ -73,6 +77,11 @@ class GrowingLayer(DynamicLayer):
         self._key_buf, self._value_buf = key_buf, value_buf
 
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
+        if self.static_slots is not None:  # no host-side state changes: a CUDA graph replays this
+            slots = self.static_slots[key_states.shape[-2]]
+            self._key_buf.index_copy_(2, slots, key_states)
+            self._value_buf.index_copy_(2, slots, value_states)
+            return self._key_buf, self._value_buf
         if not self.is_initialized:
             self.lazy_initialization(key_states, value_states)
         end = self._length + key_states.shape[-2]
@@ -139,6 +148,41 @@ def set_prefill_window(cache: DynamicCache, layer_indices: list[int], window: in
     for layer_idx in layer_indices:
         if layer_idx < len(cache.layers) and isinstance(cache.layers[layer_idx], GrowingLayer):
             cache.layers[layer_idx].prefill_window = window
+
+
+def make_static(cache: DynamicCache, capacity: int, slots: dict[int, torch.Tensor]) -> tuple[int, ...]:
+    """Puts every layer of ``cache`` (a :func:`new_cache` cache) in static mode: a new zero-filled
+    buffer of ``capacity`` slots holding the layer's entries (stale slots never hold NaN, which a
+    masked key would still spread through the attention's value product), into which a forward of
+    ``r`` query rows writes at ``slots[r]`` (int64 [r] on the layer's device; see
+    :attr:`GrowingLayer.static_slots`). Returns the buffers' identity (:func:`static_buffers`)."""
+    for layer in layers(cache):
+        if not isinstance(layer, GrowingLayer):
+            raise TypeError(f"static mode needs refdec.decode.cache.new_cache() layers, got {type(layer).__name__}")
+        length = layer.get_seq_length()
+        if capacity < length:
+            raise ValueError(f"capacity {capacity} is less than the cache's {length} entries")
+        key_buf = layer.keys.new_zeros(*layer.keys.shape[:-2], capacity, layer.keys.shape[-1])
+        value_buf = layer.values.new_zeros(*layer.values.shape[:-2], capacity, layer.values.shape[-1])
+        key_buf[..., :length, :] = layer.keys
+        value_buf[..., :length, :] = layer.values
+        layer.replace_buffers(key_buf, value_buf, length)
+        layer.static_slots = slots
+    return static_buffers(cache)
+
+
+def static_buffers(cache: DynamicCache) -> tuple[int, ...]:
+    """The identity of ``cache``'s buffers (each layer's key and value buffer addresses and their
+    capacity): it changes whenever a row API call or a growth replaces them."""
+    return tuple((layer._key_buf.data_ptr(), layer._value_buf.data_ptr(), layer._key_buf.shape[-2])
+                 for layer in layers(cache))
+
+
+def set_lengths(cache: DynamicCache, length: int) -> None:
+    """Every layer's first ``length`` buffered slots become its entries (a static-mode forward
+    writes its rows without moving the length: :mod:`refdec.decode.static_step` sets it after)."""
+    for layer in layers(cache):
+        _set_length(layer, length)
 
 
 def new_cache(preallocate: bool = True) -> DynamicCache:

@@ -40,6 +40,7 @@ from refdec.decode.backend import TransformersBackend
 from refdec.decode.sampling import TargetSampler
 from refdec.decode.settings import (check_index_tokenizer, check_retrieve, logits_processor, normalize_stop_strings,
                                     validate_sampling)
+from refdec.decode.static_step import StaticStep
 from refdec.decode.stops import StopChecker
 from refdec.index import CorpusIndex, ShardedIndex
 from refdec.proposer import Drafter, Proposer
@@ -93,6 +94,9 @@ class SpeculativeDecoder:
 
     ``decoder.lazy_head`` (default: on a CPU, for a plain-head model): the LM head runs
     only on the tree rows the acceptance walks visit (refdec.decode.head).
+    ``cuda_graphs`` (a CUDA device only): verification forwards at fixed shapes (query rows in
+    buckets, a static KV cache), each captured once as a CUDA graph and replayed
+    (refdec.decode.static_step; ``decoder.static_shapes`` runs the same shapes without graphs).
     ``decoder.joint_batch_budget`` (default True): batches with
     ``max_draft_tokens="auto"`` choose the rows' verified prefixes together, priced as
     one padded batched forward (refdec.budget.batch_prefix_sizes); False prices each
@@ -100,7 +104,7 @@ class SpeculativeDecoder:
     """
 
     def __init__(self, model, tokenizer=None, index=None, *, max_depth: int = 64, proposer_factory=None,
-                 prefill_chunk: int | None = 512) -> None:
+                 prefill_chunk: int | None = 512, cuda_graphs: bool = False) -> None:
         self.max_depth = check_int("max_depth", max_depth, 1)  # the engine's depth limit too, whatever the drafter
         if prefill_chunk is not None and (not is_int(prefill_chunk) or prefill_chunk < 1):
             raise ValueError(f"prefill_chunk must be an int >= 1 or None, got {prefill_chunk!r}")
@@ -113,6 +117,10 @@ class SpeculativeDecoder:
         if tokenizer is None:  # a llama.cpp model brings its own (refdec.llama_cpp.tokenizer)
             self.tokenizer = getattr(self.backend, "tokenizer", None)
         self.joint_batch_budget = True
+        if not isinstance(cuda_graphs, bool):
+            raise ValueError(f"cuda_graphs must be True or False, got {cuda_graphs!r}")
+        if cuda_graphs:
+            self._set_static_step(cuda_graphs=True)
         self._auto_budget = None  # single prompts: the "auto" policy persists across calls (its feedback carries over)
 
     @property
@@ -129,7 +137,32 @@ class SpeculativeDecoder:
 
     @lazy_head.setter
     def lazy_head(self, value: bool) -> None:
+        if value and self.runner.static_step is not None:
+            raise ValueError("lazy_head=True does not go with fixed-shape steps (static_shapes / cuda_graphs): "
+                             "those run the head on every row")
         self.runner.lazy_head = bool(value)
+
+    @property
+    def static_shapes(self) -> bool:
+        """Whether verification forwards run at fixed shapes (refdec.decode.static_step): set by
+        ``cuda_graphs=True`` (and then replayed as CUDA graphs); settable on any device, without
+        graphs, to run the same fixed-shape forwards eagerly (the head then runs on every row)."""
+        return self.runner.static_step is not None
+
+    @static_shapes.setter
+    def static_shapes(self, value: bool) -> None:
+        if not value:
+            self.runner.static_step = None
+        elif self.runner.static_step is None:
+            self._set_static_step(cuda_graphs=False)
+
+    def _set_static_step(self, cuda_graphs: bool) -> None:
+        runner = getattr(self.backend, "runner", None)
+        if runner is None:
+            raise ValueError(f"fixed-shape steps and CUDA graphs are for transformers models; a "
+                             f"{type(self.backend).__name__} runs its own")
+        runner.static_step = StaticStep(runner.device, runner.mask_spec, cuda_graphs=cuda_graphs)
+        runner.lazy_head = False
 
     @property
     def vocab_size(self) -> int:

@@ -199,7 +199,8 @@ class DeviceTrees:
 
 
 def device_tree_inputs(trees: list[DraftTree], roots: np.ndarray, root_pos: np.ndarray, key_pos: torch.Tensor,
-                       spec: MaskSpec, device) -> tuple[TreeInputs, DeviceTrees]:
+                       spec: MaskSpec, device, *, rows: int | None = None,
+                       width: int | None = None) -> tuple[TreeInputs, DeviceTrees]:
     """:func:`tree_step_inputs` built on the device: the host sends one int32 array (each row's
     tokens, parent rows and root position; refdec.decode.transfer.to_device, no host sync) and the
     device derives the ancestor relation (repeated squaring of the parent relation), the depths,
@@ -208,9 +209,20 @@ def device_tree_inputs(trees: list[DraftTree], roots: np.ndarray, root_pos: np.n
     ``trees[b]``: row b's draft tree; ``roots`` int64 [B]; ``root_pos`` int64 [B]; ``key_pos``
     int64 [B, S] on ``device`` (refdec.decode.batch.RunningBatch.key_pos): the absolute position
     of each cache slot, -1 for a hole (a slot is valid iff its position is >= 0). Same tensors as
-    :func:`tree_step_inputs`, and the trees as the walks on the device read them."""
+    :func:`tree_step_inputs`, and the trees as the walks on the device read them.
+
+    Fixed shapes (refdec.decode.static_step): ``rows`` pads T to that many query rows (padding rows
+    as any: the root again, seeing only themselves); ``width`` makes the masks [B, 1, T, width]
+    (the cache's whole capacity), the tree's columns at ``S .. S + T`` and every column past them
+    hidden."""
     batch, slots = key_pos.shape
     t = 1 + max(len(tree) for tree in trees)
+    if rows is not None:
+        if rows < t:
+            raise ValueError(f"rows={rows} is fewer than the {t} rows of the largest tree")
+        t = rows
+    if width is not None and width < slots + t:
+        raise ValueError(f"width={width} is less than the cache's {slots} slots plus {t} query rows")
     host = np.empty((batch, 2 * t + 1), dtype=np.int32)
     ids, parents = host[:, :t], host[:, t:2 * t]
     parents[:] = np.arange(t, dtype=np.int32)  # the root and padding rows are their own parents
@@ -231,8 +243,12 @@ def device_tree_inputs(trees: list[DraftTree], roots: np.ndarray, root_pos: np.n
         reach = torch.bmm(step, step) > 0
     depth = reach.sum(dim=2) - 1
     q_pos = root + depth
-    visible = torch.cat([(key_pos >= 0)[:, None, :].expand(batch, t, slots), reach], dim=2)
-    masks = masks_from_visible(visible, q_pos, torch.cat([key_pos, q_pos], dim=1), spec)
+    visible = [(key_pos >= 0)[:, None, :].expand(batch, t, slots), reach]
+    k_pos = [key_pos, q_pos]
+    if width is not None and width > slots + t:
+        visible.append(torch.zeros((batch, t, width - slots - t), dtype=torch.bool, device=sent.device))
+        k_pos.append(torch.full((batch, width - slots - t), -1, dtype=torch.int64, device=sent.device))
+    masks = masks_from_visible(torch.cat(visible, dim=2), q_pos, torch.cat(k_pos, dim=1), spec)
     return (TreeInputs(input_ids=token_rows, position_ids=q_pos, attention_mask=masks),
             DeviceTrees(token_rows, parent_rows, reach, depth))
 

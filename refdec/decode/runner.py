@@ -45,6 +45,8 @@ class ModelRunner:
         self.backbone, self.head = split if split is not None else (None, None)
         self.lazy_head = split is not None and self.device.type == "cpu"
         self.head_chunk_rows: int | None = None
+        # refdec.decode.static_step.StaticStep: verification forwards at fixed shapes (CUDA graphs), or None
+        self.static_step = None
         # Sliding-window layers (Gemma 3): during a chunked prefill they read only the last
         # window - 1 keys plus the chunk (refdec.decode.cache.set_prefill_window).
         self.sliding_layers = list(self.mask_spec.sliding_layers)
@@ -59,6 +61,13 @@ class ModelRunner:
         inputs[self.cache_kw] = cache
         return self.model(use_cache=True, **inputs).logits
 
+    def verify_forward(self, forward, cache, **inputs) -> torch.Tensor:
+        """``forward(cache, **inputs)`` (:meth:`hidden` or :meth:`logits`) as a verification step runs
+        it: through :attr:`static_step` when set (fixed shapes, maybe a replayed CUDA graph)."""
+        if self.static_step is None:
+            return forward(cache, **inputs)
+        return self.static_step.run(forward, cache, inputs)
+
     def row_targets(self, cache, choose=None, **inputs) -> torch.Tensor:
         """int64 [B, T] on the model's device: every row's target after a forward over ``inputs``
         (as :meth:`logits`), ``choose(logits, start) -> int64 [r]`` of each chunk of ``r`` rows
@@ -68,11 +77,11 @@ class ModelRunner:
         computes them all (``choose`` still runs by chunks)."""
         choose = choose or (lambda logits, start: logits.argmax(dim=-1))
         if self.head is None:
-            logits = self.logits(cache, **inputs)
+            logits = self.verify_forward(self.logits, cache, **inputs)
             shape, flat = logits.shape[:2], logits.reshape(-1, logits.shape[-1])
             head = None
         else:
-            hidden = self.hidden(cache, **inputs)  # [B, T, D]
+            hidden = self.verify_forward(self.hidden, cache, **inputs)  # [B, T, D]
             shape, flat = hidden.shape[:2], hidden.reshape(-1, hidden.shape[-1])
             head = self.head
         chunk = self.head_chunk_rows

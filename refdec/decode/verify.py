@@ -86,7 +86,7 @@ def verify_trees(runner: ModelRunner, cache, inputs: TreeInputs, trees: list[Dra
 
         results = walks.run(target)
         return Verified(results, [lazy.rows_computed for lazy in walks.lazy], forward_seconds + walks.seconds)
-    logits = runner.logits(cache, **kwargs)  # [B, T, V]
+    logits = runner.verify_forward(runner.logits, cache, **kwargs)  # [B, T, V]
     targets = logits.argmax(dim=-1).cpu().numpy() if None in rules else None  # the one host sync
     forward_seconds = time.perf_counter() - t0
     results = []
