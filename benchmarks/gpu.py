@@ -23,6 +23,12 @@ Sections (each prints a markdown table and its wall time):
 * ``loop``: the engine's own time per step (propose + prepare + accept: walks, compaction,
   bookkeeping; ``DecodingStats``) against the forward's, on the Gemma-shape model, with drafts of
   8..128 nodes copied from a reference holding the model's own plain output.
+* ``graphs``: fixed-shape steps (refdec.decode.static_step): ``SpeculativeDecoder(cuda_graphs=True)``
+  (on a CPU ``decoder.static_shapes = True``, no graphs) on the tiny float32 models against
+  ``model.generate`` (64-node drafts from a reference of the model's own output), token for token;
+  then on the Gemma-shape bf16 model the loop section's decodes three ways -- dynamic shapes,
+  fixed shapes eagerly, fixed shapes replayed as CUDA graphs -- tokens/s, forward ms per step,
+  graphs captured and replayed, and whether the output equals the dynamic one's.
 * ``replay``: tokens/s projected from the drafting simulator's tokens/step on the edits (a table
   copied from benchmarks/RESULTS.md §3, as the data is not on a lent machine) over the measured
   forward time at that tree size (and with the loop's time added), against one forward per token
@@ -59,7 +65,7 @@ import torch
 
 from benchmarks import report, tiny_model
 
-SECTIONS = ("equivalence", "syncs", "forward", "loop", "replay")
+SECTIONS = ("equivalence", "syncs", "forward", "loop", "graphs", "replay")
 FORWARD_NODES = (0, 1, 2, 4, 8, 16, 32, 64, 128)
 
 # Gemma 3 270M as refdec.models.load_default() converts it (~/.cache/refdec/gemma-3-270m/config.json:
@@ -117,16 +123,18 @@ class Plan:
 
 def make_plan(device: torch.device, quick: bool) -> Plan:
     if device.type == "cuda":
-        estimates = {"equivalence": 60, "syncs": 30, "gemma3-270m": 60, "llama3-8b": 120, "loop": 45, "replay": 5}
+        estimates = {"equivalence": 60, "syncs": 30, "gemma3-270m": 60, "llama3-8b": 120, "loop": 45, "graphs": 60,
+                     "replay": 5}
         if quick:
             return Plan(2, 32, 24, 2, None, 1024, FORWARD_NODES, 5, 2, 16, True, 512, 64, (8, 64), estimates)
         return Plan(4, 64, 48, None, None, 1024, FORWARD_NODES, 10, 3, 64, True, 1024, 256, (8, 16, 32, 64, 128),
                     estimates)
-    estimates = {"equivalence": 30, "syncs": 20, "gemma3-270m": 30, "llama3-8b": 10_000, "loop": 20, "replay": 5}
+    estimates = {"equivalence": 30, "syncs": 20, "gemma3-270m": 30, "llama3-8b": 10_000, "loop": 20, "graphs": 30,
+                 "replay": 5}
     if quick:
         return Plan(2, 16, 16, 2, 4096, 64, (0, 1, 4, 16), 2, 1, 4, False, 48, 12, (4, 16), estimates)
     return Plan(4, 64, 48, None, None, 1024, FORWARD_NODES, 3, 1, 16, False, 512, 64, (8, 32, 64),
-                {**estimates, "gemma3-270m": 300, "loop": 200})
+                {**estimates, "gemma3-270m": 300, "loop": 200, "graphs": 300})
 
 
 class Clock:
@@ -534,6 +542,7 @@ def section_loop(plan: Plan, device: torch.device, clock: Clock, ctx: dict) -> d
         out = decoder.generate(prompt, references=[reference], max_draft_tokens=k, **common)
         rows.append(per_step(out.stats, k, out.sequences[0].tolist() == want))
     ctx["loop_ms"] = {r["max_draft_tokens"]: r["loop_ms"] for r in rows}
+    ctx["loop_decode"] = (prompt, reference, want)
     print(f"gemma3-270m shape ({model.config.num_hidden_layers} layers, bf16), prompt {plan.loop_prompt}, "
           f"{plan.loop_new} new tokens, lazy head {decoder.lazy_head}; the reference is the model's own output")
     table = [[r["max_draft_tokens"], f"{r['nodes_per_step']:.1f}", f"{r['tokens_per_step']:.2f}",
@@ -546,6 +555,85 @@ def section_loop(plan: Plan, device: torch.device, clock: Clock, ctx: dict) -> d
             "note": "bfloat16: a tree forward may round differently from one row's, so the output may differ "
                     "from k = 0; on a GPU the forward's kernels run asynchronously and the wait for them falls "
                     "in the step's one host sync (the forward's time)"}
+
+
+# ---------------------------------------------------------------- fixed shapes, CUDA graphs
+
+def fixed_shape_decoder(model, device: torch.device):
+    """A decoder whose steps run at fixed shapes: replayed as CUDA graphs on a GPU, eagerly elsewhere."""
+    import refdec
+
+    if device.type == "cuda":
+        return refdec.SpeculativeDecoder(model, cuda_graphs=True)
+    decoder = refdec.SpeculativeDecoder(model)
+    decoder.static_shapes = True
+    return decoder
+
+
+def section_graphs(plan: Plan, device: torch.device, clock: Clock, ctx: dict) -> dict:
+    import refdec
+
+    if not clock.allows(plan.estimates["graphs"], "graphs"):
+        return {"skipped": "budget"}
+    graphs = device.type == "cuda"
+    runs = []
+    for family, build in tiny_model.TINY_MODELS.items():
+        model = ctx.get("tiny", {}).get(family) or build(dtype=torch.float32).to(device)
+        decoder = fixed_shape_decoder(model, device)
+        for i, prompt in enumerate(tiny_model.repetitive_prompts(plan.eq_prompts, seed=23)):
+            want = hf_greedy(model, prompt, plan.eq_new, device)
+            out = decoder.generate(prompt, references=[own_reference(want, len(prompt))], max_new_tokens=plan.eq_new,
+                                   max_draft_tokens=64)
+            step = decoder.runner.static_step
+            runs.append({"family": family, "prompt": i, "identical": out.sequences[0].tolist() == want,
+                         "tokens_per_pass": round(out.stats.tokens_per_pass, 3), "captures": step.captures,
+                         "replays": step.replays})
+    rows = [[family, sum(r["family"] == family for r in runs), sum(r["identical"] for r in runs if r["family"] == family),
+             max(r["captures"] for r in runs if r["family"] == family),
+             max(r["replays"] for r in runs if r["family"] == family)] for family in tiny_model.TINY_MODELS]
+    print(f"fixed-shape steps ({'CUDA graphs' if graphs else 'eager, no graphs on ' + device.type}), float32, "
+          "64-node drafts from the model's own output")
+    print(report.markdown_table(rows, ["float32 model", "runs", "identical to model.generate", "graphs captured",
+                                       "replays"]))
+    result = {"cuda_graphs": graphs, "equivalence": runs, "all_identical": all(r["identical"] for r in runs)}
+    if "loop_decode" not in ctx or "gemma" not in ctx:
+        print("  speed: skipped (needs the loop section's model and decode in the same command)")
+        return result
+    model = ctx["gemma"]
+    prompt, reference, _ = ctx["loop_decode"]
+    common = dict(max_new_tokens=plan.loop_new, eos_token_id=[])
+    speed = []
+    for k in plan.loop_budgets:
+        if not clock.allows(plan.estimates["graphs"] / 4, f"graphs, k={k}"):
+            break
+        outs = {}
+        for way in ("dynamic", "fixed", "graphs"):
+            if way == "graphs" and not graphs:
+                continue
+            if way == "dynamic":
+                decoder = refdec.SpeculativeDecoder(model)
+            elif way == "fixed":
+                decoder = refdec.SpeculativeDecoder(model)
+                decoder.static_shapes = True
+            else:
+                decoder = refdec.SpeculativeDecoder(model, cuda_graphs=True)
+            decoder.generate(prompt, references=[reference], max_new_tokens=16, max_draft_tokens=k, eos_token_id=[])
+            out = decoder.generate(prompt, references=[reference], max_draft_tokens=k, **common)  # captured: warm
+            outs[way] = out.sequences[0].tolist()
+            step = decoder.runner.static_step
+            row = per_step(out.stats, k, outs[way] == outs["dynamic"])
+            row.update(way=way, captures=None if step is None else step.captures,
+                       replays=None if step is None else step.replays)
+            speed.append(row)
+    table = [[r["max_draft_tokens"], r["way"], f"{r['tokens_per_step']:.2f}", f"{r['forward_ms']:.2f}",
+              f"{r['step_ms']:.2f}", f"{r['tokens_per_s']:.0f}", r["captures"], r["replays"], r["same_as_plain"]]
+             for r in speed]
+    print(f"gemma3-270m shape ({model.config.num_hidden_layers} layers, bf16), prompt {len(prompt)}, "
+          f"{plan.loop_new} new tokens, the reference the model's own output")
+    print(report.markdown_table(table, ["k", "shapes", "tokens/step", "forward ms", "step ms", "tokens/s",
+                                        "graphs captured", "replays", "same as dynamic"]))
+    result["speed"] = speed
+    return result
 
 
 # ---------------------------------------------------------------- replayed acceptance
@@ -597,7 +685,7 @@ def section_replay(plan: Plan, device: torch.device, clock: Clock, ctx: dict) ->
 
 
 SECTION_FUNCTIONS = {"equivalence": section_equivalence, "syncs": section_syncs, "forward": section_forward,
-                     "loop": section_loop, "replay": section_replay}
+                     "loop": section_loop, "graphs": section_graphs, "replay": section_replay}
 
 
 def device_info(device: torch.device) -> dict:
@@ -654,7 +742,8 @@ def main(argv=None) -> int:
         payload["not_started"] = clock.not_started
         payload["total_seconds"] = time.perf_counter() - clock.started
         report.write_result(path, payload, argv=argv)
-    mismatch = payload["sections"].get("equivalence", {}).get("all_identical") is False
+    mismatch = any(payload["sections"].get(name, {}).get("all_identical") is False
+                   for name in ("equivalence", "graphs"))
     print(f"\ntotal {payload['total_seconds']:.1f} s of {args.budget_s:.0f}"
           + ("; NOT STARTED: " + "; ".join(clock.not_started) if clock.not_started else "")
           + ("; OUTPUTS DIFFERED from model.generate" if mismatch else "")

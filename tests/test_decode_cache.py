@@ -15,7 +15,8 @@ from transformers.cache_utils import DynamicSlidingWindowLayer
 
 from drawn_trees import FORK_PARENTS
 from kv_labels import append, labels_of, labelled_cache
-from refdec.decode.cache import (GrowingLayer, append_rows, compact, gather_slots, make_static, new_cache,
+from refdec.decode.cache import (GrowingLayer, append_rows, compact, gather_slots, layer_buffers, make_static,
+                                 new_cache,
                                  select_rows, set_lengths, set_prefill_window, static_buffers)
 from refdec.decode.masks import build_tree_inputs
 from refdec.decode.model_support import mask_spec_for
@@ -186,3 +187,22 @@ def test_a_static_layer_keeps_its_entries_writes_a_forwards_rows_at_the_given_sl
     assert static_buffers(cache) != buffers
     with pytest.raises(ValueError, match="capacity 4 is less than the cache's 6 entries"):
         make_static(cache, 4, slots)
+
+
+def test_make_static_fills_the_buffers_it_is_given_zeroing_what_they_held():
+    def cache_of(values):
+        cache = new_cache()
+        cache.update(torch.tensor(values).view(1, 1, -1, 1), torch.tensor(values).view(1, 1, -1, 1), 0)
+        return cache
+
+    first = cache_of([1.0, 2.0, 3.0])
+    make_static(first, 6, {})
+    set_lengths(first, 5)  # a step's rows written past the entries
+    reuse = layer_buffers(first)
+    reuse[0][0][0, 0, 3:5, 0] = 9.0
+    second = cache_of([4.0, 5.0])
+    assert make_static(second, 6, {}, reuse=reuse) == static_buffers(first)
+    assert second.layers[0]._key_buf[0, 0, :, 0].tolist() == [4, 5, 0, 0, 0, 0]
+    with pytest.raises(ValueError, match=r"layer 0: a buffer of shape \(1, 1, 6, 1\) cannot hold \(1, 1\) rows at "
+                                         "capacity 8"):
+        make_static(cache_of([1.0]), 8, {}, reuse=reuse)

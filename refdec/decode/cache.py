@@ -150,25 +150,42 @@ def set_prefill_window(cache: DynamicCache, layer_indices: list[int], window: in
             cache.layers[layer_idx].prefill_window = window
 
 
-def make_static(cache: DynamicCache, capacity: int, slots: dict[int, torch.Tensor]) -> tuple[int, ...]:
-    """Puts every layer of ``cache`` (a :func:`new_cache` cache) in static mode: a new zero-filled
+def make_static(cache: DynamicCache, capacity: int, slots: dict[int, torch.Tensor],
+                reuse: list[tuple[torch.Tensor, torch.Tensor]] | None = None) -> tuple[int, ...]:
+    """Puts every layer of ``cache`` (a :func:`new_cache` cache) in static mode: a zero-filled
     buffer of ``capacity`` slots holding the layer's entries (stale slots never hold NaN, which a
     masked key would still spread through the attention's value product), into which a forward of
     ``r`` query rows writes at ``slots[r]`` (int64 [r] on the layer's device; see
-    :attr:`GrowingLayer.static_slots`). Returns the buffers' identity (:func:`static_buffers`)."""
-    for layer in layers(cache):
+    :attr:`GrowingLayer.static_slots`). ``reuse``: per layer, the (key, value) buffers to fill
+    instead of new ones (the same shapes as new ones would have: a CUDA graph captured on them
+    stays valid). Returns the buffers' identity (:func:`static_buffers`)."""
+    for layer_idx, layer in enumerate(layers(cache)):
         if not isinstance(layer, GrowingLayer):
             raise TypeError(f"static mode needs refdec.decode.cache.new_cache() layers, got {type(layer).__name__}")
         length = layer.get_seq_length()
         if capacity < length:
             raise ValueError(f"capacity {capacity} is less than the cache's {length} entries")
-        key_buf = layer.keys.new_zeros(*layer.keys.shape[:-2], capacity, layer.keys.shape[-1])
-        value_buf = layer.values.new_zeros(*layer.values.shape[:-2], capacity, layer.values.shape[-1])
-        key_buf[..., :length, :] = layer.keys
-        value_buf[..., :length, :] = layer.values
+        keys, values = layer.keys, layer.values
+        if reuse is None:
+            key_buf = keys.new_zeros(*keys.shape[:-2], capacity, keys.shape[-1])
+            value_buf = values.new_zeros(*values.shape[:-2], capacity, values.shape[-1])
+        else:
+            key_buf, value_buf = reuse[layer_idx]
+            if key_buf.shape[-2] != capacity or key_buf.shape[:-2] != keys.shape[:-2]:
+                raise ValueError(f"layer {layer_idx}: a buffer of shape {tuple(key_buf.shape)} cannot hold "
+                                 f"{tuple(keys.shape[:-2])} rows at capacity {capacity}")
+            key_buf.zero_()
+            value_buf.zero_()
+        key_buf[..., :length, :] = keys
+        value_buf[..., :length, :] = values
         layer.replace_buffers(key_buf, value_buf, length)
         layer.static_slots = slots
     return static_buffers(cache)
+
+
+def layer_buffers(cache: DynamicCache) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """Each layer's (key, value) buffer (static mode: the whole capacity), for :func:`make_static`'s ``reuse``."""
+    return [(layer._key_buf, layer._value_buf) for layer in layers(cache)]
 
 
 def static_buffers(cache: DynamicCache) -> tuple[int, ...]:

@@ -15,8 +15,10 @@ S every step. :class:`StaticStep` gives the backbone's forward fixed shapes:
 * with ``cuda_graphs`` the forward is captured once per (forward, B, T bucket, cache buffers)
   and replayed on persistent input buffers (ids, positions, masks) refilled each step.
 
-The buffers change when the batch does (a row finishes or joins: refdec.decode.batch) or a row
-outgrows C; the step then makes the cache static again and captures anew. Without
+The step keeps its buffers from one decode to the next: a new prompt's cache is copied into them
+(when its rows fit), so the graphs captured once for a batch size stay valid. When the batch's
+rows change (a row finishes or joins: refdec.decode.batch) or a row outgrows C, the step makes the
+cache static in new buffers and captures anew. Without
 ``cuda_graphs`` the same fixed-shape forward runs eagerly: on a CPU the tests check it gives
 the engine's tokens, and that each bucket's forward sees one shape and one cache buffer.
 Attention over C slots instead of S + T costs more per step; a replayed graph saves the
@@ -29,7 +31,7 @@ import numpy as np
 import torch
 
 from refdec.decode.batch import RunningBatch
-from refdec.decode.cache import make_static, set_lengths, static_buffers
+from refdec.decode.cache import layer_buffers, make_static, set_lengths, static_buffers
 from refdec.decode.masks import DeviceTrees, MaskSpec, TreeInputs, device_tree_inputs
 from refdec.tree import DraftTree
 
@@ -95,6 +97,7 @@ class StaticStep:
         self._slots: dict[int, torch.Tensor] = {}  # rows -> int64 [rows]: the slots a forward writes
         self._offsets: dict[int, torch.Tensor] = {}  # rows -> arange(rows)
         self._buffers: tuple | None = None  # the static cache's identity (refdec.decode.cache.static_buffers)
+        self._owned: list | None = None  # its (key, value) buffers, per layer: reused by the next decode
         self._capacity = 0
         self._step_start = 0  # S of the step being run
         self._graphs: dict[tuple, _Captured] = {}
@@ -110,12 +113,7 @@ class StaticStep:
         slots = batch.slots
         rows = query_bucket(1 + max(len(tree) for tree in trees))
         if static_buffers(batch.cache) != self._buffers or slots + rows > self._capacity:
-            room = max(request.room for request in batch.requests)
-            capacity = -(-(slots + room + rows) // CAPACITY_STEP) * CAPACITY_STEP
-            self._buffers = make_static(batch.cache, capacity, self._slots)
-            self._capacity = capacity
-            self._graphs.clear()  # captured against the old buffers
-            self.restaticised += 1
+            self._restatic(batch, slots + max(request.room for request in batch.requests) + rows)
         if rows not in self._slots:
             self._offsets[rows] = torch.arange(rows, dtype=torch.int64, device=self.device)
             self._slots[rows] = torch.empty(rows, dtype=torch.int64, device=self.device)
@@ -123,6 +121,25 @@ class StaticStep:
         self._step_start = slots
         return device_tree_inputs(trees, roots, root_pos, batch.key_pos, self.mask_spec, self.device,
                                   rows=rows, width=self._capacity)
+
+    def _restatic(self, batch: RunningBatch, needed: int) -> None:
+        """Makes ``batch``'s cache static with room for ``needed`` slots: in the buffers of the last
+        time when they have the batch's rows and room enough (the graphs captured on them stay
+        valid: a new decode of one prompt replays the last one's), else in new ones."""
+        owned = self._owned
+        rows = len(batch.requests)
+        in_owned = owned is not None and any(  # a cache already in them (only outgrown) is not copied onto itself
+            layer_keys.untyped_storage().data_ptr() == key_buf.untyped_storage().data_ptr()
+            for (layer_keys, _), (key_buf, _) in zip(layer_buffers(batch.cache), owned))
+        if owned is not None and not in_owned and owned[0][0].shape[0] == rows and needed <= self._capacity:
+            self._buffers = make_static(batch.cache, self._capacity, self._slots, reuse=owned)
+        else:
+            self._owned = None  # before allocating: the old buffers' memory may be reused
+            self._graphs.clear()  # captured on the old buffers
+            self._capacity = -(-needed // CAPACITY_STEP) * CAPACITY_STEP
+            self._buffers = make_static(batch.cache, self._capacity, self._slots)
+        self._owned = layer_buffers(batch.cache)
+        self.restaticised += 1
 
     def run(self, forward, cache, inputs: dict) -> torch.Tensor:
         """``forward(cache, **inputs)`` (refdec.decode.runner.ModelRunner.hidden or .logits) over the
