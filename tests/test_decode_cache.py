@@ -16,8 +16,7 @@ from transformers.cache_utils import DynamicSlidingWindowLayer
 from drawn_trees import FORK_PARENTS
 from kv_labels import append, labels_of, labelled_cache
 from refdec.decode.cache import (GrowingLayer, append_rows, compact, gather_slots, layer_buffers, make_static,
-                                 new_cache,
-                                 select_rows, set_lengths, set_prefill_window, static_buffers)
+                                 new_cache, select_rows, set_lengths, set_prefill_window, static_buffers)
 from refdec.decode.masks import build_tree_inputs
 from refdec.decode.model_support import mask_spec_for
 from refdec.tree import DraftTree
