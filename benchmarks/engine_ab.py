@@ -1,4 +1,4 @@
-"""The same decoding from two checkouts of refdec: tokens, verify passes and seconds per edit pair.
+"""The same decoding from two checkouts of refdec: tokens, verify passes and seconds per prompt.
 
 Run it once per checkout and compare the JSON files. The benchmarks package comes from this
 tree; refdec from the checkout whose directory is first on ``sys.path``: run from that checkout
@@ -8,12 +8,12 @@ with this tree on ``PYTHONPATH`` (the current directory comes first for ``python
     python -m benchmarks.engine_ab --json new.json
     python -m benchmarks.engine_ab --compare old.json new.json
 
-Each of the first ``--limit`` edit pairs is decoded by a fresh ``SpeculativeDecoder`` (greedy,
-``max_draft_tokens="auto"``, the pair's original file as the reference), after one untimed
-warm-up. The draft-cost curve is read from the calibration cache (or measured) before any
+Each of the first ``--limit`` prompts of each of ``--workloads`` (default: edit pairs, the pair's
+original file as the reference; and MT-Bench chat prompts, no reference) is decoded by a fresh
+``SpeculativeDecoder`` (greedy, ``max_draft_tokens="auto"``), after one untimed warm-up. The draft-cost curve is read from the calibration cache (or measured) before any
 timing, so both checkouts use the same curve when its cache key is the same. ``--compare``
-prints whether the tokens and the pass counts are identical and the ratio of the per-pair
-minimum times over the runs given (alternate the checkouts over several runs).
+prints whether the tokens and the pass counts are identical and the ratio of the per-prompt
+minimum times over the runs given, per workload (alternate the checkouts over several runs).
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ import time
 from benchmarks import report, workloads
 
 
-def decode(limit: int, max_new_tokens: int) -> list[dict]:
+def decode(names: list[str], limit: int, max_new_tokens: int) -> list[dict]:
     import refdec
     from refdec.models import load_default
 
@@ -37,20 +37,20 @@ def decode(limit: int, max_new_tokens: int) -> list[dict]:
 
     model, tok = load_default()
     auto_cost_curve(model)  # before any timing
-    cases = workloads.load_workload("edits", limit, require_output=False).cases
-    first = cases[0]
+    cases = [(name, case) for name in names for case in workloads.load_workload(name, limit, require_output=False).cases]
+    first = cases[0][1]
     refdec.generate(model, first.prompt.tolist(), tokenizer=tok, references=[r.tolist() for r in first.references],
                     max_new_tokens=4)  # warm-up
     rows = []
-    for case in cases:
+    for name, case in cases:
         decoder = refdec.SpeculativeDecoder(model, tok)
         t0 = time.perf_counter()
         out = decoder.generate(case.prompt.tolist(), references=[r.tolist() for r in case.references],
                                max_new_tokens=max_new_tokens)
         seconds = time.perf_counter() - t0
-        rows.append({"case": case.name, "passes": out.stats.forward_passes, "new_tokens": out.stats.new_tokens,
+        rows.append({"workload": name, "case": case.name, "passes": out.stats.forward_passes, "new_tokens": out.stats.new_tokens,
                      "seconds": seconds, "tokens": out.sequences[0, len(case.prompt):].tolist()})
-        print(f"{case.name}: {out.stats.forward_passes} passes, {out.stats.new_tokens} tokens, {seconds:.2f} s",
+        print(f"{name} {case.name}: {out.stats.forward_passes} passes, {out.stats.new_tokens} tokens, {seconds:.2f} s",
               flush=True)
     return rows
 
@@ -66,14 +66,19 @@ def compare(old_paths: list[str], new_paths: list[str]) -> None:
     print("passes identical:", all(a["passes"] == b["passes"] for run in runs for a, b in zip(reference, run)))
     old = [min(run[i]["seconds"] for run in olds) for i in range(len(reference))]
     new = [min(run[i]["seconds"] for run in news) for i in range(len(reference))]
-    print(f"passes: {sum(r['passes'] for r in reference)}; per-pair minimum seconds summed: old {sum(old):.2f}, "
-          f"new {sum(new):.2f}, new/old {sum(new) / sum(old):.3f}; per pair "
-          + ", ".join(f"{n / o:.3f}" for n, o in zip(new, old)))
+    print(f"passes: {sum(r['passes'] for r in reference)}; per-prompt minimum seconds summed: old {sum(old):.2f}, "
+          f"new {sum(new):.2f}, old/new {sum(old) / sum(new):.3f} (> 1: the new is faster)")
+    for name in dict.fromkeys(r.get("workload", "edits") for r in reference):
+        at = [i for i, r in enumerate(reference) if r.get("workload", "edits") == name]
+        o, n = sum(old[i] for i in at), sum(new[i] for i in at)
+        print(f"  {name}: {len(at)} prompts, old {o:.2f} s, new {n:.2f} s, old/new {o / n:.3f}; per prompt "
+              + ", ".join(f"{old[i] / new[i]:.3f}" for i in at))
 
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--limit", type=int, default=10, help="edit pairs (default 10)")
+    ap.add_argument("--workloads", default="edits,mtbench", help="comma-separated (default edits,mtbench)")
+    ap.add_argument("--limit", type=int, default=10, help="prompts per workload (default 10)")
     ap.add_argument("--max-new-tokens", type=int, default=512)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--json", default=None, help="results JSON path (default benchmarks/out/engine_ab-<time>.json)")
@@ -88,7 +93,7 @@ def main(argv=None) -> int:
     torch.set_num_threads(args.threads)
     import refdec
 
-    rows = decode(args.limit, args.max_new_tokens)
+    rows = decode([w.strip() for w in args.workloads.split(",") if w.strip()], args.limit, args.max_new_tokens)
     path = report.write_result(report.result_path(args.json, "engine_ab"), {"refdec": refdec.__file__, "rows": rows},
                                argv=argv)
     print(f"wrote {path}")
