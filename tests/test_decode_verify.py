@@ -103,10 +103,12 @@ def test_batched_lazy_head_runs_no_full_forward(monkeypatch):
     assert out.stats.head_rows >= sum(r.forward_passes - 1 for r in out.stats.rows) > 0
 
 
-@pytest.mark.parametrize("chunk", [4, 16])
-def test_greedy_with_the_full_head_never_holds_more_than_a_chunk_of_logits(monkeypatch, llama, chunk):
+@pytest.mark.parametrize("chunk, settings", [(4, {}), (16, {}), (4, {"repetition_penalty": 1.3})],
+                         ids=["greedy-4", "greedy-16", "logits-settings"])
+def test_greedy_with_the_full_head_never_holds_more_than_a_chunk_of_logits(monkeypatch, llama, chunk, settings):
     """Greedy with the full head (a GPU's path) runs the head ``head_chunk_rows`` rows at a time and
-    keeps their argmax: no verification step makes logits for all ``B * T`` rows at once."""
+    keeps their argmax: no verification step makes logits for all ``B * T`` rows at once. With logits
+    settings (the walks on the host) the head runs on the rows the walks visit, a few per walk a round."""
     from refdec.decode.head import PlainHead
 
     decoder = refdec.SpeculativeDecoder(llama)
@@ -124,11 +126,11 @@ def test_greedy_with_the_full_head_never_holds_more_than_a_chunk_of_logits(monke
     hook = llama.get_output_embeddings().register_forward_hook(lambda m, i, out: shapes.append(tuple(out.shape)))
     prompts = tiny_models.repetitive_prompts(8, seed=2)
     try:
-        out = decoder.generate(prompts, max_new_tokens=16, eos_token_id=[], max_draft_tokens=16)
+        out = decoder.generate(prompts, max_new_tokens=16, eos_token_id=[], max_draft_tokens=16, **settings)
     finally:
         hook.remove()
     for b, p in enumerate(prompts):
-        assert batch_row(out, b, len(p)) == tiny_models.hf_greedy(llama, p, max_new_tokens=16)
+        assert batch_row(out, b, len(p)) == tiny_models.hf_greedy(llama, p, max_new_tokens=16, **settings)
     rows = [int(np.prod(shape[:-1])) for shape in shapes]
     assert shapes and all(shape[-1] == tiny_models.VOCAB for shape in shapes)
     assert max(rows) <= max(chunk, len(prompts))  # the prefill: one row per prompt

@@ -103,8 +103,8 @@ class TransformersBackend:
             choose = device_choice(rules, inputs.position_ids)
             if choose is not False:
                 verified = verify_on_device(runner, batch.cache, inputs, on_device, choose)
-            else:
-                verified = verify_trees(runner, batch.cache, inputs, trees, rules)
+            else:  # the walks on the host ask the rules: the head on the rows they visit, no [B, T, V] logits
+                verified = verify_trees(runner, batch.cache, inputs, trees, rules, lazy=True)
         verified.prepare_seconds = prepare_seconds
         return verified
 

@@ -12,8 +12,9 @@ With a lazy head (refdec.decode.head) the forward runs the backbone over every
 row and the walks, in lock-step, ask the head for the rows they visit (one head
 GEMM per round for all batch rows); otherwise every row's target is computed:
 for plain greedy and for sampling without logits settings or top-p on the device, with
-the walks there too and one host sync per step (:func:`verify_on_device`), else from the
-model's own forward's logits, the walks on the host asking the rules.
+the walks there too and one host sync per step (:func:`verify_on_device`), else the walks
+on the host ask the rules, the head running on the rows they visit as with a lazy head (a model
+without a plain head: its own forward's logits of every row).
 """
 
 from __future__ import annotations
@@ -70,13 +71,15 @@ def target_rule(request: Request, tree: DraftTree, processor: PathLogitsProcesso
 
 
 def verify_trees(runner: ModelRunner, cache, inputs: TreeInputs, trees: list[DraftTree],
-                 rules: list[TargetRule | None]) -> Verified:
+                 rules: list[TargetRule | None], lazy: bool | None = None) -> Verified:
     """Runs the forward over ``inputs`` (refdec.decode.masks.tree_step_inputs of ``trees``) and
-    every row's walk with its target rule (``rules[b]``, None = greedy)."""
+    every row's walk with its target rule (``rules[b]``, None = greedy). ``lazy`` (default: the
+    runner's choice): the head runs on the rows the walks visit (a plain-head model only); else
+    the model's own forward computes every row's logits."""
     t0 = time.perf_counter()
     kwargs = dict(input_ids=inputs.input_ids, position_ids=inputs.position_ids, attention_mask=inputs.attention_mask)
-    if runner.uses_lazy_head:
-        hidden = runner.hidden(cache, **kwargs)  # [B, T, D]
+    if runner.uses_lazy_head if lazy is None else lazy and runner.head is not None:
+        hidden = runner.verify_forward(runner.hidden, cache, **kwargs)  # [B, T, D]
         forward_seconds = time.perf_counter() - t0
         walks = LockstepLazyWalks(trees, hidden, runner.head)
 
