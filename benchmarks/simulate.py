@@ -417,7 +417,7 @@ def _best_path(tree) -> list:
     """Tokens of the root path to the highest-scoring deepest node (the draft's main line)."""
     if len(tree) == 0:
         return []
-    depths = tree.depths()
+    depths = tree.depths
     # the main line: follow the best-scored child from the root
     tokens, parents, scores = tree.token_ids.tolist(), tree.parents.tolist(), tree.scores.tolist()
     path, node = [], -1

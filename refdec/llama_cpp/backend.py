@@ -50,7 +50,7 @@ def tree_layout(tree: DraftTree) -> tuple[np.ndarray, list[list[int]], np.ndarra
     leaves in node i's subtree, the first one on its best path), leaves int64 [L])``."""
     n = len(tree)
     parents = tree.parents
-    depths = tree.depths().astype(np.int64)
+    depths = tree.depths.astype(np.int64)
     below: list[list[int]] = [[] for _ in range(n)]
     has_child = np.zeros(n, dtype=bool)
     has_child[parents[parents >= 0]] = True

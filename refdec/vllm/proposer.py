@@ -204,7 +204,7 @@ class VllmProposer:
             offsets = np.zeros(len(trees) + 1, np.int64)
             np.cumsum([len(tree) for tree in trees], out=offsets[1:])
             return DraftBatch(*(np.concatenate([getattr(tree, name) for tree in trees])
-                                for name in ("token_ids", "parents", "scores", "source_ids")),
+                                for name in ("token_ids", "parents", "scores", "source_ids", "depths")),
                               offsets=offsets, source_names=refdec.Proposer.source_names)
 
     def _choose_chains(self, drafting: list, batch: DraftBatch, num_rows: int, drafts: list[list[int]]) -> None:

@@ -112,7 +112,7 @@ def test_a_unique_run_is_drafted_at_least_30_tokens_deep():
     proposer = editing()
     feed(proposer, ORIGINAL[:20])
     tree = proposer.propose(64)
-    assert tree.depths().max() >= 30
+    assert tree.depths.max() >= 30
     assert main_line(tree)[:30] == ORIGINAL[20:50]
 
 
@@ -192,7 +192,7 @@ def test_the_tree_respects_the_budget_and_depth_with_the_cursor(budget):
     feed(proposer, ORIGINAL[:50] + [1000])
     tree = proposer.propose(budget)
     assert 0 < len(tree) <= budget
-    assert tree.depths().max() <= 12
+    assert tree.depths.max() <= 12
     assert np.all(tree.parents < np.arange(len(tree)))
 
 
