@@ -157,7 +157,7 @@ class AutoBudget:
 
     def cells(self, tree: DraftTree) -> np.ndarray:
         """int64 [n]: the calibration cell of each node."""
-        return self.acceptance.cells(tree.scores, tree.parents, tree.source_ids)
+        return self.acceptance.cells(tree.scores, tree.depths, tree.source_ids)
 
     def expected_accepted(self, tree: DraftTree, cells: np.ndarray | None = None) -> np.ndarray:
         """float64 [n + 1]: E(0) = 0, E(k) = expected accepted nodes of the prefix of k nodes.
