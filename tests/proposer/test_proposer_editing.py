@@ -49,11 +49,9 @@ def main_line(tree):
 
 
 def accepted_length(tree, truth, pos):
-    tokens, parents = tree.token_ids.tolist(), tree.parents.tolist()
-    depth, ok, best = {}, {}, 0
-    for i, (t, p) in enumerate(zip(tokens, parents)):
-        d = 1 if p < 0 else depth[p] + 1
-        depth[i] = d
+    tokens, parents, depths = tree.token_ids.tolist(), tree.parents.tolist(), tree.depths.tolist()
+    ok, best = {}, 0
+    for i, (t, p, d) in enumerate(zip(tokens, parents, depths)):
         ok[i] = (p < 0 or ok[p]) and pos + d - 1 < len(truth) and t == truth[pos + d - 1]
         if ok[i]:
             best = max(best, d)
