@@ -108,7 +108,7 @@ class ChainProposer(WrappedProposer):
                 want = node_idx
         keep = np.asarray(path, dtype=np.int64)
         return DraftTree(tree.token_ids[keep], np.arange(-1, len(keep) - 1, dtype=np.int32), tree.scores[keep],
-                         tree.source_ids[keep], source_names=tree.source_names)
+                         tree.source_ids[keep], source_names=tree.source_names, depths=tree.depths[keep])
 
 
 class PeerProposer(WrappedProposer):

@@ -70,16 +70,13 @@ def accepted_path(tree, truth: list, pos: int) -> tuple:
         return 0, -1
     tokens = tree.token_ids.tolist()
     parents = tree.parents.tolist()
-    depth = [0] * n
+    depths = tree.depths.tolist()
     on_path = [False] * n
     best, best_node = 0, -1
     for node_idx in range(n):
         parent = parents[node_idx]
-        if parent < 0:
-            d, parent_ok = 1, True
-        else:
-            d, parent_ok = depth[parent] + 1, on_path[parent]
-        depth[node_idx] = d
+        d = depths[node_idx]
+        parent_ok = parent < 0 or on_path[parent]
         if parent_ok and d <= remaining and tokens[node_idx] == truth[pos + d - 1]:
             on_path[node_idx] = True
             if d > best:
@@ -417,7 +414,7 @@ def _best_path(tree) -> list:
     """Tokens of the root path to the highest-scoring deepest node (the draft's main line)."""
     if len(tree) == 0:
         return []
-    depths = tree.depths()
+    depths = tree.depths
     # the main line: follow the best-scored child from the root
     tokens, parents, scores = tree.token_ids.tolist(), tree.parents.tolist(), tree.scores.tolist()
     path, node = [], -1

@@ -64,10 +64,11 @@ PyStructSequence_Field kDraftArraysFields[] = {
     {"parents", "int32 [n]: parent node index, -1 for children of the root"},
     {"scores", "float32 [n]: estimated probability that the path to the node is accepted"},
     {"source_ids", "int32 [n]: the source that scored the node highest"},
+    {"depths", "int32 [n]: depth of each node, 1 for children of the root"},
     {nullptr, nullptr},
 };
 PyStructSequence_Desc kDraftArraysDesc = {"refdec._C.DraftArrays", "A draft tree's arrays (see refdec.DraftTree).",
-                                          kDraftArraysFields, 4};
+                                          kDraftArraysFields, 5};
 PyTypeObject* g_draft_arrays_type = nullptr;  // made once at import, never freed
 
 py::object draft_arrays(const DraftResult& r) {
@@ -77,6 +78,7 @@ py::object draft_arrays(const DraftResult& r) {
   PyStructSequence_SetItem(out.ptr(), 1, to_numpy(r.parents).release().ptr());
   PyStructSequence_SetItem(out.ptr(), 2, to_numpy(r.scores).release().ptr());
   PyStructSequence_SetItem(out.ptr(), 3, to_numpy(r.source_ids).release().ptr());
+  PyStructSequence_SetItem(out.ptr(), 4, to_numpy(r.depths).release().ptr());
   return out;
 }
 
@@ -559,13 +561,15 @@ PYBIND11_MODULE(_C, m) {
           step_batch(core_ptrs, spans, max_nodes, num_threads, &batch);
         }
         return py::make_tuple(to_numpy(batch.nodes.token_ids), to_numpy(batch.nodes.parents),
-                              to_numpy(batch.nodes.scores), to_numpy(batch.nodes.source_ids), to_numpy(batch.offsets));
+                              to_numpy(batch.nodes.scores), to_numpy(batch.nodes.source_ids),
+                              to_numpy(batch.nodes.depths), to_numpy(batch.offsets));
       },
       py::arg("cores"), py::arg("new_tokens"), py::arg("max_nodes"), py::arg("num_threads") = 1,
       "One drafting step for R requests: feeds cores[r] new_tokens[r] (C-contiguous int32 arrays), then drafts "
       "its tree of <= max_nodes nodes (on up to num_threads threads). Returns (token_ids int32, parents int32, "
-      "scores float32, source_ids int32, offsets int64 [R + 1]): tree r is nodes [offsets[r], offsets[r + 1]), "
-      "parents within its tree. Every token is checked before any core is fed (csrc/proposer_core.h).");
+      "scores float32, source_ids int32, depths int32, offsets int64 [R + 1]): tree r is nodes "
+      "[offsets[r], offsets[r + 1]), parents within its tree. Every token is checked before any core is fed "
+      "(csrc/proposer_core.h).");
 
   m.attr("FORMAT_VERSION") = kFormatVersion;
 

@@ -64,18 +64,12 @@ float source_confidence(const DraftSource& source) {
 
 void DraftTreeBuilder::build(const std::vector<DraftSource>& sources, int32_t max_nodes, int32_t max_depth,
                              DraftResult* out) {
-  out->token_ids.clear();
-  out->parents.clear();
-  out->scores.clear();
-  out->source_ids.clear();
+  out->clear();
   heap_.clear();
   cand_entries_.clear();
   seq_ = 0;
   if (max_nodes <= 0 || max_depth <= 0) return;
-  out->token_ids.reserve(max_nodes);
-  out->parents.reserve(max_nodes);
-  out->scores.reserve(max_nodes);
-  out->source_ids.reserve(max_nodes);
+  out->reserve(max_nodes);
 
   // Step 1. The root holds every source that matched, scored by its confidence.
   root_entries_.clear();
@@ -107,6 +101,7 @@ void DraftTreeBuilder::build(const std::vector<DraftSource>& sources, int32_t ma
     out->parents.push_back(c.parent);
     out->scores.push_back(c.score);
     out->source_ids.push_back(c.best_source);
+    out->depths.push_back(c.depth);
     if (c.depth < max_depth) {
       // expand() reads the entries before it appends to cand_entries_.
       expand(sources, node, c.depth, cand_entries_.data() + c.entry_begin, c.entry_end - c.entry_begin,

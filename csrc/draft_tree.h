@@ -74,12 +74,40 @@ struct DraftSource {
 // confidence params.weight.
 float source_confidence(const DraftSource& source);
 
-// Output: nodes in topological order (parents[i] < i, -1 = child of the root).
+// Output: nodes in topological order (parents[i] < i, -1 = child of the root),
+// one entry per node in each vector.
 struct DraftResult {
   std::vector<int32_t> token_ids;   // token proposed by each node
   std::vector<int32_t> parents;     // parent node index, -1 for children of the root
   std::vector<float> scores;        // estimated probability that the path to the node is accepted
   std::vector<int32_t> source_ids;  // source contributing the largest per-source score
+  std::vector<int32_t> depths;      // depth of the node: 1 for a child of the root, else
+                                    // 1 + depths[parents[i]] (the builder knows it; Python
+                                    // reads it as DraftTree.depths instead of deriving it)
+
+  // Every vector emptied / given room for n nodes / extended by `other`'s nodes
+  // (as they are: parents keep indexing within their own tree).
+  void clear() {
+    token_ids.clear();
+    parents.clear();
+    scores.clear();
+    source_ids.clear();
+    depths.clear();
+  }
+  void reserve(size_t n) {
+    token_ids.reserve(n);
+    parents.reserve(n);
+    scores.reserve(n);
+    source_ids.reserve(n);
+    depths.reserve(n);
+  }
+  void append(const DraftResult& other) {
+    token_ids.insert(token_ids.end(), other.token_ids.begin(), other.token_ids.end());
+    parents.insert(parents.end(), other.parents.begin(), other.parents.end());
+    scores.insert(scores.end(), other.scores.begin(), other.scores.end());
+    source_ids.insert(source_ids.end(), other.source_ids.begin(), other.source_ids.end());
+    depths.insert(depths.end(), other.depths.begin(), other.depths.end());
+  }
 };
 
 // Builds draft trees; keeps its scratch buffers between calls (not thread-safe;

@@ -242,34 +242,19 @@ void ProposerCore::count_shared_automata() const {
 
 namespace {
 
-// Appends the nodes of `from` to `to` (each of the four arrays).
-void append_nodes(const DraftResult& from, DraftResult* to) {
-  to->token_ids.insert(to->token_ids.end(), from.token_ids.begin(), from.token_ids.end());
-  to->parents.insert(to->parents.end(), from.parents.begin(), from.parents.end());
-  to->scores.insert(to->scores.end(), from.scores.begin(), from.scores.end());
-  to->source_ids.insert(to->source_ids.end(), from.source_ids.begin(), from.source_ids.end());
-}
-
 // Feeds and proposes cores [begin, end); their trees appended to `out` (cleared first).
 void step_range(const std::vector<ProposerCore*>& cores, const std::vector<TokenSpan>& new_tokens, int32_t max_nodes,
                 size_t begin, size_t end, DraftBatch* out) {
   DraftResult& nodes = out->nodes;
-  nodes.token_ids.clear();
-  nodes.parents.clear();
-  nodes.scores.clear();
-  nodes.source_ids.clear();
-  const size_t capacity = (end - begin) * static_cast<size_t>(max_nodes);
-  nodes.token_ids.reserve(capacity);
-  nodes.parents.reserve(capacity);
-  nodes.scores.reserve(capacity);
-  nodes.source_ids.reserve(capacity);
+  nodes.clear();
+  nodes.reserve((end - begin) * static_cast<size_t>(max_nodes));
   out->offsets.assign(1, 0);
   out->offsets.reserve(end - begin + 1);
   DraftResult tree;
   for (size_t r = begin; r < end; ++r) {
     cores[r]->feed(new_tokens[r].data, new_tokens[r].size);
     cores[r]->propose(max_nodes, &tree);
-    append_nodes(tree, &nodes);
+    nodes.append(tree);
     out->offsets.push_back(static_cast<int64_t>(nodes.token_ids.size()));
   }
 }
@@ -330,7 +315,7 @@ void step_batch(const std::vector<ProposerCore*>& cores, const std::vector<Token
   DraftResult& nodes = out->nodes;
   for (const DraftBatch& part : parts) {
     const int64_t shift = static_cast<int64_t>(nodes.token_ids.size());
-    append_nodes(part.nodes, &nodes);
+    nodes.append(part.nodes);
     for (size_t i = 1; i < part.offsets.size(); ++i) out->offsets.push_back(part.offsets[i] + shift);
   }
 }

@@ -17,22 +17,13 @@ import numpy as np
 
 from refdec.tokens import check_int
 
-__all__ = ["AcceptanceTable", "DEPTH_CENTERS", "DEPTH_EDGES", "SCORE_CENTERS", "SCORE_EDGES", "node_depths"]
+__all__ = ["AcceptanceTable", "DEPTH_CENTERS", "DEPTH_EDGES", "SCORE_CENTERS", "SCORE_EDGES"]
 
 # Score buckets (upper edges) and depth buckets (lower edges of depths 2, 3, 5, ...).
 SCORE_EDGES = np.array([0.02, 0.05, 0.1, 0.2, 0.35, 0.5, 0.7, 0.85, 0.95], dtype=np.float32)
 SCORE_CENTERS = np.array([0.01, 0.035, 0.075, 0.15, 0.27, 0.42, 0.6, 0.77, 0.9, 0.97])
 DEPTH_EDGES = np.array([2, 3, 5, 9, 17, 33], dtype=np.int32)
 DEPTH_CENTERS = np.array([1, 2, 3.5, 6.5, 12.5, 24.5, 48])
-
-
-def node_depths(parents: np.ndarray) -> np.ndarray:
-    """int32 [n]: depth of each node (1 = child of the root) of a topologically ordered tree;
-    ``parents``: int32 [n] (-1 = child of the root)."""
-    depth = [0] * len(parents)
-    for node_idx, parent in enumerate(parents.tolist()):
-        depth[node_idx] = 1 if parent < 0 else depth[parent] + 1
-    return np.asarray(depth, dtype=np.int32)
 
 
 class AcceptanceTable:
@@ -64,11 +55,11 @@ class AcceptanceTable:
         self.verified = np.zeros_like(self.accepted)
         self.update_rates()
 
-    def cells(self, scores: np.ndarray, parents: np.ndarray, source_ids: np.ndarray) -> np.ndarray:
-        """int64 [n]: the cell of each node of a tree (``scores`` float32 [n], ``parents`` int32 [n],
+    def cells(self, scores: np.ndarray, depths: np.ndarray, source_ids: np.ndarray) -> np.ndarray:
+        """int64 [n]: the cell of each node of a tree (``scores`` float32 [n], ``depths`` int32 [n],
         ``source_ids`` int32 [n], as in :class:`refdec.tree.DraftTree`)."""
         s = np.searchsorted(SCORE_EDGES, scores, side="right")
-        d = np.searchsorted(DEPTH_EDGES, node_depths(parents), side="right")
+        d = np.searchsorted(DEPTH_EDGES, depths, side="right")
         src = np.clip(source_ids, 0, self.n_sources - 1)
         return (src.astype(np.int64) * len(SCORE_CENTERS) + s) * len(DEPTH_CENTERS) + d
 

@@ -157,7 +157,7 @@ class AutoBudget:
 
     def cells(self, tree: DraftTree) -> np.ndarray:
         """int64 [n]: the calibration cell of each node."""
-        return self.acceptance.cells(tree.scores, tree.parents, tree.source_ids)
+        return self.acceptance.cells(tree.scores, tree.depths, tree.source_ids)
 
     def expected_accepted(self, tree: DraftTree, cells: np.ndarray | None = None) -> np.ndarray:
         """float64 [n + 1]: E(0) = 0, E(k) = expected accepted nodes of the prefix of k nodes.
@@ -274,14 +274,9 @@ def batch_prefix_sizes(budgets: list, trees: list[DraftTree], cells: list | None
 
 
 def _prefix(tree: DraftTree, n: int) -> DraftTree:
-    """The first ``n`` nodes of a topologically ordered tree (a valid subtree)."""
-    out = object.__new__(DraftTree)
-    object.__setattr__(out, "token_ids", tree.token_ids[:n])
-    object.__setattr__(out, "parents", tree.parents[:n])
-    object.__setattr__(out, "scores", tree.scores[:n])
-    object.__setattr__(out, "source_ids", tree.source_ids[:n])
-    object.__setattr__(out, "source_names", tree.source_names)
-    return out
+    """The first ``n`` nodes of a topologically ordered tree (a valid subtree, views of its arrays)."""
+    return DraftTree._trusted(tree.token_ids[:n], tree.parents[:n], tree.scores[:n], tree.source_ids[:n],
+                              tree.depths[:n], tree.source_names)
 
 
 def make_budget(max_draft_tokens, cost: CostCurve | None = None) -> Budget:

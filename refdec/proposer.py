@@ -66,7 +66,7 @@ class Drafter(Protocol):
         """A draft tree continuing the context: at most ``max_nodes`` nodes (may be empty), as
         :class:`~refdec.tree.DraftTree` arrays of shape (n,): token_ids int32, parents int32
         (-1 = child of the root, the last accepted token; parents[i] < i), scores float32,
-        source_ids int32 (indexes into ``source_names``)."""
+        source_ids int32 (indexes into ``source_names``), depths int32 (1 = child of the root)."""
 
     def accept(self, tokens: np.ndarray) -> None:
         """Appends the tokens emitted this step (the accepted path + the bonus token): int32 array
@@ -208,7 +208,8 @@ class Proposer:
         """Best-first draft tree of at most ``max_nodes`` nodes continuing the context (may be empty)."""
         core = self._require_started()
         draft = core.propose(check_int("max_nodes", max_nodes, 0))  # refdec._C.DraftArrays
-        return DraftTree._trusted(draft.token_ids, draft.parents, draft.scores, draft.source_ids, self.source_names)
+        return DraftTree._trusted(draft.token_ids, draft.parents, draft.scores, draft.source_ids, draft.depths,
+                                  self.source_names)
 
     @staticmethod
     def propose_batch(proposers: Sequence[Proposer], max_nodes: int, new_tokens: Sequence[np.ndarray] | None = None,

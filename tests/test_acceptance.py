@@ -7,22 +7,21 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from refdec.acceptance import AcceptanceTable, node_depths
-
-
-def test_node_depths():
-    assert node_depths(np.array([-1, 0, 1, -1, 3, 0], dtype=np.int32)).tolist() == [1, 2, 3, 1, 2, 2]
+from refdec.acceptance import AcceptanceTable
 
 
 def test_cells_bucket_score_depth_and_source():
     table = AcceptanceTable(3)
     scores = np.array([0.01, 0.02, 0.5, 0.99], np.float32)
-    parents = np.array([-1, 0, 1, 2], np.int32)            # depths 1, 2, 3, 4
+    depths = np.array([1, 2, 3, 4], np.int32)               # a chain
     sources = np.array([0, 1, 2, 7], np.int32)              # 7 is clipped to the last source
     # cell = (source * 10 + score bucket) * 7 + depth bucket; score buckets' upper edges
     # 0.02, 0.05, ... (0.02 is in bucket 1), depth buckets start at depths 2, 3, 5, 9, 17, 33
-    assert table.cells(scores, parents, sources).tolist() == [
+    assert table.cells(scores, depths, sources).tolist() == [
         (0 * 10 + 0) * 7 + 0, (1 * 10 + 1) * 7 + 1, (2 * 10 + 6) * 7 + 2, (2 * 10 + 9) * 7 + 2]
+    deep = np.array([8, 9, 16, 17, 32, 33, 500], np.int32)
+    assert (table.cells(np.full(7, 0.01, np.float32), deep, np.zeros(7, np.int32)) % 7).tolist() == [
+        3, 4, 4, 5, 5, 6, 6]
 
 
 def test_rates_start_at_the_prior_and_follow_the_counts():

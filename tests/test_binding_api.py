@@ -161,9 +161,14 @@ def test_a_draft_crosses_as_named_int32_and_float32_arrays():
     source = _C.testing.DraftSource(view=sam, state=sam.find_state(arr([1, 2])), match_len=2)
     draft = _C.testing.build_draft([source], max_nodes=4, max_depth=4)
     assert isinstance(draft, _C.DraftArrays)
-    assert draft.token_ids.tolist() == [3] and draft.parents.tolist() == [-1]
-    assert (draft.token_ids.dtype, draft.parents.dtype, draft.scores.dtype, draft.source_ids.dtype) == (
-        np.int32, np.int32, np.float32, np.int32)
+    assert draft.token_ids.tolist() == [3] and draft.parents.tolist() == [-1] and draft.depths.tolist() == [1]
+    assert (draft.token_ids.dtype, draft.parents.dtype, draft.scores.dtype, draft.source_ids.dtype,
+            draft.depths.dtype) == (np.int32, np.int32, np.float32, np.int32, np.int32)
+    # after "1": 2 then 3, a chain of depths 1 and 2
+    chain = _C.testing.build_draft([_C.testing.DraftSource(view=sam, state=sam.find_state(arr([1])), match_len=1)],
+                                   max_nodes=4, max_depth=4)
+    assert chain.token_ids.tolist() == [2, 3] and chain.parents.tolist() == [-1, 0]
+    assert chain.depths.tolist() == [1, 2]
     with pytest.raises(ValueError, match=r"state must be in \[0, "):
         _C.testing.DraftSource(view=sam, state=10**6, match_len=2)
 

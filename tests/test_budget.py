@@ -86,6 +86,7 @@ def test_prefix_is_a_valid_subtree_in_node_order():
     budget = AutoBudget(flat_curve(), max_nodes=3)
     cut = budget.select(tree)
     assert cut.token_ids.tolist() == [1, 2, 3] and cut.parents.tolist() == [-1, 0, -1]
+    assert cut.depths.tolist() == [1, 2, 1]  # the tree's, carried along
 
 
 def test_feedback_lowers_the_draft_when_nothing_is_accepted():

@@ -197,8 +197,7 @@ def test_a_full_context_is_a_clear_error(gguf_path):
 def test_tree_layout_gives_each_node_the_leaves_below_it():
     # root -> 0 -> 1 -> 3 ; 0 -> 2 ; root -> 4
     tree = DraftTree(np.array([5, 6, 7, 8, 9]), np.array([-1, 0, 0, 1, -1]), np.ones(5))
-    depths, below, leaves = tree_layout(tree)
-    assert depths.tolist() == [1, 2, 2, 3, 1]
+    below, leaves = tree_layout(tree)
     assert below == [[3, 2], [3], [2], [3], [4]]
     assert leaves.tolist() == [2, 3, 4]
 

@@ -10,11 +10,17 @@ import pytest
 
 from refdec import vllm as rv
 from refdec.acceptance import AcceptanceTable
+from refdec.tree import DraftTree
 from refdec.vllm import chain as vllm_chain
 
 
 def _tree(token_ids, parents, scores):
-    return (np.asarray(token_ids, np.int32), np.asarray(parents, np.int32), np.asarray(scores, np.float32))
+    """A tree's (token_ids, parents, scores, depths), the depths a DraftTree of its shape derives
+    (made with the ids clipped at 0: a corrupt index body drafts negative ids, which DraftTree
+    refuses)."""
+    token_ids = np.asarray(token_ids, np.int32)
+    shape = DraftTree(np.maximum(token_ids, 0), parents, scores)
+    return token_ids, shape.parents, shape.scores, shape.depths
 
 
 # ---------------------------------------------------------------------------------------------
@@ -71,7 +77,7 @@ def _walk(tree, rates, max_len, price, source_ids=None):
     src = np.zeros(n, np.int32) if source_ids is None else np.asarray(source_ids, np.int32)
     out = (np.zeros((1, max_len), np.int32), np.zeros((1, max_len)), np.zeros((1, max_len), np.int64),
            np.zeros(1, np.int64))
-    rv.walk_trees(*tree, src, np.array([0, n]), np.array([max_len]), rates, price, *out)
+    rv.walk_trees(*tree[:3], src, tree[3], np.array([0, n]), np.array([max_len]), rates, price, *out)
     length = int(out[3][0])
     return out[0][0, :length].tolist(), out[1][0, :length].tolist(), out[2][0, :length].tolist()
 
@@ -80,8 +86,8 @@ def test_chain_walk_prices_nodes_by_the_tables_rates_not_their_scores(chain_impl
     """A table that learnt the weak-looking branch is accepted (rate 0.9 in its cells) makes the
     walk take it; the probabilities it reports are the table's, held non-increasing."""
     table = AcceptanceTable(1)
-    scores, parents = TWO_BRANCHES[2], TWO_BRANCHES[1]
-    cells = table.cells(scores, parents, np.zeros(8, np.int32))
+    scores, depths = TWO_BRANCHES[2], TWO_BRANCHES[3]
+    cells = table.cells(scores, depths, np.zeros(8, np.int32))
     table.rates = np.full_like(table.rates, 0.1)
     table.rates[cells[[1, 3, 5, 6, 7]]] = 0.9   # the 20-21-22-23-24 branch (score 0.5)
     tokens, probs, got_cells = _walk(TWO_BRANCHES, table.rates, 8, 0.5)
@@ -99,10 +105,11 @@ def test_walk_trees_walks_each_tree_of_a_batch_on_its_own(chain_impl):
     short = _tree([7, 8], [-1, 0], [0.9, 0.9])
     trees = [TWO_BRANCHES, short, TWO_BRANCHES]
     max_lens = [8, 8, 3]
-    flat = [np.concatenate([t[i] for t in trees]) for i in range(3)]
+    flat = [np.concatenate([t[i] for t in trees]) for i in range(4)]
     n = len(flat[0])
     out = (np.zeros((3, 8), np.int32), np.zeros((3, 8)), np.zeros((3, 8), np.int64), np.zeros(3, np.int64))
-    rv.walk_trees(*flat, np.zeros(n, np.int32), np.array([0, 8, 10, 18]), np.array(max_lens), None, 0.0, *out)
+    rv.walk_trees(*flat[:3], np.zeros(n, np.int32), flat[3], np.array([0, 8, 10, 18]), np.array(max_lens), None, 0.0,
+                  *out)
     assert out[3].tolist() == [5, 2, 3]
     assert [out[0][r, :out[3][r]].tolist() for r in range(3)] == [[20, 21, 22, 23, 24], [7, 8], [10, 11, 12]]
     assert [_walk(t, None, m, 0.0)[0] for t, m in zip(trees, max_lens)] == \
@@ -121,29 +128,31 @@ def test_choose_chains_python_and_numba_agree_on_random_batches(monkeypatch):
         parents = np.concatenate([[int(rng.integers(-1, i)) if i else -1 for i in range(n)] for n in sizes] +
                                  [np.zeros(0)]).astype(np.int32)
         n = int(sizes.sum())
+        offsets = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
+        depths = np.concatenate([_tree(np.zeros(b - a), parents[a:b], np.ones(b - a))[3]
+                                 for a, b in zip(offsets[:-1], offsets[1:])])
         tokens = rng.integers(-1, 50, n).astype(np.int32)
         scores = rng.random(n).astype(np.float32)
         sources = rng.integers(0, 3, n).astype(np.int32)
-        offsets = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
         max_lens = rng.integers(0, 10, len(sizes)).astype(np.int64)
         rates = table.rates if trial % 2 else vllm_chain._NO_RATES
         price = float(rng.choice([-1.0, 0.0, 0.1, 0.4]))  # -1: priced by the batch (token_price)
         outs = [(np.zeros((len(sizes), 10), np.int32), np.zeros((len(sizes), 10)),
                  np.zeros((len(sizes), 10), np.int64), np.zeros(len(sizes), np.int64)) for _ in range(2)]
-        args = (tokens, parents, scores, sources, offsets, max_lens, rates, vllm_chain._SCORE_EDGES,
+        args = (tokens, parents, scores, sources, depths, offsets, max_lens, rates, vllm_chain._SCORE_EDGES,
                 vllm_chain._DEPTH_EDGES, price, 0.05, len(sizes) + 2)
         prices = (vllm_chain._choose_py(*args, *outs[0]), compiled(*args, *outs[1]))
         assert prices[0] == prices[1]
         if price < 0:  # the price is token_price's of the candidates at no cost, to the bit
             cand = (np.zeros((len(sizes), 10), np.int32), np.zeros((len(sizes), 10)),
                     np.zeros((len(sizes), 10), np.int64), np.zeros(len(sizes), np.int64))
-            compiled(*args[:9], 0.0, 0.05, len(sizes) + 2, *cand)
+            compiled(*args[:10], 0.0, 0.05, len(sizes) + 2, *cand)
             assert prices[0] == rv.token_price(cand[1], cand[3], len(sizes) + 2, 0.05)
         for a, b in zip(*outs):
             assert a.tolist() == b.tolist()
         if trial % 2:  # the cells the walk reports are AcceptanceTable.cells of the chain's nodes
             for r in range(len(sizes)):
-                tree_cells = table.cells(scores[offsets[r]:offsets[r + 1]], parents[offsets[r]:offsets[r + 1]],
+                tree_cells = table.cells(scores[offsets[r]:offsets[r + 1]], depths[offsets[r]:offsets[r + 1]],
                                          sources[offsets[r]:offsets[r + 1]]).tolist()
                 assert set(outs[0][2][r, :outs[0][3][r]].tolist()) <= set(tree_cells)
 

@@ -6,7 +6,8 @@ length ``T = 1 + max n``. Row 0 of a tree is the root, row ``1 + node_idx`` draf
 node ``node_idx``:
 
     input_ids     int64 [B, T]            root token, then tree.token_ids (padding: the root again)
-    position_ids  int64 [B, T]            root_pos + depth (root depth 0; padding: root_pos)
+    position_ids  int64 [B, T]            root_pos + depth (root depth 0, a node its tree.depths;
+                                          padding: root_pos)
     mask          bool  [B, 1, T, S + T]  row r may see the row's valid cached slots, its
                                           ancestors in the tree (the root included) and itself;
                                           a padding row sees only itself
@@ -69,25 +70,21 @@ class TreeInputs:
     attention_mask: torch.Tensor | dict
 
 
-def ancestor_matrix(parents: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Ancestor-or-self relation of the tree *with its root*.
+def ancestor_matrix(parents: np.ndarray) -> np.ndarray:
+    """Ancestor-or-self relation of the tree *with its root*: bool [1+n, 1+n], ``anc[r, c]``
+    true iff row ``c`` is row ``r`` or one of its ancestors (row 0 = root, row 1+i = node i).
 
-    ``parents``: int32 array of shape (n,), -1 for children of the root.
-    Returns ``(anc, depth)``: ``anc`` bool [1+n, 1+n] with ``anc[r, c]`` true iff
-    row ``c`` is row ``r`` or one of its ancestors (row 0 = root, row 1+i = node i);
-    ``depth`` int64 [1+n] with the root at depth 0.
-    """
+    ``parents``: int32 array of shape (n,), -1 for children of the root (a tree's depths are
+    its ``depths``, not derived here)."""
     n = int(parents.shape[0])
     anc = np.zeros((n + 1, n + 1), dtype=bool)
-    depth = np.zeros(n + 1, dtype=np.int64)
     anc[0, 0] = True
     parent_rows = parents.astype(np.int64) + 1  # parent row index, root = 0
     for row in range(1, n + 1):  # topological order: a parent's row is complete before its children
         p = parent_rows[row - 1]
         anc[row] = anc[p]
         anc[row, row] = True
-        depth[row] = depth[p] + 1
-    return anc, depth
+    return anc
 
 
 def _finish(mask: torch.Tensor, spec: MaskSpec) -> torch.Tensor:
@@ -169,14 +166,13 @@ def tree_step_inputs(trees: list[DraftTree], roots: np.ndarray, root_pos: np.nda
     tree_part = np.zeros((batch, t, t), dtype=bool)
     tree_part[:] = np.eye(t, dtype=bool)  # padding query rows see themselves only
     for b, tree in enumerate(trees):
-        anc, depth = ancestor_matrix(tree.parents)
-        m = anc.shape[0]
+        m = 1 + len(tree)
         ids[b, 0] = roots[b]
         ids[b, 1:m] = tree.token_ids
         ids[b, m:] = roots[b]
-        q_pos[b, :m] = root_pos[b] + depth
-        q_pos[b, m:] = root_pos[b]
-        tree_part[b, :m, :m] = anc
+        q_pos[b] = root_pos[b]  # the root and padding rows
+        q_pos[b, 1:m] += tree.depths
+        tree_part[b, :m, :m] = ancestor_matrix(tree.parents)
     visible = np.concatenate([np.broadcast_to(valid[:, None, :], (batch, t, slots)), tree_part], axis=2)
     k_pos = np.concatenate([key_pos, q_pos], axis=1)
     return TreeInputs(input_ids=torch.from_numpy(ids).to(device), position_ids=torch.from_numpy(q_pos).to(device),
@@ -203,8 +199,9 @@ def device_tree_inputs(trees: list[DraftTree], roots: np.ndarray, root_pos: np.n
                        width: int | None = None) -> tuple[TreeInputs, DeviceTrees]:
     """:func:`tree_step_inputs` built on the device: the host sends one int32 array (each row's
     tokens, parent rows and root position; refdec.decode.transfer.to_device, no host sync) and the
-    device derives the ancestor relation (repeated squaring of the parent relation), the depths,
-    the positions and the masks from it and from the cache slots' positions kept there.
+    device derives the ancestor relation (repeated squaring of the parent relation), the depths (the
+    ancestors counted: nothing more to send), the positions and the masks from it and from the cache
+    slots' positions kept there.
 
     ``trees[b]``: row b's draft tree; ``roots`` int64 [B]; ``root_pos`` int64 [B]; ``key_pos``
     int64 [B, S] on ``device`` (refdec.decode.batch.RunningBatch.key_pos): the absolute position

@@ -45,12 +45,11 @@ __all__ = ["LlamaCppBackend", "LlamaRunningBatch", "LogitsPolicy", "tree_layout"
 DEFAULT_MAX_TREE = 64  # nodes a row's tree may hold (refdec.budget.AutoBudget's max_nodes)
 
 
-def tree_layout(tree: DraftTree) -> tuple[np.ndarray, list[list[int]], np.ndarray]:
-    """``(depths int64 [n] (1 for the root's children), leaves_below[i] (node indices of the
-    leaves in node i's subtree, the first one on its best path), leaves int64 [L])``."""
+def tree_layout(tree: DraftTree) -> tuple[list[list[int]], np.ndarray]:
+    """``(leaves_below[i] (node indices of the leaves in node i's subtree, the first one on its
+    best path), leaves int64 [L])`` (a node's position is the root's plus its ``tree.depths``)."""
     n = len(tree)
     parents = tree.parents
-    depths = tree.depths().astype(np.int64)
     below: list[list[int]] = [[] for _ in range(n)]
     has_child = np.zeros(n, dtype=bool)
     has_child[parents[parents >= 0]] = True
@@ -60,7 +59,7 @@ def tree_layout(tree: DraftTree) -> tuple[np.ndarray, list[list[int]], np.ndarra
         parent = int(parents[node])
         if parent >= 0:
             below[parent][:0] = below[node]  # the lower-index (better) child's leaves first
-    return depths, below, np.flatnonzero(~has_child)
+    return below, np.flatnonzero(~has_child)
 
 
 def _path_to(tree: DraftTree, node: int) -> np.ndarray:
@@ -291,7 +290,7 @@ class LlamaCppBackend:
                 node_seq = np.full(n, base, dtype=np.int64)
                 branch_seqs: list[int] = []
                 if n:
-                    depths, below, leaves = tree_layout(tree)
+                    below, leaves = tree_layout(tree)
                     leaf_seq = {}
                     for leaf in leaves:
                         seq = self.take_seq()
@@ -308,7 +307,7 @@ class LlamaCppBackend:
                 want.append(True)
                 if n:
                     tokens.extend(tree.token_ids.tolist())
-                    positions.extend((int(root_pos[b]) + depths).tolist())
+                    positions.extend((int(root_pos[b]) + tree.depths).tolist())
                     seq_ids.extend(node_seqs)
                     is_leaf = np.zeros(n, dtype=bool)
                     is_leaf[leaves] = True

@@ -23,11 +23,11 @@ _SCORE_EDGES = SCORE_EDGES.astype(np.float32)
 _DEPTH_EDGES = DEPTH_EDGES.astype(np.int32)
 
 
-def _node_probs(token_ids, parents, scores, source_ids, offsets, rates, score_edges, depth_edges, prob, cell,
-                depth):  # pragma: no cover - numba compiles it
-    """Per node of every tree (one pass in topological order): ``depth`` (int32), its table
-    ``cell`` (int64; 0 without a table) and ``prob`` (float64): the cell's rate (its score
-    without a table), held non-increasing along the path, 0 for a negative token id."""
+def _node_probs(token_ids, parents, scores, source_ids, depths, offsets, rates, score_edges, depth_edges, prob,
+                cell):  # pragma: no cover - numba compiles it
+    """Per node of every tree (one pass in topological order): its table ``cell`` (int64; 0
+    without a table) and ``prob`` (float64): the cell's rate (its score without a table), held
+    non-increasing along the path, 0 for a negative token id."""
     n_score = len(score_edges) + 1
     n_depth = len(depth_edges) + 1
     n_sources = len(rates) // (n_score * n_depth)
@@ -35,16 +35,13 @@ def _node_probs(token_ids, parents, scores, source_ids, offsets, rates, score_ed
         start = offsets[r]
         for i in range(start, offsets[r + 1]):
             p = parents[i]  # within the tree; -1: a child of the root
-            d = 1
-            if p >= 0:
-                d = depth[start + p] + 1
             c = 0
             if n_sources > 0:  # the calibrated rate of the node's cell (AcceptanceTable.cells)
                 s = 0
                 while s < n_score - 1 and scores[i] >= score_edges[s]:
                     s += 1
                 b = 0
-                while b < n_depth - 1 and d >= depth_edges[b]:
+                while b < n_depth - 1 and depths[i] >= depth_edges[b]:
                     b += 1
                 src = min(max(source_ids[i], 0), n_sources - 1)
                 c = (src * n_score + s) * n_depth + b
@@ -57,10 +54,9 @@ def _node_probs(token_ids, parents, scores, source_ids, offsets, rates, score_ed
                 q = 0.0
             prob[i] = q
             cell[i] = c
-            depth[i] = d
 
 
-def _best_paths(token_ids, parents, offsets, max_lens, prob, cell, depth, price, value, out_tokens, out_probs,
+def _best_paths(token_ids, parents, depths, offsets, max_lens, prob, cell, price, value, out_tokens, out_probs,
                 out_cells, out_lengths):  # pragma: no cover - numba compiles it
     """Per tree, the root path of depth <= its max_len that maximises sum(prob - price) (the
     first such node on ties; never through a negative token id), written root first into row r
@@ -80,12 +76,12 @@ def _best_paths(token_ids, parents, offsets, max_lens, prob, cell, depth, price,
             else:
                 v += prob[i] - price
             value[i] = v
-            if depth[i] <= max_len and v > best_value:
+            if depths[i] <= max_len and v > best_value:
                 best = i
                 best_value = v
         length = 0
         if best >= 0:
-            length = depth[best]
+            length = depths[best]
             i = best
             for j in range(length - 1, -1, -1):
                 out_tokens[r, j] = token_ids[i]
@@ -120,24 +116,23 @@ def _price_of(probs, lengths, num_rows, token_cost):
 def _make_choose(node_probs, best_paths, price_of):
     """:func:`choose_chains`'s body over the three passes (compiled, or Python)."""
 
-    def choose(token_ids, parents, scores, source_ids, offsets, max_lens, rates, score_edges, depth_edges,
+    def choose(token_ids, parents, scores, source_ids, depths, offsets, max_lens, rates, score_edges, depth_edges,
                fixed_price, token_cost, num_rows, out_tokens, out_probs, out_cells, out_lengths):
         # the node pass once; the path pass at fixed_price (>= 0), or at no cost and then at the
         # price those candidates set (fixed_price < 0)
         n = len(token_ids)
         prob = np.empty(n, np.float64)
         cell = np.empty(n, np.int64)
-        depth = np.empty(n, np.int32)
         value = np.empty(n, np.float64)
-        node_probs(token_ids, parents, scores, source_ids, offsets, rates, score_edges, depth_edges, prob, cell, depth)
+        node_probs(token_ids, parents, scores, source_ids, depths, offsets, rates, score_edges, depth_edges, prob, cell)
         price = fixed_price
         if fixed_price < 0.0:
-            best_paths(token_ids, parents, offsets, max_lens, prob, cell, depth, 0.0, value, out_tokens, out_probs,
+            best_paths(token_ids, parents, depths, offsets, max_lens, prob, cell, 0.0, value, out_tokens, out_probs,
                        out_cells, out_lengths)
             price = price_of(out_probs, out_lengths, num_rows, token_cost)
             if price <= 0.0:
                 return price
-        best_paths(token_ids, parents, offsets, max_lens, prob, cell, depth, price, value, out_tokens, out_probs,
+        best_paths(token_ids, parents, depths, offsets, max_lens, prob, cell, price, value, out_tokens, out_probs,
                    out_cells, out_lengths)
         return price
 
@@ -165,13 +160,14 @@ def _compiled_choose():
 
 
 def walk_trees(token_ids: np.ndarray, parents: np.ndarray, scores: np.ndarray, source_ids: np.ndarray,
-               offsets: np.ndarray, max_lens: np.ndarray, rates: np.ndarray | None, price: float,
+               depths: np.ndarray, offsets: np.ndarray, max_lens: np.ndarray, rates: np.ndarray | None, price: float,
                out_tokens: np.ndarray, out_probs: np.ndarray, out_cells: np.ndarray, out_lengths: np.ndarray) -> None:
     """The chains of R draft trees (a step's batch) in one call, written into the ``out_*`` arrays.
 
-    Trees, concatenated (:class:`refdec.tree.DraftTree` arrays, each tree in topological order):
+    Trees, concatenated (:class:`refdec.tree.DraftBatch` arrays, each tree in topological order):
     ``token_ids`` int32 (n,), ``parents`` int32 (n,) (within its tree; -1 = child of the root),
-    ``scores`` float32 (n,), ``source_ids`` int32 (n,); tree r is ``[offsets[r], offsets[r + 1])``
+    ``scores`` float32 (n,), ``source_ids`` int32 (n,), ``depths`` int32 (n,) (the trees' own,
+    1 = child of the root); tree r is ``[offsets[r], offsets[r + 1])``
     (``offsets`` int64 (R + 1,)); ``max_lens`` int64 (R,): its longest chain. ``rates``: float64,
     an :class:`~refdec.acceptance.AcceptanceTable`'s ``rates`` (a node's probability = its cell's
     rate), or None (= its score). Probabilities are held non-increasing along a path. Tree r's
@@ -184,14 +180,14 @@ def walk_trees(token_ids: np.ndarray, parents: np.ndarray, scores: np.ndarray, s
     (0 without a table), ``out_lengths`` int64 (R,) chain lengths."""
     if price < 0.0:
         raise ValueError(f"price must be >= 0, got {price!r}")
-    choose_chains(token_ids, parents, scores, source_ids, offsets, max_lens, rates, price, 0.0, 0, out_tokens,
+    choose_chains(token_ids, parents, scores, source_ids, depths, offsets, max_lens, rates, price, 0.0, 0, out_tokens,
                   out_probs, out_cells, out_lengths)
 
 
 def choose_chains(token_ids: np.ndarray, parents: np.ndarray, scores: np.ndarray, source_ids: np.ndarray,
-                  offsets: np.ndarray, max_lens: np.ndarray, rates: np.ndarray | None, fixed_price: float | None,
-                  token_cost: float, num_rows: int, out_tokens: np.ndarray, out_probs: np.ndarray,
-                  out_cells: np.ndarray, out_lengths: np.ndarray) -> float:
+                  depths: np.ndarray, offsets: np.ndarray, max_lens: np.ndarray, rates: np.ndarray | None,
+                  fixed_price: float | None, token_cost: float, num_rows: int, out_tokens: np.ndarray,
+                  out_probs: np.ndarray, out_cells: np.ndarray, out_lengths: np.ndarray) -> float:
     """A step's chains in one call: :func:`walk_trees` at ``fixed_price`` when given; else at
     no cost, then :func:`token_price` of those candidates (``num_rows`` rows verified, the
     step's ``token_cost``), then again at that price. Each node's probability is computed once
@@ -199,18 +195,18 @@ def choose_chains(token_ids: np.ndarray, parents: np.ndarray, scores: np.ndarray
     were chosen at."""
     rates = _NO_RATES if rates is None else rates
     choose = _choose_impl or _compiled_choose()
-    return float(choose(token_ids, parents, scores, source_ids, offsets, max_lens, rates, _SCORE_EDGES, _DEPTH_EDGES,
-                        -1.0 if fixed_price is None else float(fixed_price), float(token_cost), int(num_rows),
-                        out_tokens, out_probs, out_cells, out_lengths))
+    return float(choose(token_ids, parents, scores, source_ids, depths, offsets, max_lens, rates, _SCORE_EDGES,
+                        _DEPTH_EDGES, -1.0 if fixed_price is None else float(fixed_price), float(token_cost),
+                        int(num_rows), out_tokens, out_probs, out_cells, out_lengths))
 
 
-def best_chain(token_ids: np.ndarray, parents: np.ndarray, scores: np.ndarray, max_len: int,
+def best_chain(token_ids: np.ndarray, parents: np.ndarray, scores: np.ndarray, depths: np.ndarray, max_len: int,
                draft_cost: float = 0.0, out: np.ndarray | None = None) -> np.ndarray:
     """The chain (int32 token ids, root first) of one draft tree scored by ``scores`` alone
     (:func:`walk_trees` of one tree, no table, price ``draft_cost``). ``token_ids`` int32 (n,),
     ``parents`` int32 (n,), ``scores`` float32 (n,) (estimated probability that the path to the
-    node is accepted). ``out`` (int32, length >= max_len) is reused when given; the result is a
-    view of it."""
+    node is accepted), ``depths`` int32 (n,), as in :class:`refdec.tree.DraftTree`. ``out``
+    (int32, length >= max_len) is reused when given; the result is a view of it."""
     if out is None:
         out = np.empty(max(max_len, 1), dtype=np.int32)
     n = token_ids.shape[0]
@@ -219,7 +215,7 @@ def best_chain(token_ids: np.ndarray, parents: np.ndarray, scores: np.ndarray, m
     width = max(max_len, 1)
     tokens = np.empty((1, width), np.int32)
     lengths = np.zeros(1, np.int64)
-    walk_trees(token_ids, parents, scores, np.zeros(n, np.int32), np.array([0, n], np.int64),
+    walk_trees(token_ids, parents, scores, np.zeros(n, np.int32), depths, np.array([0, n], np.int64),
                np.array([max_len], np.int64), None, draft_cost, tokens, np.empty((1, width)),
                np.empty((1, width), np.int64), lengths)
     length = int(lengths[0])

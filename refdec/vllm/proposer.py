@@ -97,8 +97,8 @@ class VllmProposer:
         self._warned_unbound = False
         k = self.num_speculative_tokens
         one = np.zeros(1, np.int32)
-        choose_chains(one, np.full(1, -1, np.int32), np.ones(1, np.float32), one, np.array([0, 1]),
-                      np.ones(1, np.int64), self.acceptance.rates, None, 0.1, 1, np.zeros((1, k), np.int32),
+        choose_chains(one, np.full(1, -1, np.int32), np.ones(1, np.float32), one, np.ones(1, np.int32),
+                      np.array([0, 1]), np.ones(1, np.int64), self.acceptance.rates, None, 0.1, 1, np.zeros((1, k), np.int32),
                       np.zeros((1, k)), np.zeros((1, k), np.int64), np.zeros(1, np.int64))  # compiles (numba) now
         install_runner_hook()
         price = self.options.draft_cost
@@ -204,7 +204,7 @@ class VllmProposer:
             offsets = np.zeros(len(trees) + 1, np.int64)
             np.cumsum([len(tree) for tree in trees], out=offsets[1:])
             return DraftBatch(*(np.concatenate([getattr(tree, name) for tree in trees])
-                                for name in ("token_ids", "parents", "scores", "source_ids")),
+                                for name in ("token_ids", "parents", "scores", "source_ids", "depths")),
                               offsets=offsets, source_names=refdec.Proposer.source_names)
 
     def _choose_chains(self, drafting: list, batch: DraftBatch, num_rows: int, drafts: list[list[int]]) -> None:
@@ -220,8 +220,9 @@ class VllmProposer:
         cells = np.zeros((num_trees, k), np.int64)
         lengths = np.zeros(num_trees, np.int64)
         self.last_price = choose_chains(batch.token_ids, batch.parents, batch.scores, batch.source_ids,
-                                        batch.offsets, max_lens, self.acceptance.rates, self.options.draft_cost,
-                                        self.options.token_cost, num_rows, tokens, probs, cells, lengths)
+                                        batch.depths, batch.offsets, max_lens, self.acceptance.rates,
+                                        self.options.draft_cost, self.options.token_cost, num_rows, tokens, probs,
+                                        cells, lengths)
         chains = tokens.tolist()
         for row, ((batch_slot, state, _), chain, length) in enumerate(zip(drafting, chains, lengths.tolist())):
             del chain[length:]

@@ -428,7 +428,9 @@ def check_draft_tree(tree, *, context, sources, max_nodes, max_depth, min_suffix
     assert tree.scores.dtype == np.float32 and tree.source_ids.dtype == np.int32
     for node_idx in range(n):
         assert -1 <= tree.parents[node_idx] < node_idx
-    depths = tree.depths()
+    depths = tree.depths  # the builder's: 1 for a child of the root, else 1 + the parent's
+    assert depths.dtype == np.int32
+    assert depths.tolist() == [1 if p < 0 else int(depths[p]) + 1 for p in tree.parents.tolist()]
     assert n == 0 or depths.max() <= max_depth
     assert np.all(np.isfinite(tree.scores))
     assert np.all((tree.scores > 0) & (tree.scores <= 1.0 + 1e-6)), tree.scores
@@ -508,7 +510,7 @@ def test_proposer_tree_paths_occur_after_the_matched_suffix_in_some_source(alpha
             sources["corpus"] = corpus_docs
         paths = check_draft_tree(tree, context=context, sources=sources, max_nodes=max_nodes, max_depth=max_depth,
                                  min_suffix=min_backoff_len if backoff else None)
-        event("tree: empty" if not len(tree) else ("tree: depth >= 3" if tree.depths().max() >= 3 else "tree: shallow"))
+        event("tree: empty" if not len(tree) else ("tree: depth >= 3" if tree.depths.max() >= 3 else "tree: shallow"))
         again = proposer.propose(max_nodes)  # propose() has no side effect: same tree twice
         assert again.token_ids.tolist() == tree.token_ids.tolist()
         assert again.parents.tolist() == tree.parents.tolist()
@@ -563,12 +565,12 @@ def test_proposer_drafts_a_long_chain_inside_a_loop():
     proposer = Proposer()
     proposer.start(line * 10)
     tree = proposer.propose(16)
-    depth = int(tree.depths().max()) if len(tree) else 0
+    depth = int(tree.depths.max()) if len(tree) else 0
     assert depth >= 12, f"a loop of period 6 drafted only {depth} tokens deep: {tree.token_ids.tolist()}"
     same = Proposer()
     same.start([7] * 50)
     tree = same.propose(16)
-    depth = int(tree.depths().max()) if len(tree) else 0
+    depth = int(tree.depths.max()) if len(tree) else 0
     assert depth >= 12, f"a run of one repeated token drafted only {depth} tokens deep"
 
 

@@ -161,7 +161,7 @@ def test_max_nodes_is_respected_and_the_order_is_topological():
         tree = proposer.propose(max_nodes)
         assert len(tree) == max_nodes
         assert np.all(tree.parents < np.arange(len(tree)))
-        assert tree.depths().max(initial=0) <= 16
+        assert tree.depths.max(initial=0) <= 16
 
 
 def test_empty_tree_when_nothing_matches():
@@ -334,6 +334,36 @@ def test_a_proposed_tree_has_every_draft_tree_field_and_passes_its_validation():
     tree = proposer.propose(32)
     assert set(vars(tree)) == {f.name for f in dataclasses.fields(DraftTree)}
     checked = DraftTree(tree.token_ids, tree.parents, tree.scores, tree.source_ids, tree.source_names)
-    for name in ("token_ids", "parents", "scores", "source_ids"):
+    for name in ("token_ids", "parents", "scores", "source_ids", "depths"):
         assert getattr(tree, name).dtype == getattr(checked, name).dtype
         np.testing.assert_array_equal(getattr(tree, name), getattr(checked, name))
+
+
+def test_the_builders_depths_are_the_depths_of_the_parents_over_many_proposed_trees():
+    # The C++ builder returns each node's depth with the tree (DraftTree.depths; a proposed tree
+    # is not checked in Python): over random streams, every source, the cursor and the batch
+    # call, the depths are those a hand-made tree derives from the same parents.
+    rng = np.random.default_rng(11)
+    index = CorpusIndex.build([rng.integers(0, 12, 2000).astype(np.int32) for _ in range(2)], vocab_size=12,
+                              show_progress=False)
+    proposers = []
+    for i in range(32):
+        prompt = arr(rng.integers(0, 12, int(rng.integers(20, 200))))
+        references = [prompt[: len(prompt) // 2]] if i % 3 else None
+        proposer = Proposer(index=index if i % 2 else None, references=references,
+                            cursor=bool(references) and i % 4 == 1, max_depth=int(rng.integers(1, 40)))
+        proposer.start(prompt)
+        proposers.append(proposer)
+    trees = []
+    for _ in range(12):
+        for proposer in proposers:
+            proposer.accept(arr(rng.integers(0, 12, int(rng.integers(0, 4)))))
+            trees.append(proposer.propose(int(rng.integers(0, 64))))
+        batch = Proposer.propose_batch(proposers, 48, num_threads=2)  # 2 threads of 16 requests
+        trees.extend(batch.tree(r) for r in range(len(batch)))
+    for tree in trees:
+        derived = DraftTree(tree.token_ids, tree.parents, tree.scores).depths
+        assert tree.depths.dtype == np.int32
+        np.testing.assert_array_equal(tree.depths, derived)
+    assert sum(len(tree) for tree in trees) > 20 * len(trees)
+    assert max(int(tree.depths.max(initial=0)) for tree in trees) >= 20  # deep trees too, not only fans

@@ -9,7 +9,7 @@ import pytest
 
 from refdec import CorpusIndex, DraftBatch, Proposer, ShardedIndex
 
-FIELDS = ("token_ids", "parents", "scores", "source_ids")
+FIELDS = ("token_ids", "parents", "scores", "source_ids", "depths")
 
 
 def _proposers(rng, n, index=None):

@@ -49,11 +49,9 @@ def main_line(tree):
 
 
 def accepted_length(tree, truth, pos):
-    tokens, parents = tree.token_ids.tolist(), tree.parents.tolist()
-    depth, ok, best = {}, {}, 0
-    for i, (t, p) in enumerate(zip(tokens, parents)):
-        d = 1 if p < 0 else depth[p] + 1
-        depth[i] = d
+    tokens, parents, depths = tree.token_ids.tolist(), tree.parents.tolist(), tree.depths.tolist()
+    ok, best = {}, 0
+    for i, (t, p, d) in enumerate(zip(tokens, parents, depths)):
         ok[i] = (p < 0 or ok[p]) and pos + d - 1 < len(truth) and t == truth[pos + d - 1]
         if ok[i]:
             best = max(best, d)
@@ -112,7 +110,7 @@ def test_a_unique_run_is_drafted_at_least_30_tokens_deep():
     proposer = editing()
     feed(proposer, ORIGINAL[:20])
     tree = proposer.propose(64)
-    assert tree.depths().max() >= 30
+    assert tree.depths.max() >= 30
     assert main_line(tree)[:30] == ORIGINAL[20:50]
 
 
@@ -192,7 +190,7 @@ def test_the_tree_respects_the_budget_and_depth_with_the_cursor(budget):
     feed(proposer, ORIGINAL[:50] + [1000])
     tree = proposer.propose(budget)
     assert 0 < len(tree) <= budget
-    assert tree.depths().max() <= 12
+    assert tree.depths.max() <= 12
     assert np.all(tree.parents < np.arange(len(tree)))
 
 
