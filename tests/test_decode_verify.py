@@ -107,7 +107,7 @@ def test_batched_lazy_head_runs_no_full_forward(monkeypatch):
 def test_greedy_with_the_full_head_never_holds_more_than_a_chunk_of_logits(monkeypatch, llama, chunk):
     """Greedy with the full head (a GPU's path) runs the head ``head_chunk_rows`` rows at a time and
     keeps their argmax: no verification step makes logits for all ``B * T`` rows at once."""
-    from refdec.decode.head import PlainHead
+    from refdec.decode.plain_head import PlainHead
 
     decoder = refdec.SpeculativeDecoder(llama)
     decoder.lazy_head = False

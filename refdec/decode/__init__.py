@@ -10,7 +10,8 @@ Modules, front to back:
 * ``masks``     -- tree and prefill attention masks; ``batch`` -- the running batch's KV slots
 * ``transfer``  -- host -> device copies without a host sync
 * ``cache``     -- the KV cache and its row API; ``runner`` -- the model's forwards
-* ``head``      -- the lazy LM head; ``accept`` -- the acceptance walk; ``sampling``, ``processors``
+* ``plain_head`` -- the LM head apart from the backbone; ``lazy_head`` -- the rows it runs on as the
+  walks advance; ``accept`` -- the acceptance walk; ``sampling``, ``processors``
 * ``model_support`` -- what refdec knows about model types; ``selfcheck`` -- the check for unverified ones
 * ``stops``, ``results``
 

@@ -92,7 +92,7 @@ class SpeculativeDecoder:
     tokens in the tests (float64) and in the benchmarks (float32).
 
     ``decoder.lazy_head`` (default: on a CPU, for a plain-head model): the LM head runs
-    only on the tree rows the acceptance walks visit (refdec.decode.head).
+    only on the tree rows the acceptance walks visit (refdec.decode.lazy_head).
     ``decoder.joint_batch_budget`` (default True): batches with
     ``max_draft_tokens="auto"`` choose the rows' verified prefixes together, priced as
     one padded batched forward (refdec.budget.batch_prefix_sizes); False prices each
