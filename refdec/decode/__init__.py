@@ -3,7 +3,8 @@
 Modules, front to back:
 
 * ``decoder``   -- ``generate`` / ``SpeculativeDecoder``: validate, make requests, lay out outputs
-* ``inputs``, ``settings`` -- the call's prompts, references, seeds, sampling and logits settings
+* ``arguments`` -- the call's arguments checked and normalised: prompts, references, seeds, sampling
+  and logits settings, stops, the index
 * ``requests``  -- one request's sequence, stops, drafter and budget
 * ``engine``    -- the loop; ``scheduler`` (continuous batching), ``prefill``, ``drafts``
 * ``verify``    -- one forward over the batch's trees + the acceptance walks (target selection)
