@@ -8,6 +8,7 @@ decoding does not read warn; an index built with another tokenizer is refused.""
 
 from __future__ import annotations
 
+import dataclasses
 from types import SimpleNamespace
 
 import numpy as np
@@ -16,7 +17,7 @@ import torch
 
 import refdec
 from refdec.decode.arguments import (eos_ids, is_batched_input, normalize_batch, normalize_prompt,
-                                     normalize_references, row_seeds, split_references)
+                                     normalize_references, parse_arguments, row_seeds, split_references)
 from refdec.index import CorpusIndex
 from tiny_models import batch_row, hf_greedy, mixed_batch, repetitive_prompts, tiny_gpt2, tiny_llama
 
@@ -25,6 +26,48 @@ VOCAB = 96
 
 
 # ---------------------------------------------------------------- the functions
+
+
+def fake_backend(eos_token_id=None, pad_token_id=None):
+    """What parse_arguments reads of a backend: its vocabulary, positions and generation_config."""
+    config = SimpleNamespace(eos_token_id=eos_token_id, pad_token_id=pad_token_id)
+    return SimpleNamespace(vocab_size=VOCAB, max_positions=512, generation_config=config)
+
+
+def parse(input_ids, backend=None, **arguments):
+    """parse_arguments with generate's defaults."""
+    defaults = dict(tokenizer=None, index=None, references=None, max_new_tokens=256, do_sample=False,
+                    temperature=1.0, top_k=None, top_p=None, min_p=None, seed=None, eos_token_id=None,
+                    stop_strings=None, streamer=None, max_draft_tokens="auto", attention_mask=None,
+                    pad_token_id=None, retrieve=0, max_batch_size=None, on_row_done=None, logits_settings={})
+    return parse_arguments(backend or fake_backend(), input_ids, **{**defaults, **arguments})
+
+
+def test_one_prompt_is_parsed_into_a_single_row_with_its_references_and_no_padding():
+    args = parse(torch.tensor([[1, 5, 6]]), fake_backend(eos_token_id=[2, 95]), references=[[5, 6]],
+                 max_new_tokens=np.int64(4))
+    assert args.single and args.padded is None and args.pad_token_id is None
+    assert [p.tolist() for p in args.prompts] == [[1, 5, 6]] and args.prompts[0].dtype == np.int64
+    assert [[r.tolist() for r in refs] for refs in args.references] == [[[5, 6]]]
+    assert args.eos == {2, 95} and args.seeds == [None] and args.max_batch_size == 1
+    assert type(args.max_new_tokens) is int and args.max_new_tokens == 4
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        args.max_new_tokens = 5
+
+
+def test_a_batch_is_parsed_into_rows_with_their_seeds_and_a_pad_id():
+    args = parse([[1, 5], [6, 7, 8]], do_sample=True, seed=7, references=[None, [[9]]])
+    assert not args.single and args.padded is None and [p.tolist() for p in args.prompts] == [[1, 5], [6, 7, 8]]
+    assert args.seeds == [7, 8] and args.max_batch_size == 2
+    assert args.references[0] == [] and [r.tolist() for r in args.references[1]] == [[9]]
+    # the pad id: the argument, else the generation_config's, else the least eos id, else 0
+    assert parse([[1], [2]], fake_backend(eos_token_id=[9, 4], pad_token_id=3), pad_token_id=5).pad_token_id == 5
+    assert parse([[1], [2]], fake_backend(eos_token_id=[9, 4], pad_token_id=3)).pad_token_id == 3
+    assert parse([[1], [2]], fake_backend(eos_token_id=[9, 4])).pad_token_id == 4
+    assert parse([[1], [2]], fake_backend()).pad_token_id == 0
+    with pytest.raises(ValueError, match="pad_token_id must be an int >= 0, got -1"):
+        parse([[1], [2]], pad_token_id=-1)
+    assert parse([[1], [2]], max_batch_size=1).max_batch_size == 1
 
 
 @pytest.mark.parametrize("input_ids, batched", [
@@ -468,6 +511,9 @@ def test_logits_settings_given_as_numpy_arrays_apply_as_in_model_generate(llama)
 def test_greedy_decoding_warns_about_sampling_arguments_it_does_not_read(llama):
     with pytest.warns(UserWarning, match=r"do_sample=False \(greedy decoding\), so temperature=0.5, seed=3 has no"):
         refdec.generate(llama, [1, 5, 6], max_new_tokens=2, temperature=0.5, seed=3)
+    with pytest.warns(UserWarning, match="greedy decoding") as warned:
+        refdec.SpeculativeDecoder(llama).generate([1, 5, 6], max_new_tokens=2, top_k=3)
+    assert warned[0].filename == __file__  # the warning points at the caller's line, not into refdec
 
 
 def test_an_index_built_with_another_tokenizer_is_refused(llama, tiny_tokenizer):
