@@ -7,7 +7,7 @@
    ``SpeculativeDecoder.generate`` on an edit prompt and a chat prompt, for two
    verification forwards: the model's own (``model``: ``F.linear`` head on every
    row) and the lazy head refdec uses on a CPU (``lazy-head``: the head only on
-   the rows the acceptance walk visits, refdec.decode.head.LazyRowLogits); they
+   the rows the acceptance walk visits, refdec.decode.lazy_head.LazyRowLogits); they
    alternate and must give the same tokens.
 2. A torch.profiler table (top ops by self CPU time) of one generate call: how
    much of a step is the LM head, attention, the rest, and the host side.

@@ -10,7 +10,7 @@ a tree against this curve.
     curve(16)                         # seconds for a forward with 16 draft nodes
     CostCurve([1, 64], [1.0, 1.0])    # a synthetic (GPU-like, flat) curve
 
-With a lazy head (the decoder's default on a CPU, refdec.decode.head.LazyRowLogits) the
+With a lazy head (the decoder's default on a CPU, refdec.decode.lazy_head.LazyRowLogits) the
 LM head runs only on the rows the acceptance walk visits, a chunk of 4 at a time;
 the curve then holds the backbone's cost per tree size (``seconds``) plus the cost
 of one head chunk (``head_chunk_seconds``), and a step that accepts ``k`` nodes
@@ -39,7 +39,7 @@ import torch
 from refdec.atomic import atomic_write
 from refdec.cost_curve import DEFAULT_CPU_CURVE, CostCurve, flat_curve
 from refdec.decode.cache import compact, new_cache
-from refdec.decode.head import split_forward_fn
+from refdec.decode.plain_head import split_forward_fn
 from refdec.decode.masks import build_tree_inputs
 from refdec.decode.model_support import cache_kwarg, mask_spec_for, text_config
 from refdec.models import cache_dir
@@ -90,7 +90,8 @@ def measure(model, nodes=DEFAULT_NODES, *, cache_len: int = 512, repeats: int = 
     if lazy_head is None:
         lazy_head = split is not None and device.type == "cpu"
     if lazy_head and split is None:
-        raise ValueError("lazy_head=True needs a model with a plain linear LM head (refdec.decode.head.split_forward_fn)")
+        raise ValueError("lazy_head=True needs a model with a plain linear LM head "
+                         "(refdec.decode.plain_head.split_forward_fn)")
     vocab = int(text_config(model).vocab_size)
     rng = np.random.default_rng(0)
     prompt = torch.from_numpy(rng.integers(3, min(vocab, 30000), size=cache_len)).unsqueeze(0).to(device)

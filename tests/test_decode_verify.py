@@ -109,7 +109,7 @@ def test_greedy_with_the_full_head_never_holds_more_than_a_chunk_of_logits(monke
     """Greedy with the full head (a GPU's path) runs the head ``head_chunk_rows`` rows at a time and
     keeps their argmax: no verification step makes logits for all ``B * T`` rows at once. With logits
     settings (the walks on the host) the head runs on the rows the walks visit, a few per walk a round."""
-    from refdec.decode.head import PlainHead
+    from refdec.decode.plain_head import PlainHead
 
     decoder = refdec.SpeculativeDecoder(llama)
     decoder.lazy_head = False

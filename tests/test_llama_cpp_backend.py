@@ -177,7 +177,7 @@ def test_an_index_of_another_tokenizer_is_refused(llm, monkeypatch):
     class Index:  # what the check reads of a refdec.CorpusIndex
         fingerprint = "b" * 64
 
-    from refdec.decode.settings import check_index_tokenizer
+    from refdec.decode.arguments import check_index_tokenizer
 
     with pytest.raises(ValueError, match="another tokenizer"):
         check_index_tokenizer(Index(), refdec.SpeculativeDecoder(llm).tokenizer)

@@ -3,14 +3,16 @@
 Modules, front to back:
 
 * ``decoder``   -- ``generate`` / ``SpeculativeDecoder``: validate, make requests, lay out outputs
-* ``inputs``, ``settings`` -- the call's prompts, references, seeds, sampling and logits settings
+* ``arguments`` -- the call's arguments checked and normalised: prompts, references, seeds, sampling
+  and logits settings, stops, the index
 * ``requests``  -- one request's sequence, stops, drafter and budget
 * ``engine``    -- the loop; ``scheduler`` (continuous batching), ``prefill``, ``drafts``
 * ``verify``    -- one forward over the batch's trees + the acceptance walks (target selection)
 * ``masks``     -- tree and prefill attention masks; ``batch`` -- the running batch's KV slots
 * ``transfer``  -- host -> device copies without a host sync
 * ``cache``     -- the KV cache and its row API; ``runner`` -- the model's forwards
-* ``head``      -- the lazy LM head; ``accept`` -- the acceptance walk; ``sampling``, ``processors``
+* ``plain_head`` -- the LM head apart from the backbone; ``lazy_head`` -- the rows it runs on as the
+  walks advance; ``accept`` -- the acceptance walk; ``sampling``, ``processors``
 * ``model_support`` -- what refdec knows about model types; ``selfcheck`` -- the check for unverified ones
 * ``stops``, ``results``
 

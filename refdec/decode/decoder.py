@@ -1,6 +1,6 @@
 """``refdec.generate`` and ``SpeculativeDecoder``: the front end of the decoding engine.
 
-It validates the call (refdec.decode.inputs, refdec.decode.settings), makes one
+It checks the call's arguments (refdec.decode.arguments), makes one
 :class:`~refdec.decode.requests.Request` per prompt — its drafter, budget, sampler
 and stop state — runs the loop (refdec.decode.engine) and lays the output out as
 ``model.generate`` does. A single prompt is a batch of one; it may stream.
@@ -32,17 +32,13 @@ import torch
 
 from refdec.budget import AutoBudget, Budget, FixedBudget, make_budget
 from refdec.decode import engine
-from refdec.decode.inputs import (eos_ids, is_batched_input, normalize_batch, normalize_prompt, normalize_references,
-                                  row_seeds, split_references)
+from refdec.decode.arguments import GenerateArguments, parse_arguments
 from refdec.decode.requests import Request
 from refdec.decode.results import DecodingStats, GenerateOutput
 from refdec.decode.backend import TransformersBackend
 from refdec.decode.sampling import TargetSampler
-from refdec.decode.settings import (check_index_tokenizer, check_retrieve, logits_processor, normalize_stop_strings,
-                                    validate_sampling)
 from refdec.decode.static_step import StaticStep
 from refdec.decode.stops import StopChecker
-from refdec.index import CorpusIndex, ShardedIndex
 from refdec.proposer import Drafter, Proposer
 from refdec.tokens import check_int, is_int
 
@@ -93,7 +89,7 @@ class SpeculativeDecoder:
     tokens in the tests (float64) and in the benchmarks (float32).
 
     ``decoder.lazy_head`` (default: on a CPU, for a plain-head model): the LM head runs
-    only on the tree rows the acceptance walks visit (refdec.decode.head).
+    only on the tree rows the acceptance walks visit (refdec.decode.lazy_head).
     ``cuda_graphs`` (a CUDA device only): verification forwards at fixed shapes (query rows in
     buckets, a static KV cache), each captured once as a CUDA graph and replayed
     (refdec.decode.static_step; ``decoder.static_shapes`` runs the same shapes without graphs).
@@ -208,99 +204,56 @@ class SpeculativeDecoder:
 
         Returns the sequences (int64 [1, L] or [B, L], on the model's device) and the stats.
         """
-        if on_row_done is not None and not callable(on_row_done):
-            raise ValueError(f"on_row_done must be callable or None, got {type(on_row_done).__name__}")
-        if max_batch_size is not None and (not is_int(max_batch_size) or max_batch_size < 1):
-            raise ValueError(f"max_batch_size must be an int >= 1 or None, got {max_batch_size!r}")
-        tokenizer = tokenizer if tokenizer is not None else self.tokenizer
-        index = index if index is not None else self.index
-        check_index_tokenizer(index, tokenizer)
-        one_row_batch = (on_row_done is not None and isinstance(input_ids, (torch.Tensor, np.ndarray))
-                         and input_ids.ndim == 2)  # [1, L] with a callback: model.generate's batch form
-        single = not (is_batched_input(input_ids, attention_mask) or one_row_batch)
-        if single and on_row_done is not None:
-            raise ValueError("on_row_done applies to batches (a list of prompts or a padded [B, L] batch); "
-                             "stream one prompt with streamer=")
-        if not single and streamer is not None:
-            raise ValueError("streamer needs a single prompt (as transformers' streamers): pass it as input_ids "
-                             "(a list of ints or a [1, L] tensor, not a list of prompts), or generate the rows one "
-                             "at a time to stream them")
-        if single:
-            prompts, padded = [normalize_prompt(input_ids, self.vocab_size)], None
-            if attention_mask is not None:
-                mask = np.asarray(attention_mask.cpu() if isinstance(attention_mask, torch.Tensor) else attention_mask)
-                if mask.size != prompts[0].size or not (mask == 1).all():
-                    raise ValueError(f"attention_mask for a single prompt must be all ones of its length "
-                                     f"{prompts[0].size}, got shape {tuple(mask.shape)} (pass a padded [B, L] batch, "
-                                     f"or a list of prompts)")
-        max_new_tokens = check_int("max_new_tokens", max_new_tokens, 0)
-        validate_sampling(do_sample, temperature, top_k, top_p, None if isinstance(seed, (list, tuple)) else seed,
-                          min_p)
-        eos = eos_ids(eos_token_id, self.backend, self.vocab_size)
-        processor = logits_processor(self.backend, eos, logits_settings, max_new_tokens)
-        processor.check_vocab(self.vocab_size)
-        stops = normalize_stop_strings(stop_strings, tokenizer)
-        if single:
-            refs_per_row = [normalize_references(references, tokenizer)]
-        if streamer is not None and not (callable(getattr(streamer, "put", None))
-                                         and callable(getattr(streamer, "end", None))):
-            raise ValueError(f"streamer must have put() and end() (a transformers BaseStreamer), "
-                             f"got {type(streamer).__name__}")
-        if index is not None and not isinstance(index, (CorpusIndex, ShardedIndex)):
-            raise ValueError(f"index must be a refdec.CorpusIndex, a refdec.ShardedIndex or None, "
-                             f"got {type(index).__name__}")
-        retrieve = check_retrieve(retrieve, index)
-        if not single:
-            make_budget(max_draft_tokens)  # validates before the prompts are read
-            pad_token_id = self._pad_token_id(pad_token_id, eos)
-            prompts, padded = normalize_batch(input_ids, attention_mask, self.vocab_size)
-            refs_per_row = [normalize_references(r, tokenizer) for r in split_references(references, len(prompts))]
+        args = parse_arguments(
+            self.backend, input_ids, tokenizer=tokenizer if tokenizer is not None else self.tokenizer,
+            index=index if index is not None else self.index, references=references, max_new_tokens=max_new_tokens,
+            do_sample=do_sample, temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p, seed=seed,
+            eos_token_id=eos_token_id, stop_strings=stop_strings, streamer=streamer, max_draft_tokens=max_draft_tokens,
+            attention_mask=attention_mask, pad_token_id=pad_token_id, retrieve=retrieve, max_batch_size=max_batch_size,
+            on_row_done=on_row_done, logits_settings=logits_settings)
         calibrating = time.perf_counter()
-        budgets = self._budgets(max_draft_tokens, single, len(prompts))  # "auto": the cost curve, measured once
+        budgets = self._budgets(args.max_draft_tokens, args.single, len(args.prompts))  # "auto": measured once
         started = time.perf_counter()  # the call's clock runs from here: calibration is not decoding
         calibration_seconds = started - calibrating
-        for b, prompt in enumerate(prompts):
-            if self.max_positions is not None and prompt.shape[0] > self.max_positions:
-                name = "prompt" if single else f"prompt {b}"
-                raise ValueError(f"{name} has {prompt.shape[0]} tokens, more than the model's "
-                                 f"max_position_embeddings={self.max_positions}")
 
-        seeds = row_seeds(seed, len(prompts)) if do_sample else [None] * len(prompts)
-        drafting = max_new_tokens > 0 and not (isinstance(budgets[0], FixedBudget) and budgets[0].max_nodes == 0)
-        stopper = StopChecker(eos, stops, tokenizer)
+        drafting = args.max_new_tokens > 0 and not (isinstance(budgets[0], FixedBudget) and budgets[0].max_nodes == 0)
+        stopper = StopChecker(args.eos, args.stop_strings, args.tokenizer)
+        streamer = args.streamer
         on_tokens = None
         if streamer is not None:
-            streamer.put(torch.from_numpy(prompts[0]).unsqueeze(0))
+            streamer.put(torch.from_numpy(args.prompts[0]).unsqueeze(0))
             on_tokens = lambda batch_row, tokens: streamer.put(torch.tensor(tokens, dtype=torch.long))  # noqa: E731
         requests = []
-        for b, prompt in enumerate(prompts):
-            row_stats = DecodingStats(seed=seeds[b])
-            refs = refs_per_row[b]
-            if retrieve and drafting:  # the row's own k most similar index documents join its references
+        for b, prompt in enumerate(args.prompts):
+            row_stats = DecodingStats(seed=args.seeds[b])
+            refs = args.references[b]
+            if args.retrieve and drafting:  # the row's own k most similar index documents join its references
                 t0 = time.perf_counter()
-                hits = index.retriever().top_k(prompt, retrieve, score="containment")
+                hits = args.index.retriever().top_k(prompt, args.retrieve, score="containment")
                 row_stats.retrieved_documents = [doc_idx for doc_idx, _ in hits]
-                refs = list(refs) + [index.document(doc_idx) for doc_idx in row_stats.retrieved_documents]
+                refs = list(refs) + [args.index.document(doc_idx) for doc_idx in row_stats.retrieved_documents]
                 row_stats.retrieve_seconds = time.perf_counter() - t0
             drafter = None
             if drafting:
-                drafter = self.proposer_factory(index, refs, self.max_depth)
+                drafter = self.proposer_factory(args.index, refs, self.max_depth)
                 drafter.start(prompt.astype(np.int32))
-            sampler = TargetSampler(self.vocab_size, do_sample=do_sample, temperature=temperature, top_k=top_k,
-                                    top_p=top_p, seed=seeds[b], device=self.device, min_p=min_p)
-            requests.append(Request(b, prompt, max_new_tokens, self.max_positions, stats=row_stats, sampler=sampler,
-                                    stopper=stopper, drafter=drafter, budget=budgets[b] if drafting else None,
-                                    started=started, on_tokens=on_tokens, on_done=on_row_done))
-        if max_new_tokens == 0:
+            sampler = TargetSampler(self.vocab_size, do_sample=args.do_sample, temperature=args.temperature,
+                                    top_k=args.top_k, top_p=args.top_p, seed=args.seeds[b], device=self.device,
+                                    min_p=args.min_p)
+            requests.append(Request(b, prompt, args.max_new_tokens, self.max_positions, stats=row_stats,
+                                    sampler=sampler, stopper=stopper, drafter=drafter,
+                                    budget=budgets[b] if drafting else None, started=started, on_tokens=on_tokens,
+                                    on_done=args.on_row_done))
+        if args.max_new_tokens == 0:
             for request in requests:
                 request.finish("max_new_tokens")
-        stats = engine.run(self.backend, requests, capacity=max_batch_size or len(requests),
-                           prefill_chunk=self.prefill_chunk, max_depth=self.max_depth, processor=processor,
-                           do_sample=do_sample, joint_budget=self.joint_batch_budget)
+        stats = engine.run(self.backend, requests, capacity=args.max_batch_size, prefill_chunk=self.prefill_chunk,
+                           max_depth=self.max_depth, processor=args.processor, do_sample=args.do_sample,
+                           joint_budget=self.joint_batch_budget)
         if streamer is not None:
             streamer.end()
         stats.calibration_seconds = calibration_seconds
-        output = self._output(requests, stats, padded, pad_token_id, single, started)
+        output = self._output(requests, stats, args, started)
         output.sequences = output.sequences.to(self.device)  # as model.generate's: on the model's device
         return output
 
@@ -322,22 +275,16 @@ class SpeculativeDecoder:
             return [copy.deepcopy(template) for _ in range(n_rows)]
         return [template] * n_rows
 
-    def _pad_token_id(self, pad_token_id, eos: set[int]) -> int:
-        if pad_token_id is None:
-            pad_token_id = getattr(getattr(self.backend, "generation_config", None), "pad_token_id", None)
-            if pad_token_id is None:
-                pad_token_id = min(eos) if eos else 0
-        return check_int("pad_token_id", pad_token_id, 0)
-
     @staticmethod
-    def _output(requests: list[Request], stats: DecodingStats, padded: np.ndarray | None, pad_token_id,
-                single: bool, started: float) -> GenerateOutput:
+    def _output(requests: list[Request], stats: DecodingStats, args: GenerateArguments,
+                started: float) -> GenerateOutput:
         """``model.generate``'s layout (module docstring) and the call's stats."""
+        padded, pad_token_id = args.padded, args.pad_token_id
         stats.new_tokens = sum(len(r.seq) - r.prompt_len for r in requests)
         reasons = {r.stats.stop_reason for r in requests}
         stats.stop_reason = reasons.pop() if len(reasons) == 1 else "mixed"
         stats.seed = requests[0].stats.seed
-        if single:
+        if args.single:
             request = requests[0]
             stats.retrieved_documents = request.stats.retrieved_documents
             stats.retrieve_seconds = request.stats.retrieve_seconds

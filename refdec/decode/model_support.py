@@ -41,7 +41,7 @@ VERIFIED_MODEL_TYPES = frozenset({
 })
 
 # Model types whose causal-LM head is exactly ``lm_head(last_hidden_state)`` (then Gemma's optional
-# final logit soft-capping): the verifier may compute those logits itself (refdec.decode.head).
+# final logit soft-capping): the verifier may compute those logits itself (refdec.decode.plain_head).
 PLAIN_HEAD_MODEL_TYPES = frozenset({"gemma", "gemma2", "gemma3_text", "llama", "mistral", "qwen2", "qwen3", "gpt2"})
 
 

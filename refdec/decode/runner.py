@@ -4,7 +4,7 @@
 format, vocabulary, position limit, device, the name its forward takes the cache
 under) and runs its three kinds of forward: a prefill chunk, a verification forward
 with every row's logits, and — for models with a plain linear LM head — the
-backbone alone, whose hidden states the lazy head (refdec.decode.head) turns into
+backbone alone, whose hidden states the lazy head (refdec.decode.lazy_head) turns into
 logits for the rows the acceptance walk visits.
 """
 
@@ -13,7 +13,7 @@ from __future__ import annotations
 import torch
 
 from refdec.decode.cache import set_prefill_window
-from refdec.decode.head import split_forward_fn
+from refdec.decode.plain_head import split_forward_fn
 from refdec.decode.model_support import cache_kwarg, mask_spec_for, text_config
 from refdec.decode.selfcheck import ensure_lossless_tree_verification
 

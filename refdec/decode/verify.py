@@ -8,7 +8,7 @@ one of three rules, the same for every row of a call:
 * processed: either, after the logits settings of ``model.generate``, applied with
   the sequence on the row's path (refdec.decode.processors).
 
-With a lazy head (refdec.decode.head) the forward runs the backbone over every
+With a lazy head (refdec.decode.lazy_head) the forward runs the backbone over every
 row and the walks, in lock-step, ask the head for the rows they visit (one head
 GEMM per round for all batch rows); otherwise every row's target is computed:
 for plain greedy and for sampling without logits settings or top-p on the device, with
@@ -27,7 +27,7 @@ import numpy as np
 import torch
 
 from refdec.decode.accept import accept_walk, accept_walk_lazy, accept_walks_on_device, walks_from_device
-from refdec.decode.head import LockstepLazyWalks
+from refdec.decode.lazy_head import LockstepLazyWalks
 from refdec.decode.masks import DeviceTrees, TreeInputs
 from refdec.decode.processors import PathLogitsProcessor, path_tokens
 from refdec.decode.requests import Request
