@@ -30,6 +30,7 @@ from refdec.calibration import auto_cost_curve
 from refdec.decode.batch import RunningBatch
 from refdec.decode.prefill import prefill
 from refdec.decode.runner import ModelRunner
+from refdec.decode.selfcheck import ensure_lossless_tree_verification
 from refdec.decode.verify import Verified, verify_step
 from refdec.tree import DraftTree
 
@@ -57,13 +58,16 @@ class Backend(Protocol):
 
 
 class TransformersBackend:
-    """A transformers model through :class:`~refdec.decode.runner.ModelRunner`."""
+    """A transformers model through :class:`~refdec.decode.runner.ModelRunner`. Made for a model type
+    refdec has not verified, it first checks that tree verification is lossless for it
+    (refdec.decode.selfcheck; once per model object, a ValueError if not)."""
 
     uses_node_probs = False
 
     def __init__(self, model) -> None:
         self.model = model
         self.runner = ModelRunner(model)
+        ensure_lossless_tree_verification(self.runner)  # a model type refdec has not verified: checked once
         self.vocab_size = self.runner.vocab_size
         self.max_positions = self.runner.max_positions
         self.device = self.runner.device
