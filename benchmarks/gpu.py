@@ -17,9 +17,11 @@ Sections (each prints a markdown table and its wall time):
   in the prefill, and where they come from.
 * ``forward``: random-weight bfloat16 models of Gemma 3 270M's and Llama-3-8B's shapes (no weights
   travel: the configs are written out below): one tree-verification forward over a cache of 1,024
-  tokens against draft nodes 0..128, timed as ``refdec.calibration.measure`` times it (the model's
-  forward, argmax, the result to the host; the median of the repeats) and with CUDA events around
-  the model's forward; and ``model.generate`` greedy's time per token after a prompt of that length.
+  tokens against draft nodes 0..128, timed as ``refdec.calibration.measure`` times it (the engine's
+  verification step: its inputs laid out on the device, the forward, every row's target with the
+  head in row chunks, the walk, the result to the host; the median of the repeats) and with CUDA
+  events around the backbone's forward (the head runs after it); and ``model.generate`` greedy's
+  time per token after a prompt of that length.
 * ``loop``: the engine's own time per step (propose + prepare + accept: walks, compaction,
   bookkeeping; ``DecodingStats``) against the forward's, on the Gemma-shape model, with drafts of
   8..128 nodes copied from a reference holding the model's own plain output.
@@ -440,8 +442,9 @@ def forward_curve(model, plan: Plan, device: torch.device) -> dict:
             end.record()
             records[-1][2] = end
 
-        handles = [model.register_forward_pre_hook(pre, with_kwargs=True),
-                   model.register_forward_hook(post, with_kwargs=True)]
+        backbone = model.base_model  # the engine runs it alone when it runs the head by row chunks
+        handles = [backbone.register_forward_pre_hook(pre, with_kwargs=True),
+                   backbone.register_forward_hook(post, with_kwargs=True)]
     try:
         curve = measure(model, plan.nodes, cache_len=plan.cache_len, repeats=plan.repeats, warmup=plan.warmup,
                         lazy_head=False)
@@ -495,7 +498,7 @@ def section_forward(plan: Plan, device: torch.device, clock: Clock, ctx: dict) -
                 for n, v in curve.items()]
         print(f"{name}: {entry['parameters'] / 1e6:,.0f} M parameters, {entry['layers']} layers, bf16, "
               f"cache {plan.cache_len}; built in {built:.1f} s; model.generate greedy {hf_ms:.2f} ms/token")
-        print(report.markdown_table(rows, ["draft nodes", "rows", "forward ms (median)", "min", "CUDA events ms",
+        print(report.markdown_table(rows, ["draft nodes", "rows", "step ms (median)", "min", "backbone CUDA ms",
                                            "/ 0 nodes"]))
         if name == "gemma3-270m":
             ctx["gemma"] = model

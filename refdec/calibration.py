@@ -12,14 +12,15 @@ a tree against this curve.
 
 With a lazy head (the decoder's default on a CPU, refdec.decode.lazy_head.LazyRowLogits) the
 LM head runs only on the rows the acceptance walk visits, a chunk of 4 at a time;
-the curve then holds the backbone's cost per tree size (``seconds``) plus the cost
-of one head chunk (``head_chunk_seconds``), and a step that accepts ``k`` nodes
-costs about ``seconds(n) + head_chunk_seconds * (k + 2.5) / 4``.
+the curve then holds a step's cost without the head per tree size (``seconds``: its
+inputs and the backbone) plus the cost of one head chunk (``head_chunk_seconds``), and a
+step that accepts ``k`` nodes costs about ``seconds(n) + head_chunk_seconds * (k + 2.5) / 4``.
 
-``calibrate`` measures forwards of ``1 + n`` rows (root + n nodes) over a cache
-of ``cache_len`` tokens with the tree mask the decoder uses, ``repeats`` times
-each (the minimum: load from other work on a shared machine only ever adds
-time, so the least-disturbed run is the best estimate), and caches the result as JSON under
+``calibrate`` times the engine's own verification step (refdec.decode.verify.verify_step:
+its inputs laid out, one forward of ``1 + n`` rows -- root + n nodes -- and the head as the
+engine runs it) over a cache of ``cache_len`` tokens, ``repeats`` times each (the minimum: load
+from other work on a shared machine only ever adds time, so the least-disturbed run is the best
+estimate), and caches the result as JSON under
 ``refdec.models.cache_dir()/calibration/`` keyed by the model's config, dtype,
 device and the number of torch threads.
 """
@@ -38,11 +39,12 @@ import torch
 
 from refdec.atomic import atomic_write
 from refdec.cost_curve import DEFAULT_CPU_CURVE, CostCurve, flat_curve
-from refdec.decode.cache import compact, new_cache
-from refdec.decode.plain_head import split_forward_fn
-from refdec.decode.masks import build_tree_inputs
-from refdec.decode.model_support import cache_kwarg, mask_spec_for, text_config
+from refdec.decode.cache import select_rows
+from refdec.decode.prefill import prefill_tokens
+from refdec.decode.runner import ModelRunner
+from refdec.decode.verify import verify_step
 from refdec.models import cache_dir
+from refdec.tokens import check_int
 from refdec.tree import DraftTree
 
 __all__ = ["CALIBRATE_MIN_PARAMETERS", "CostCurve", "DEFAULT_CPU_CURVE", "auto_cost_curve", "calibrate",
@@ -50,7 +52,9 @@ __all__ = ["CALIBRATE_MIN_PARAMETERS", "CostCurve", "DEFAULT_CPU_CURVE", "auto_c
 
 DEFAULT_NODES = (0, 1, 2, 4, 8, 16, 24, 32, 48, 64)
 # Part of the cache key: bump when the verification forward changes (its cost curve with it).
-FORWARD_VERSION = "lazy-head-1"  # backbone curve + head chunk (was "mm-head-1-min": the whole tree's head)
+# "engine-step-1": the engine's step, its inputs' layout included, the full head in row chunks
+# (was "lazy-head-1": the forward alone, the full head as the model's own forward)
+FORWARD_VERSION = "engine-step-1"
 
 
 def model_key(model) -> str:
@@ -75,58 +79,55 @@ def calibration_path(model) -> Path:
 
 def measure(model, nodes=DEFAULT_NODES, *, cache_len: int = 512, repeats: int = 3,
             warmup: int = 1, lazy_head: bool | None = None) -> CostCurve:
-    """Times tree-verification forwards of ``1 + n`` rows over a cache of ``cache_len`` tokens.
+    """Times the engine's verification step (refdec.decode.verify.verify_step, greedy) of a tree of
+    ``n`` nodes, for each ``n`` in ``nodes``, over a cache of ``cache_len`` tokens: laying out the
+    inputs (on the host or on the device, as the engine does), the forward and the LM head as the
+    engine runs them, the walk.
 
-    The trees are chains (the mask shape does not change the cost of an SDPA forward);
-    sizes are interleaved across repeats so that load drifts on a shared machine hit all
-    sizes alike. Returns the per-size minimum (load only adds time).
+    The cache is a one-row running batch prefilled with ``cache_len`` random tokens; after each step
+    it is cut back to them, so every step sees ``cache_len`` slots. The trees are chains of random
+    tokens (the mask shape does not change the cost of an SDPA forward; the walk rejects the first
+    node, but for a chance hit); sizes are interleaved across repeats so that load drifts on a shared
+    machine hit all sizes alike. Returns the per-size minimum (load only adds time).
 
-    ``lazy_head`` (default: as the decoder, i.e. a plain-head model on a CPU): time the
-    backbone alone per size and the head on one chunk of rows; else the whole forward.
+    ``lazy_head`` (default: as the engine, i.e. a plain-head model on a CPU): ``seconds`` are the
+    step without its LM head, which is priced apart: one chunk of rows, the walk's first, at the
+    largest size (``head_chunk_seconds``). Else ``seconds`` include every row's target (the head in
+    row chunks, refdec.decode.runner.ModelRunner.row_targets, or the model's own forward for another
+    head).
     """
-    spec = mask_spec_for(model)
-    split = split_forward_fn(model)
-    device = next(model.parameters()).device
+    check_int("cache_len", cache_len, 1)
+    check_int("repeats", repeats, 1)
+    check_int("warmup", warmup, 0)
+    runner = ModelRunner(model)
     if lazy_head is None:
-        lazy_head = split is not None and device.type == "cpu"
-    if lazy_head and split is None:
-        raise ValueError("lazy_head=True needs a model with a plain linear LM head "
-                         "(refdec.decode.plain_head.split_forward_fn)")
-    vocab = int(text_config(model).vocab_size)
+        lazy_head = runner.uses_lazy_head
+    if lazy_head and runner.head is None:
+        raise ValueError("lazy_head=True needs a model with a plain linear LM head (refdec.decode.plain_head.split_forward_fn)")
+    runner.lazy_head = bool(lazy_head)
+    high = min(runner.vocab_size, 30000)
     rng = np.random.default_rng(0)
-    prompt = torch.from_numpy(rng.integers(3, min(vocab, 30000), size=cache_len)).unsqueeze(0).to(device)
-    nodes = tuple(sorted(set(int(n) for n in nodes)))
+    nodes = tuple(sorted(set(check_int("nodes", n, 0) for n in nodes)))
     times: dict[int, list[float]] = {n: [] for n in nodes}
     head_times: list[float] = []
-    chunk_rows = 4
+    chunk_rows = 4  # the rows of a lazy head chunk (refdec.decode.lazy_head.LockstepLazyWalks)
+    root_pos = np.array([cache_len])
+    row = torch.zeros(1, dtype=torch.int64, device=runner.device)
     with torch.inference_mode():
-        cache = new_cache()
-        cache_kw = cache_kwarg(model)
-        model(input_ids=prompt, use_cache=True, logits_to_keep=1, **{cache_kw: cache})
+        batch, _ = prefill_tokens(runner, rng.integers(3, high, size=cache_len))
         for rep in range(warmup + repeats):
             order = nodes if rep % 2 == 0 else tuple(reversed(nodes))
             for n in order:
-                tree = DraftTree.chain(rng.integers(3, min(vocab, 30000), size=n))
-                inputs = build_tree_inputs(tree, 5, cache_len, spec, device)
-                kwargs = dict(input_ids=inputs.input_ids, position_ids=inputs.position_ids,
-                              attention_mask=inputs.attention_mask)
+                tree = DraftTree.chain(rng.integers(3, high, size=n))
+                root = rng.integers(3, high, size=1)
                 t0 = time.perf_counter()
-                if lazy_head:
-                    out = split[0](cache, **kwargs)[0]  # [1 + n, D]
-                    out[-1, :1].cpu()  # wait for the device
-                else:  # the model's own forward, as the engine verifies without a lazy head
-                    out = model(use_cache=True, **kwargs, **{cache_kw: cache}).logits[0]
-                    out.argmax(-1).cpu()
+                verified = verify_step(runner, batch, [tree], root, root_pos, [None])
                 elapsed = time.perf_counter() - t0
-                if lazy_head and n == nodes[-1]:
-                    t0 = time.perf_counter()
-                    split[1].logits(out[:chunk_rows]).argmax(-1).tolist()
-                    if rep >= warmup:
-                        head_times.append(time.perf_counter() - t0)
-                del out
-                compact(cache, cache_len, None, 0)  # back to the prompt
+                select_rows(batch.cache, row, 0, cache_len)  # the step's rows dropped: back to the prompt
                 if rep >= warmup:
-                    times[n].append(elapsed)
+                    times[n].append(elapsed - verified.lazy_head_seconds)
+                    if lazy_head and n == nodes[-1]:
+                        head_times.append(verified.lazy_head_seconds)
     seconds = tuple(float(np.min(times[n])) for n in nodes)
     meta = {"cache_len": cache_len, "repeats": repeats, "threads": torch.get_num_threads(),
             "samples": {str(n): times[n] for n in nodes}, "measured_at": time.strftime("%Y-%m-%d %H:%M:%S")}

@@ -2,7 +2,8 @@
 model through its runner: it knows the model's vocabulary, position limit, device and generation
 config; ``prefill`` gives a left-padded group's running batch and each prompt's last logits;
 ``verify`` runs one forward over every row's root and tree and each row's acceptance walk (the
-accepted nodes and the bonus token of the model's greedy decoding); a tree is verified as it is
+accepted nodes and the bonus token of the model's greedy decoding; the times of laying out the
+inputs, of the forward and of the lazy head within it); a tree is verified as it is
 (``fit_tree``); "auto" drafting's cost curve is refdec.calibration's for its model. The llama.cpp
 backend: tests/test_llama_cpp_backend.py."""
 
@@ -56,6 +57,7 @@ def test_prefill_then_a_verification_step_follow_the_models_greedy_tokens(llama)
     assert accepted0.tolist() == [0, 1, 2, 3] and bonus0 == greedy[0][5]
     assert accepted1.tolist() == [] and bonus1 == greedy[1][1]  # the first draft token is wrong: the model's own
     assert verified.forward_seconds > 0 and verified.prepare_seconds > 0
+    assert 0 < verified.lazy_head_seconds < verified.forward_seconds  # a CPU: the lazy head's share
     assert verified.head_rows[0] >= 5 and verified.head_rows[1] >= 1
 
 

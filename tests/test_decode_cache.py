@@ -1,6 +1,6 @@
 """Specifies refdec.decode.cache: the KV cache never evicts (sliding layers included), grows into a
-preallocated buffer, and moves entries only through its row API -- ``compact`` (one row keeps its
-accepted nodes), ``gather_slots`` (each batch row moves its own slots), ``append_rows`` (a joining
+preallocated buffer, and moves entries only through its row API -- ``gather_slots`` (each batch row
+moves its own slots: a step's accepted nodes after the row's entries), ``append_rows`` (a joining
 group's rows after the running batch's), ``select_rows`` (rows and a slot range kept); in static mode
 (``make_static``, refdec.decode.static_step) a layer is one buffer of fixed capacity written at given
 slots."""
@@ -15,28 +15,33 @@ from transformers.cache_utils import DynamicSlidingWindowLayer
 
 from drawn_trees import FORK_PARENTS
 from kv_labels import append, labels_of, labelled_cache
-from refdec.decode.cache import (GrowingLayer, append_rows, compact, gather_slots, layer_buffers, make_static,
-                                 new_cache, select_rows, set_lengths, set_prefill_window, static_buffers)
+from refdec.decode.cache import (GrowingLayer, append_rows, gather_slots, layer_buffers, make_static, new_cache,
+                                 select_rows, set_lengths, set_prefill_window, static_buffers)
 from refdec.decode.masks import build_tree_inputs
 from refdec.decode.model_support import mask_spec_for
 from refdec.tree import DraftTree
 
 
 @pytest.mark.parametrize("preallocate, prefix_len", [(True, 14), (True, 254), (False, 14)])
-def test_compacted_cache_equals_cache_of_plain_prefill(family_model, preallocate, prefix_len):
-    """After keeping the accepted nodes of a fork, the cache equals a plain prefill of that sequence
-    (254: the tree step overflows the preallocated buffer's first capacity of 256)."""
+def test_a_steps_kept_path_equals_the_cache_of_a_plain_prefill(family_model, preallocate, prefix_len):
+    """After a fork's forward, the root and the accepted nodes gathered right after the prefix (as a
+    step keeps them, refdec.decode.batch.RunningBatch.keep_accepted) leave the cache of a plain
+    prefill of that sequence (254: the tree step overflows the preallocated buffer's first capacity
+    of 256)."""
     name, model = family_model
     prefix = [3 + (7 * i) % 90 for i in range(prefix_len)]
     tree = DraftTree(np.array([30, 31, 32, 33, 34]), np.array(FORK_PARENTS), np.ones(5))
     accepted = np.array([1, 3, 4])  # b ─ d ─ e
+    slots = len(prefix) - 1  # the root's slot: the step's rows follow the prefix
     with torch.no_grad():
         cache = new_cache(preallocate)
         model(input_ids=torch.tensor([prefix[:-1]]), cache=cache, use_cache=True)
-        inp = build_tree_inputs(tree, prefix[-1], len(prefix) - 1, mask_spec_for(model))
+        inp = build_tree_inputs(tree, prefix[-1], slots, mask_spec_for(model))
         model(input_ids=inp.input_ids, position_ids=inp.position_ids, attention_mask=inp.attention_mask,
               cache=cache, use_cache=True)
-        compact(cache, len(prefix), torch.from_numpy(accepted), 3)
+        src = torch.from_numpy(slots + np.concatenate([[0], accepted + 1]))[None]  # the root, then the path
+        gather_slots(cache, torch.zeros((1, 1), dtype=torch.int64), src, torch.arange(slots, slots + 4)[None],
+                     slots + 4)
         plain = new_cache()
         model(input_ids=torch.tensor([prefix + [31, 33, 34]]), cache=plain, use_cache=True)
     assert cache.get_seq_length() == len(prefix) + 3
@@ -77,19 +82,6 @@ def test_set_prefill_window_validates_and_skips_missing_layers():
 
 
 @pytest.mark.parametrize("preallocate", [True, False])
-def test_compact_keeps_the_prefix_then_the_chosen_entries_in_order(preallocate):
-    cache = labelled_cache(preallocate, [list(range(1, 11))])
-    compact(cache, 4, torch.tensor([1, 3, 4]), 3)  # entries 4 + (1, 3, 4): labels 6, 8, 9
-    assert labels_of(cache) == [[1, 2, 3, 4, 6, 8, 9]]
-    compact(cache, 2, torch.tensor([1, 2]), 2)  # moving left onto entries it reads: 3 <- 3, then 6
-    assert labels_of(cache) == [[1, 2, 4, 6]]
-    compact(cache, 3, None, 0)  # a chain prefix: a plain cut
-    assert labels_of(cache) == [[1, 2, 4]]
-    append(cache, [[42]])  # the next entries follow the kept ones
-    assert labels_of(cache) == [[1, 2, 4, 42]]
-
-
-@pytest.mark.parametrize("preallocate", [True, False])
 def test_gather_slots_moves_each_rows_own_slots_and_cuts_the_cache(preallocate):
     cache = labelled_cache(preallocate, [list(range(1, 9)), list(range(101, 109))])
     # row 0 keeps slots 5, 6 at 2, 3 (its last pair repeated as padding); row 1 keeps 4, 5, 7 at 1, 2, 3
@@ -99,6 +91,9 @@ def test_gather_slots_moves_each_rows_own_slots_and_cuts_the_cache(preallocate):
     assert labels_of(cache) == [[1, 2, 6, 7], [101, 105, 106, 108]]
     append(cache, [[9], [109]])
     assert labels_of(cache) == [[1, 2, 6, 7, 9], [101, 105, 106, 108, 109]]
+    # moving left onto slots it reads (row 0: 1 <- 2, 2 <- 4; row 1: 2 <- 3, 3 <- 4), cut to 4 slots
+    gather_slots(cache, torch.arange(2)[:, None], torch.tensor([[2, 4], [3, 4]]), torch.tensor([[1, 2], [2, 3]]), 4)
+    assert labels_of(cache) == [[1, 6, 9, 7], [101, 105, 108, 109]]
 
 
 @pytest.mark.parametrize("preallocate", [True, False])
@@ -130,7 +125,8 @@ def test_a_cache_layer_that_may_evict_entries_is_refused_naming_it():
     append(cache, [[1, 2]])
     with pytest.raises(TypeError, match=r"cache layer 0 is DynamicSlidingWindowLayer; tree verification needs full "
                                         r"layers"):
-        compact(cache, 1, None, 0)
+        gather_slots(cache, torch.zeros((1, 1), dtype=torch.int64), torch.ones((1, 1), dtype=torch.int64),
+                     torch.ones((1, 1), dtype=torch.int64), 2)
 
 
 class _IndexDevices(torch.overrides.TorchFunctionMode):

@@ -1,17 +1,19 @@
 """Specifies refdec.decode.prefill: a prompt (or a left-padded group of prompts) prefilled in
 chunks gives ``model.generate``'s tokens in ceil(width / chunk) forwards; while it is prefilled,
 Gemma 3's sliding-window layers present only their window (refdec.decode.cache.GrowingLayer) and
-afterwards every entry again."""
+afterwards every entry again; a token array alone gives a one-row batch of it (``prefill_tokens``)."""
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 
 import refdec
 import refdec.decode.runner
 from refdec.decode.cache import GrowingLayer, set_prefill_window
-from refdec.decode.prefill import prefill_spans
+from refdec.decode.prefill import prefill_spans, prefill_tokens
+from refdec.decode.runner import ModelRunner
 from tiny_models import (FAMILIES, batch_row, cached_model, hf_greedy, mixed_batch, repetitive_prompts, tiers,
                          tiny_gemma3)
 
@@ -23,6 +25,18 @@ def test_prefill_spans_cover_the_prompt_in_order():
     assert prefill_spans(10, 10) == [(0, 10)]
     assert prefill_spans(10, 4) == [(0, 4), (4, 8), (8, 10)]
     assert prefill_spans(3, 1) == [(0, 1), (1, 2), (2, 3)]
+
+
+
+def test_a_token_array_is_prefilled_as_a_one_row_batch_with_a_bare_request(llama):
+    tokens = np.array(repetitive_prompts(1, seed=3)[0])
+    with torch.inference_mode():
+        batch, last = prefill_tokens(ModelRunner(llama), tokens)
+        want = llama(torch.from_numpy(tokens)[None]).logits[:, -1]
+    assert len(batch) == 1 and batch.slots == len(tokens) == batch.cache.get_seq_length()
+    assert batch.lead_holes.tolist() == [0] and batch.key_pos.tolist() == [list(range(len(tokens)))]
+    assert batch.requests[0].seq == tokens.tolist() and batch.requests[0].drafter is None
+    assert torch.allclose(last, want, rtol=0, atol=1e-10)
 
 
 # fast: chunks of 5 across Gemma 3's window of 8, chunks of 1 on Llama; full: every family x chunk

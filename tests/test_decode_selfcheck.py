@@ -1,7 +1,8 @@
 """Specifies refdec.decode.selfcheck: a model type refdec has not verified is checked once, when
-its first decoder is made (a branching tree verified, the cache compacted, a second tree, against
-plain forwards); lossless models pass, models whose trees give other logits or whose forward fails
-on a tree are refused naming the model type."""
+its first decoder is made (through the model's runner as the engine steps: a branching tree
+verified, the cache keeping its accepted path, a second tree, against plain forwards); lossless
+models pass, with the lazy head's inputs and with the device's, models whose trees give other
+logits or whose forward fails on a tree are refused naming the model type."""
 
 from __future__ import annotations
 
@@ -14,7 +15,8 @@ import refdec.decode.runner as runner
 import refdec.decode.selfcheck as selfcheck
 import tiny_models
 from refdec.decode.masks import MaskSpec
-from refdec.decode.model_support import VERIFIED_MODEL_TYPES, cache_kwarg, mask_spec_for, model_type
+from refdec.decode.model_support import VERIFIED_MODEL_TYPES, model_type
+from refdec.decode.runner import ModelRunner
 from refdec.decode.selfcheck import check_tree_verification
 
 
@@ -28,19 +30,27 @@ def slot_positioned_models():
     return [mpt, neo]
 
 
+def one_plain_mask_for_every_model(monkeypatch) -> None:
+    """Runners made after this give every model one plain mask (the name-based refusal in mask_spec_for bypassed)."""
+    monkeypatch.setattr(runner, "mask_spec_for",
+                        lambda model: MaskSpec(kind="single", window=None, additive=False, dtype=model.dtype))
+
+
 @pytest.mark.parametrize("name", tiny_models.family_params())
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
-def test_the_check_passes_models_whose_trees_are_lossless(name, dtype):
-    model = tiny_models.MODEL_BUILDERS[name]().to(dtype)
-    check_tree_verification(model, mask_spec_for(model), cache_kwarg(model))
+@pytest.mark.parametrize("lazy_head", [True, False])
+def test_the_check_passes_models_whose_trees_are_lossless(name, dtype, lazy_head):
+    model_runner = ModelRunner(tiny_models.MODEL_BUILDERS[name]().to(dtype))
+    model_runner.lazy_head = lazy_head  # the inputs laid out on the host, or on the device
+    check_tree_verification(model_runner)
 
 
-def test_the_check_catches_models_that_take_positions_from_cache_slots():
+def test_the_check_catches_models_that_take_positions_from_cache_slots(monkeypatch):
+    one_plain_mask_for_every_model(monkeypatch)
     for model in slot_positioned_models():
-        spec = MaskSpec(kind="single", window=None, additive=False, dtype=model.dtype)
         with pytest.raises(ValueError, match=rf"model type '{model_type(model)}': verifying a draft tree gives other "
                                              "logits than plain decoding"):
-            check_tree_verification(model, spec, cache_kwarg(model))
+            check_tree_verification(ModelRunner(model))
 
 
 def test_an_unverified_model_type_is_checked_when_a_decoder_is_made(monkeypatch):
@@ -65,8 +75,7 @@ def test_an_unverified_model_type_is_checked_when_a_decoder_is_made(monkeypatch)
         assert out.sequences[0].tolist() == want
     assert calls == [1]  # once per model object, not per call
     mpt = slot_positioned_models()[0]
-    monkeypatch.setattr(runner, "mask_spec_for",
-                        lambda model: MaskSpec(kind="single", window=None, additive=False, dtype=model.dtype))
+    one_plain_mask_for_every_model(monkeypatch)
     with pytest.raises(ValueError, match="model type 'mpt': verifying a draft tree gives other logits"):
         refdec.SpeculativeDecoder(mpt)
 
@@ -75,7 +84,6 @@ def test_a_model_whose_forward_fails_on_a_tree_is_refused_with_the_reason(monkey
     """Bloom builds ALiBi from a 2D padding mask: on a 4D tree mask its forward raises. With the
     name-based refusal bypassed, the self-check turns that into an error naming the model type."""
     bloom = T.BloomForCausalLM(T.BloomConfig(vocab_size=96, hidden_size=32, n_layer=1, n_head=4)).eval()
-    monkeypatch.setattr(runner, "mask_spec_for",
-                        lambda model: MaskSpec(kind="single", window=None, additive=False, dtype=model.dtype))
+    one_plain_mask_for_every_model(monkeypatch)
     with pytest.raises(ValueError, match="model type 'bloom': verifying a draft tree fails"):
         refdec.SpeculativeDecoder(bloom)

@@ -22,17 +22,16 @@ own KV cache); refdec.llama_cpp.backend.LlamaCppBackend runs a ``llama_cpp.Llama
 
 from __future__ import annotations
 
-import time
 from typing import Protocol
 
 import numpy as np
 
 from refdec.calibration import auto_cost_curve
 from refdec.decode.batch import RunningBatch
-from refdec.decode.masks import device_tree_inputs, tree_step_inputs
 from refdec.decode.prefill import prefill
 from refdec.decode.runner import ModelRunner
-from refdec.decode.verify import Verified, device_choice, verify_on_device, verify_trees
+from refdec.decode.selfcheck import ensure_lossless_tree_verification
+from refdec.decode.verify import Verified, verify_step
 from refdec.tree import DraftTree
 
 __all__ = ["Backend", "TransformersBackend"]
@@ -59,13 +58,16 @@ class Backend(Protocol):
 
 
 class TransformersBackend:
-    """A transformers model through :class:`~refdec.decode.runner.ModelRunner`."""
+    """A transformers model through :class:`~refdec.decode.runner.ModelRunner`. Made for a model type
+    refdec has not verified, it first checks that tree verification is lossless for it
+    (refdec.decode.selfcheck; once per model object, a ValueError if not)."""
 
     uses_node_probs = False
 
     def __init__(self, model) -> None:
         self.model = model
         self.runner = ModelRunner(model)
+        ensure_lossless_tree_verification(self.runner)  # a model type refdec has not verified: checked once
         self.vocab_size = self.runner.vocab_size
         self.max_positions = self.runner.max_positions
         self.device = self.runner.device
@@ -85,28 +87,8 @@ class TransformersBackend:
         """``roots`` int64 [B] each row's last token, ``root_pos`` int64 [B] its position;
         ``node_probs`` is not used (every row's logits come from the forward or the lazy head).
         With the lazy head (a CPU) the inputs are built on the host; else on the device, and greedy
-        and plain sampling verify there too (refdec.decode.verify.verify_on_device)."""
-        t0 = time.perf_counter()
-        runner = self.runner
-        if runner.uses_lazy_head:
-            key_pos = batch.host_key_pos()
-            inputs = tree_step_inputs(trees, roots, root_pos, key_pos >= 0, key_pos, runner.mask_spec, self.device)
-            prepare_seconds = time.perf_counter() - t0
-            verified = verify_trees(runner, batch.cache, inputs, trees, rules)
-        else:
-            if runner.static_step is not None:  # fixed shapes (refdec.decode.static_step)
-                inputs, on_device = runner.static_step.prepare(batch, trees, roots, root_pos)
-            else:
-                inputs, on_device = device_tree_inputs(trees, roots, root_pos, batch.key_pos, runner.mask_spec,
-                                                       self.device)
-            prepare_seconds = time.perf_counter() - t0
-            choose = device_choice(rules, inputs.position_ids)
-            if choose is not False:
-                verified = verify_on_device(runner, batch.cache, inputs, on_device, choose)
-            else:  # the walks on the host ask the rules: the head on the rows they visit, no [B, T, V] logits
-                verified = verify_trees(runner, batch.cache, inputs, trees, rules, lazy=True)
-        verified.prepare_seconds = prepare_seconds
-        return verified
+        and plain sampling verify there too (refdec.decode.verify.verify_step)."""
+        return verify_step(self.runner, batch, trees, roots, root_pos, rules)
 
     def auto_cost_curve(self):
         return auto_cost_curve(self.model)

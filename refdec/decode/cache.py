@@ -17,8 +17,7 @@ order, so ``cache length == position of the root``.
 
 A batch's cache is one ``[B, H, S, D]`` tensor per layer (``S`` = slots shared by
 all rows); the engine moves entries with the row API below (:func:`gather_slots`,
-:func:`append_rows`, :func:`select_rows`, :func:`compact` for one row), the only
-code that touches a layer's tensors.
+:func:`append_rows`, :func:`select_rows`), the only code that touches a layer's tensors.
 """
 
 from __future__ import annotations
@@ -227,26 +226,6 @@ def _set_length(layer, length: int) -> None:
     else:
         layer.keys = layer.keys[:, :, :length]
         layer.values = layer.values[:, :, :length]
-
-
-def compact(cache: DynamicCache, base: int, keep_offsets: torch.Tensor | None, n_keep: int) -> None:
-    """One row: keep entries ``[0, base)`` followed by entries ``base + keep_offsets``, drop the rest.
-
-    ``base``: number of leading entries kept as they are (prefix + root).
-    ``keep_offsets``: int64 tensor [n_keep], increasing offsets past ``base`` of the
-    entries to keep (the accepted tree nodes, in path order), or ``None`` when
-    they are exactly ``0 .. n_keep-1`` (a chain prefix: a plain truncation).
-    Per layer: one gather-copy into place per K and V (none for a chain prefix),
-    then the length is cut.
-    """
-    end = base + n_keep
-    for layer in layers(cache):
-        if keep_offsets is not None:
-            src = keep_offsets + base
-            # advanced indexing copies before the write, so overlapping src/dst is safe
-            layer.keys[:, :, base:end] = layer.keys[:, :, src]
-            layer.values[:, :, base:end] = layer.values[:, :, src]
-        _set_length(layer, end)
 
 
 class _OnLayerDevices:

@@ -10,9 +10,14 @@ only. A group without padding is fed as it is (the model's own causal mask and
 positions); with padding each chunk gets explicit positions and a mask in which
 padding slots see only themselves. The last chunk's last logits give each row's
 first new token.
+
+:func:`prefill_tokens` gives a one-row batch with no request of a caller behind it, for the
+code that drives the engine's steps itself (refdec.calibration, refdec.decode.selfcheck).
 """
 
 from __future__ import annotations
+
+import time
 
 import numpy as np
 import torch
@@ -21,9 +26,11 @@ from refdec.decode.batch import RunningBatch
 from refdec.decode.cache import new_cache
 from refdec.decode.masks import attention_masks
 from refdec.decode.requests import Request
+from refdec.decode.results import DecodingStats
 from refdec.decode.runner import ModelRunner
+from refdec.decode.stops import StopChecker
 
-__all__ = ["prefill", "prefill_spans"]
+__all__ = ["prefill", "prefill_spans", "prefill_tokens"]
 
 
 def prefill_spans(n_tokens: int, chunk: int | None) -> list[tuple[int, int]]:
@@ -66,3 +73,12 @@ def prefill(runner: ModelRunner, group: list[Request], chunk: int | None) -> tup
         last = runner.prefill_chunk(cache, begin, end == width, **inputs)
     lengths = np.full(len(group), width, dtype=np.int64)  # valid slot count per row (left holes included)
     return RunningBatch(device, list(group), cache, lengths, key_pos), last
+
+
+def prefill_tokens(runner: ModelRunner, tokens: np.ndarray) -> tuple[RunningBatch, torch.Tensor]:
+    """``tokens`` (int64 [L]) prefilled as :func:`prefill` prefills a group, in one chunk: a running
+    batch of one row, whose request is a bare one (nothing to emit: no stops, drafter or budget),
+    and float [1, V], the logits after the last token. The row's next root sits at position ``L``."""
+    request = Request(0, np.asarray(tokens, dtype=np.int64), 0, None, stats=DecodingStats(), sampler=None,
+                      stopper=StopChecker(set(), [], None), drafter=None, budget=None, started=time.perf_counter())
+    return prefill(runner, [request], None)

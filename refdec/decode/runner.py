@@ -15,7 +15,6 @@ import torch
 from refdec.decode.cache import set_prefill_window
 from refdec.decode.plain_head import split_forward_fn
 from refdec.decode.model_support import cache_kwarg, mask_spec_for, text_config
-from refdec.decode.selfcheck import ensure_lossless_tree_verification
 
 __all__ = ["ModelRunner"]
 
@@ -40,7 +39,6 @@ class ModelRunner:
         self.vocab_size = int(config.vocab_size)
         self.device = next(model.parameters()).device
         self.cache_kw = cache_kwarg(model)
-        ensure_lossless_tree_verification(model, self.mask_spec, self.cache_kw)  # unverified model types
         split = split_forward_fn(model)  # None: the model's own forward computes the logits
         self.backbone, self.head = split if split is not None else (None, None)
         self.lazy_head = split is not None and self.device.type == "cpu"

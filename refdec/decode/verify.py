@@ -15,6 +15,10 @@ for plain greedy and for sampling without logits settings or top-p on the device
 the walks there too and one host sync per step (:func:`verify_on_device`), else the walks
 on the host ask the rules, the head running on the rows they visit as with a lazy head (a model
 without a plain head: its own forward's logits of every row).
+
+:func:`verify_step` is a step of the transformers engine (refdec.decode.backend), its inputs laid
+out by :func:`step_inputs`; the calibration (refdec.calibration) times it and the self-check
+(refdec.decode.selfcheck) feeds the model the same inputs.
 """
 
 from __future__ import annotations
@@ -27,8 +31,9 @@ import numpy as np
 import torch
 
 from refdec.decode.accept import accept_walk, accept_walk_lazy, accept_walks_on_device, walks_from_device
+from refdec.decode.batch import RunningBatch
 from refdec.decode.lazy_head import LockstepLazyWalks
-from refdec.decode.masks import DeviceTrees, TreeInputs
+from refdec.decode.masks import DeviceTrees, TreeInputs, device_tree_inputs, tree_step_inputs
 from refdec.decode.processors import PathLogitsProcessor, path_tokens
 from refdec.decode.requests import Request
 from refdec.decode.runner import ModelRunner
@@ -36,7 +41,8 @@ from refdec.decode.sampling import TargetSampler, position_keys, seed_key
 from refdec.decode.transfer import to_device
 from refdec.tree import DraftTree
 
-__all__ = ["SampledRule", "Verified", "device_choice", "target_rule", "verify_on_device", "verify_trees"]
+__all__ = ["SampledRule", "Verified", "device_choice", "step_inputs", "target_rule", "verify_on_device", "verify_step",
+           "verify_trees"]
 
 # (logits_row float [V], tree row, depth below the root) -> the target token
 TargetRule = Callable[[torch.Tensor, int, int], int]
@@ -49,12 +55,14 @@ class Verified:
     root, and the cache keeps the nodes before it; refdec.llama_cpp.backend),
     ``head_rows[b]`` the tree rows the LM head ran on for row b, ``forward_seconds`` the
     backbone's and the head's time (the walks' own time is not counted), ``prepare_seconds`` the
-    time spent laying the trees out as the forward's inputs."""
+    time spent laying the trees out as the forward's inputs, ``lazy_head_seconds`` the lazy head's
+    part of ``forward_seconds`` (0 when the forward computes every row's target)."""
 
     walks: list[tuple[np.ndarray, int]]
     head_rows: list[int]
     forward_seconds: float
     prepare_seconds: float = 0.0
+    lazy_head_seconds: float = 0.0
 
 
 def target_rule(request: Request, tree: DraftTree, processor: PathLogitsProcessor,
@@ -68,6 +76,41 @@ def target_rule(request: Request, tree: DraftTree, processor: PathLogitsProcesso
     if do_sample:
         return SampledRule(request.sampler, root_pos)
     return None
+
+
+def step_inputs(runner: ModelRunner, batch: RunningBatch, trees: list[DraftTree], roots: np.ndarray,
+                root_pos: np.ndarray) -> tuple[TreeInputs, DeviceTrees | None]:
+    """The inputs of one verification forward over ``batch``'s cache, laid out as :func:`verify_step`
+    lays them out for ``runner``: with the lazy head on the host (refdec.decode.masks.tree_step_inputs;
+    no DeviceTrees), else on the device (refdec.decode.masks.device_tree_inputs). ``trees[b]``: row
+    b's draft tree; ``roots`` int64 [B]: each row's last token; ``root_pos`` int64 [B]: its position."""
+    if runner.uses_lazy_head:
+        key_pos = batch.host_key_pos()
+        return tree_step_inputs(trees, roots, root_pos, key_pos >= 0, key_pos, runner.mask_spec, runner.device), None
+    if runner.static_step is not None:  # fixed shapes (refdec.decode.static_step)
+        return runner.static_step.prepare(batch, trees, roots, root_pos)
+    return device_tree_inputs(trees, roots, root_pos, batch.key_pos, runner.mask_spec, runner.device)
+
+
+def verify_step(runner: ModelRunner, batch: RunningBatch, trees: list[DraftTree], roots: np.ndarray,
+                root_pos: np.ndarray, rules: list[TargetRule | None]) -> Verified:
+    """One step's verification of ``trees`` (``roots``, ``root_pos`` as :func:`step_inputs`) over
+    ``batch``'s cache, with each row's target rule (``rules[b]``, None = greedy): the inputs laid
+    out (:func:`step_inputs`; their time is ``prepare_seconds``), then the forward and the walks --
+    with the lazy head :func:`verify_trees`; else greedy and plain sampling on the device
+    (:func:`verify_on_device`) and other rules by :func:`verify_trees`, the head on the rows the walks visit. The cache keeps the step's
+    ``T`` rows per batch row after its ``S`` slots (refdec.decode.batch.RunningBatch.keep_accepted
+    keeps the accepted ones)."""
+    t0 = time.perf_counter()
+    inputs, on_device = step_inputs(runner, batch, trees, roots, root_pos)
+    prepare_seconds = time.perf_counter() - t0
+    choose = False if on_device is None else device_choice(rules, inputs.position_ids)
+    if choose is not False:
+        verified = verify_on_device(runner, batch.cache, inputs, on_device, choose)
+    else:  # the walks on the host ask the rules: the head on the rows they visit, no [B, T, V] logits
+        verified = verify_trees(runner, batch.cache, inputs, trees, rules, lazy=True)
+    verified.prepare_seconds = prepare_seconds
+    return verified
 
 
 def verify_trees(runner: ModelRunner, cache, inputs: TreeInputs, trees: list[DraftTree],
@@ -88,7 +131,8 @@ def verify_trees(runner: ModelRunner, cache, inputs: TreeInputs, trees: list[Dra
             return walks.lazy[b].argmax(row) if rule is None else rule(walks.lazy[b].row_logits(row), row, depth)
 
         results = walks.run(target)
-        return Verified(results, [lazy.rows_computed for lazy in walks.lazy], forward_seconds + walks.seconds)
+        return Verified(results, [walk.rows_computed for walk in walks.lazy], forward_seconds + walks.seconds,
+                        lazy_head_seconds=walks.seconds)
     logits = runner.verify_forward(runner.logits, cache, **kwargs)  # [B, T, V]
     targets = logits.argmax(dim=-1).cpu().numpy() if None in rules else None  # the one host sync
     forward_seconds = time.perf_counter() - t0
