@@ -63,7 +63,7 @@ FAST_SAMPLING = [("llama", 3, "lazy"), ("llama", 1, "full"), ("gemma3", 4, "full
 
 
 # head "lazy": the LM head on the rows the walks visit (the CPU's default); "full": every row's
-# target (a GPU's path: on the device without top-p, by the walks on the host with it)
+# target (a GPU's path: drawn on the device, top-p included)
 @pytest.mark.parametrize("name, setting, head", [
     pytest.param(name, setting, head, id=f"{name}-{setting_id(setting)}-{head}",
                  marks=() if (name, i, head) in FAST_SAMPLING else pytest.mark.full)
@@ -245,7 +245,8 @@ def test_first_token_distribution_over_seeds_is_the_processed_softmax(setting, n
 
 
 @pytest.mark.parametrize("setting", [dict(temperature=1.0), dict(temperature=0.7), dict(top_k=5),
-                                     dict(temperature=1.3, top_k=1), dict(min_p=0.2), dict(temperature=0.6, top_k=9, min_p=0.05)],
+                                     dict(temperature=1.3, top_k=1), dict(min_p=0.2), dict(temperature=0.6, top_k=9, min_p=0.05),
+                                     dict(top_p=0.9), dict(temperature=0.8, top_k=20, top_p=0.7, min_p=0.05)],
                          ids=setting_id)
 def test_sampling_rows_on_the_device_gives_each_rows_draw(setting):
     """TargetSampler.sample_rows (every tree row at once, no host sync) draws what sample draws row by

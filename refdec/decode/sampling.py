@@ -302,15 +302,14 @@ class TargetSampler:
 
     @property
     def samples_rows(self) -> bool:
-        """True when the backend may draw this sampler's rows with :meth:`sample_rows`: sampling
-        without top-p."""
-        return self.do_sample and (self.top_p is None or self.top_p >= 1.0)
+        """True when :meth:`sample_rows` gives :meth:`sample`'s tokens: when sampling."""
+        return self.do_sample
 
     @property
     def settings(self) -> tuple:
         """What :meth:`sample_rows` reads besides the seed: rows whose samplers agree on it are
         sampled together."""
-        return self.temperature, self.top_k, self.min_p
+        return self.temperature, self.top_k, self.top_p, self.min_p
 
     def sample_rows(self, logits: torch.Tensor, keys: torch.Tensor) -> torch.Tensor:
         """int64 [R]: :meth:`sample` of each row of ``logits`` float [R, V] on their device, without a
