@@ -1,7 +1,9 @@
 """Specifies refdec.decode.sampling: sampling is lossless. The draw at an output position depends
 only on (seed, position) (Gumbel-max with counter-based noise), so speculative sampling gives the
 tokens of non-speculative sampling with the same seed, for single prompts and every batch row;
-the processed logits equal transformers' warpers, and the draws follow their softmax."""
+the processed logits equal transformers' warpers, the sampler keeps their tokens (those tied at
+the top-p cut by lowest id), the draws follow their softmax, and a batch of rows drawn on the
+device gives each row's draw on the host, top-p included."""
 
 from __future__ import annotations
 
@@ -13,7 +15,7 @@ from transformers import (LogitsProcessorList, MinPLogitsWarper, TemperatureLogi
 
 import refdec
 import refdec.decode.sampling as sampling
-from refdec.decode.sampling import gumbel_at, gumbel_row, kept_tokens, process_logits
+from refdec.decode.sampling import gumbel_at, gumbel_row, kept_mask, kept_tokens, process_logits
 from tiny_models import batch_row, cached_model, lookup_factory, mixed_batch, repetitive_prompts, tiny_llama
 
 NEW = 40
@@ -61,7 +63,7 @@ FAST_SAMPLING = [("llama", 3, "lazy"), ("llama", 1, "full"), ("gemma3", 4, "full
 
 
 # head "lazy": the LM head on the rows the walks visit (the CPU's default); "full": every row's
-# target (a GPU's path: on the device without top-p, by the walks on the host with it)
+# target (a GPU's path: drawn on the device, top-p included)
 @pytest.mark.parametrize("name, setting, head", [
     pytest.param(name, setting, head, id=f"{name}-{setting_id(setting)}-{head}",
                  marks=() if (name, i, head) in FAST_SAMPLING else pytest.mark.full)
@@ -178,8 +180,9 @@ def test_gumbel_noise_is_a_pure_function_of_seed_position_and_index():
 @pytest.mark.parametrize("candidates", [1024, 4])
 @pytest.mark.parametrize("vocab", [96, 5000])
 def test_kept_tokens_are_the_tokens_process_logits_keeps(monkeypatch, candidates, vocab):
-    """The fast top-k / top-p path keeps exactly the unfiltered tokens of process_logits, including
-    when the top-p set reaches past the examined candidates (fallback to a full sort)."""
+    """kept_tokens (one row, in vocabulary order) and kept_mask (a batch) keep exactly the unfiltered
+    tokens of process_logits on rows without ties, including when the top-p set reaches past the
+    first candidates (the whole row ranked)."""
     monkeypatch.setattr(sampling, "_TOP_P_CANDIDATES", candidates)
     gen = torch.Generator().manual_seed(vocab + candidates)
     for sharp in (0.5, 3.0):
@@ -188,10 +191,12 @@ def test_kept_tokens_are_the_tokens_process_logits_keeps(monkeypatch, candidates
                              dict(temperature=1.0, min_p=0.3), dict(temperature=1.0, top_k=50, min_p=0.02)]:
             scores = logits / s["temperature"]
             want = process_logits(scores, 1.0, s.get("top_k"), s.get("top_p"), s.get("min_p"))
+            mask = kept_mask(scores, s.get("top_k"), s.get("top_p"), s.get("min_p"))  # every row at once
+            assert torch.equal(torch.ones_like(want, dtype=torch.bool) if mask is None else mask, torch.isfinite(want))
             for row in range(logits.shape[0]):
                 kept = kept_tokens(scores[row], s.get("top_k"), s.get("top_p"), s.get("min_p"))
                 expected = torch.nonzero(torch.isfinite(want[row])).flatten()
-                got = torch.arange(vocab) if kept is None else torch.sort(kept).values
+                got = torch.arange(vocab) if kept is None else kept
                 assert torch.equal(got, expected), (s, row)
 
 
@@ -240,7 +245,8 @@ def test_first_token_distribution_over_seeds_is_the_processed_softmax(setting, n
 
 
 @pytest.mark.parametrize("setting", [dict(temperature=1.0), dict(temperature=0.7), dict(top_k=5),
-                                     dict(temperature=1.3, top_k=1), dict(min_p=0.2), dict(temperature=0.6, top_k=9, min_p=0.05)],
+                                     dict(temperature=1.3, top_k=1), dict(min_p=0.2), dict(temperature=0.6, top_k=9, min_p=0.05),
+                                     dict(top_p=0.9), dict(temperature=0.8, top_k=20, top_p=0.7, min_p=0.05)],
                          ids=setting_id)
 def test_sampling_rows_on_the_device_gives_each_rows_draw(setting):
     """TargetSampler.sample_rows (every tree row at once, no host sync) draws what sample draws row by
@@ -255,3 +261,115 @@ def test_sampling_rows_on_the_device_gives_each_rows_draw(setting):
     keys = sampling.position_keys(torch.tensor([sampling.seed_key(int(s)) for s in seeds]), torch.from_numpy(positions))
     got = samplers[0].sample_rows(logits, keys).tolist()
     assert got == [sampler.sample(logits[r], int(positions[r])) for r, sampler in enumerate(samplers)]
+
+
+def test_top_p_keeps_the_lowest_ids_of_the_tokens_tied_at_its_cut():
+    """Tokens tied at the top-p cut are ranked by id: as many are kept as transformers' warper keeps
+    (which ones it keeps depends on its sort), the lowest ids, also past top-k's k-th rank."""
+    flat = torch.zeros(1, 5, dtype=torch.float64)  # five tokens of probability 0.2
+    tied_at_top_k = torch.tensor([[3.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0, -9.0]], dtype=torch.float64)
+    for scores, top_k, top_p, want in [(flat, None, 0.5, [0, 1, 2]), (flat, None, 0.1, [0]), (flat, None, 0.9, [0, 1, 2, 3, 4]),
+                                       (flat.flip(-1), 3, 0.5, [0, 1, 2]),  # top-k keeps all five (ties)
+                                       (tied_at_top_k, 2, 0.7, [0, 1, 2]), (tied_at_top_k, 2, 0.75, [0, 1, 2, 3]),
+                                       (tied_at_top_k, 2, 0.5, [0])]:
+        mask = kept_mask(scores, top_k, top_p)
+        assert torch.nonzero(mask[0]).flatten().tolist() == want, (scores, top_k, top_p)
+        assert kept_tokens(scores[0], top_k, top_p).tolist() == want
+        assert len(want) == int(torch.isfinite(process_logits(scores, 1.0, top_k, top_p)).sum())
+
+
+def top_p_rows(rng: np.random.Generator, vocab: int, setting: dict) -> torch.Tensor:
+    """float64 [R, vocab] logits of every kind top-p meets: peaked, nearly flat (top-p keeps most of
+    the vocabulary), flat (every token tied), quantised (ties everywhere, as in bfloat16 logits),
+    tied at the top, tied across top-k's threshold, and near-ties: rows whose probability mass above
+    some rank is ``top_p`` up to rounding, so that one rounding more or less changes the kept set."""
+    temperature, top_p, top_k = setting.get("temperature", 1.0), setting.get("top_p") or 1.0, setting.get("top_k")
+    top_p = top_p if top_p < 1.0 else 0.5
+    rows = [rng.normal(size=vocab) * 4, rng.normal(size=vocab) * 0.01, np.zeros(vocab),
+            np.round(rng.normal(size=vocab) * 16) / 8]
+    top = rng.normal(size=vocab) * 2
+    top[rng.permutation(vocab)[:4]] = top.max() + 1  # four tokens tied at the top
+    rows.append(top)
+    k = min(top_k or 40, vocab // 3)
+    tied = np.sort(rng.normal(size=vocab))[::-1].copy()
+    tied[k - 3:3 * k] = tied[k - 3]  # tokens tied from the (k-3)-th rank to past the 3k-th
+    rows.append(rng.permutation(tied) * 0.5)
+    n = min(top_k or 50, 50)
+    for m in (1, 2, n // 2, n - 1):  # masses: top_p on m tokens, the rest on the other n - m
+        q = np.sort(rng.random(n) + 0.1)[::-1]
+        q[:m] *= top_p / q[:m].sum()
+        q[m:] *= (1 - top_p) / q[m:].sum()
+        row = np.full(vocab, np.log(1e-30))
+        row[rng.permutation(vocab)[:n]] = np.log(q)
+        rows.append(row)
+    return torch.from_numpy(np.stack(rows) * temperature)
+
+
+TOP_P_SETTINGS = [dict(top_p=0.9), dict(temperature=0.7, top_p=0.5), dict(temperature=1.5, top_p=0.95),
+                  dict(top_p=1e-9), dict(top_p=1.0), dict(top_k=40, top_p=0.9),
+                  dict(temperature=0.8, top_k=2000, top_p=0.95), dict(top_k=5, top_p=0.99),
+                  dict(top_p=0.8, min_p=0.05), dict(temperature=1.3, top_k=64, top_p=0.95, min_p=0.02)]
+
+
+@pytest.mark.parametrize("vocab, candidates, threads", [(3000, 1024, 1), (3000, 16, 4), (96, 1024, 4)])
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32], ids=str)
+def test_top_p_sampling_rows_on_the_device_gives_each_rows_draw(monkeypatch, vocab, candidates, threads, dtype):
+    """sample_rows (a batch, no host sync) keeps the tokens sample keeps row by row (kept_mask and
+    kept_tokens, element for element) and draws the same token, for every kind of row, seed,
+    position and setting, near-ties at the top-p cut included; also where top-p keeps more than
+    the candidates (the whole row ranked) and on several threads (torch's own reductions of a row
+    differ there between a batch and the row alone)."""
+    monkeypatch.setattr(sampling, "_TOP_P_CANDIDATES", candidates)
+    rng = np.random.default_rng(vocab + candidates)
+    threads_before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    most_kept = 0
+    try:
+        for setting in TOP_P_SETTINGS:
+            rows = top_p_rows(rng, vocab, setting)
+            logits = rows.repeat(3, 1).to(dtype)  # each row drawn at three (seed, position)s
+            seeds, positions = rng.integers(0, 1 << 62, len(logits)), rng.integers(0, 1 << 20, len(logits))
+            samplers = [sampling.TargetSampler(vocab, do_sample=True, seed=int(seed), **setting) for seed in seeds]
+            keys = sampling.position_keys(torch.tensor([sampling.seed_key(int(s)) for s in seeds]),
+                                          torch.from_numpy(positions))
+            got = samplers[0].sample_rows(logits, keys).tolist()
+            want = [sampler.sample(logits[r], int(positions[r])) for r, sampler in enumerate(samplers)]
+            assert got == want, setting
+            scores = logits.to(torch.float64) / setting.get("temperature", 1.0)
+            mask = kept_mask(scores, setting.get("top_k"), setting.get("top_p"), setting.get("min_p"))
+            mask = torch.ones_like(scores, dtype=torch.bool) if mask is None else mask
+            for r in range(len(rows)):
+                kept = kept_tokens(scores[r], setting.get("top_k"), setting.get("top_p"), setting.get("min_p"))
+                assert torch.equal(torch.nonzero(mask[r]).flatten(), torch.arange(vocab) if kept is None else kept), \
+                    (setting, r)
+            if setting.get("top_p", 1.0) < 1.0 and "top_k" not in setting:
+                most_kept = max(most_kept, int(mask.sum(dim=-1).max()))
+    finally:
+        torch.set_num_threads(threads_before)
+    assert most_kept > candidates or vocab <= candidates  # top-p kept more than the candidates: the whole row ranked
+
+
+@pytest.mark.parametrize("setting", [dict(top_p=0.95), dict(temperature=0.8, top_k=64, top_p=0.95, min_p=0.01)],
+                         ids=setting_id)
+def test_top_p_sampling_rows_gives_each_rows_draw_over_gemmas_vocabulary(setting):
+    """The same over a vocabulary of 262,144 tokens (Gemma 3's), on four threads (where torch's sum
+    of such a row differs between a batch and the row alone): every kind of row of
+    :func:`top_p_rows`."""
+    vocab = 262_144
+    rng = np.random.default_rng(9)
+    logits = top_p_rows(rng, vocab, setting).to(torch.float32)
+    seeds, positions = rng.integers(0, 1 << 62, len(logits)), rng.integers(0, 1 << 20, len(logits))
+    samplers = [sampling.TargetSampler(vocab, do_sample=True, seed=int(seed), **setting) for seed in seeds]
+    keys = sampling.position_keys(torch.tensor([sampling.seed_key(int(s)) for s in seeds]), torch.from_numpy(positions))
+    scores = logits.to(torch.float64) / setting.get("temperature", 1.0)
+    threads_before = torch.get_num_threads()
+    torch.set_num_threads(4)
+    try:
+        got = samplers[0].sample_rows(logits, keys).tolist()
+        assert got == [sampler.sample(logits[r], int(positions[r])) for r, sampler in enumerate(samplers)]
+        mask = kept_mask(scores, setting.get("top_k"), setting["top_p"], setting.get("min_p"))
+        for r in range(len(logits)):
+            assert torch.equal(torch.nonzero(mask[r]).flatten(),
+                               kept_tokens(scores[r], setting.get("top_k"), setting["top_p"], setting.get("min_p"))), r
+    finally:
+        torch.set_num_threads(threads_before)

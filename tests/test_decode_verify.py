@@ -1,7 +1,8 @@
 """Specifies refdec.decode.verify: the target tokens of a verification step do not depend on how
 the logits are computed -- with the lazy head (the backbone on every row, the head on the rows the
 walks visit) a single prompt or a batch gets the tokens of the model's full forward, greedy and
-sampled, with fewer head rows."""
+sampled, with fewer head rows; with the full head, rows sampled with top-p on the device get the
+tokens the walks on the host draw."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import numpy as np
 import pytest
 
 import refdec
+import refdec.decode.sampling as sampling
 import tiny_models
 from tiny_models import batch_row, tiers
 
@@ -89,6 +91,53 @@ def test_batched_lazy_head_equals_the_full_head_and_single_rows(tiny_model_cache
     assert outs[True].stats.head_rows < outs[False].stats.head_rows
     assert all(lz.head_rows < full.head_rows for lz, full in zip(lazy_rows, full_rows))
     # the head's time counts as forward time, not accept time: test_decode_engine.py (a fake clock)
+
+
+TOP_P_SETTINGS = [dict(temperature=1.3, top_p=0.9), dict(temperature=0.9, top_k=30, top_p=0.8, min_p=0.02)]
+
+
+@pytest.mark.parametrize("family, candidates", tiers([(family, candidates) for family in tiny_models.FAMILIES
+                                                       for candidates in (1024, 8)],
+                                                      fast=[("gemma3", 1024), ("llama", 8)]))
+def test_top_p_sampling_on_the_device_gives_the_host_walks_tokens(monkeypatch, tiny_model_cache, family, candidates):
+    """Top-p sampling with the full head (every tree row drawn on the device, refdec.decode.verify.
+    device_choice) gives the tokens of the lazy head (the walks on the host drawing one row at a
+    time), for a batch and a single prompt, several seeds, top-k and min-p with it or not; with 8
+    candidates top-p keeps more than them and ranks the whole row."""
+    monkeypatch.setattr(sampling, "_TOP_P_CANDIDATES", candidates)
+    most_kept, device_rows = [0], [0]
+    real_kept_mask = sampling.kept_mask
+
+    def recording_kept_mask(scores, *args, **kwargs):
+        mask = real_kept_mask(scores, *args, **kwargs)
+        if not kwargs.get("read_rows"):  # the device's draw of many rows
+            device_rows[0] += scores.shape[0]
+            most_kept[0] = max(most_kept[0], int(mask.sum(dim=-1).max()))
+        return mask
+
+    monkeypatch.setattr(sampling, "kept_mask", recording_kept_mask)
+    model = tiny_models.cached_model(tiny_model_cache, family)
+    decoder = refdec.SpeculativeDecoder(model)
+    prompts = tiny_models.repetitive_prompts(4, seed=31)
+    accepted = rejected = 0
+    for setting in TOP_P_SETTINGS:
+        for seed in (3, 11):
+            kwargs = dict(max_new_tokens=NEW, eos_token_id=[], do_sample=True, seed=seed, **setting)
+            refs = corrupted_references(decoder, prompts, kwargs)
+            outs = {}
+            for lazy in (True, False):
+                decoder.lazy_head = lazy
+                outs[lazy] = [decoder.generate(prompts, references=refs, max_draft_tokens=12, **kwargs),
+                              decoder.generate(prompts[0], references=refs[0], max_draft_tokens=12, **kwargs)]
+            decoder.lazy_head = True
+            for b, p in enumerate(prompts):
+                assert batch_row(outs[True][0], b, len(p)) == batch_row(outs[False][0], b, len(p)), (setting, seed, b)
+            assert outs[True][1].sequences.tolist() == outs[False][1].sequences.tolist(), (setting, seed)
+            accepted += outs[False][0].stats.accepted_tokens
+            rejected += outs[False][0].stats.proposed_tokens - outs[False][0].stats.accepted_tokens
+    assert accepted > 40 and rejected > 10, (accepted, rejected)
+    assert device_rows[0] > 200  # the full head's rows were drawn on the device
+    assert most_kept[0] > candidates or candidates > tiny_models.VOCAB
 
 
 def test_batched_lazy_head_runs_no_full_forward(monkeypatch):

@@ -9,9 +9,14 @@ on how the step was batched or speculated, speculative decoding returns exactly
 the tokens of non-speculative decoding with the same seed.
 
 ``process`` follows transformers' logits warpers, in generate's order:
-temperature, then top-k (ties at the threshold kept), then sort-based top-p
-(keeping at least one token), then min-p (tokens less probable than ``min_p`` times
-the most probable one are dropped).
+temperature, then top-k (ties at the threshold kept), then top-p (the most probable
+tokens while the mass ranked above one is < ``top_p``, at least one), then min-p
+(tokens less probable than ``min_p`` times the most probable one are dropped).
+:func:`process_logits` applies them as transformers writes them; the sampler keeps the
+same tokens (:func:`kept_mask`, tokens tied at the top-p cut ranked by id) with
+arithmetic whose result for a row depends on that row alone, so that a row drawn on
+the host (:meth:`TargetSampler.sample`, one row) and a batch drawn on the device
+(:meth:`TargetSampler.sample_rows`, every tree row, no host sync) give the same tokens.
 """
 
 from __future__ import annotations
@@ -130,60 +135,156 @@ def _min_p_threshold(top_score: torch.Tensor, min_p: float) -> torch.Tensor:
     return top_score + math.log(min_p)
 
 
-# Candidates examined by the fast top-p path before falling back to a full sort.
+# Ranks the top-p cut examines before it ranks the whole row, and the block size it sums the
+# whole row's ranks in.
 _TOP_P_CANDIDATES = 1024
 
 
 def kept_tokens(scores: torch.Tensor, top_k: int | None, top_p: float | None,
                 min_p: float | None = None) -> torch.Tensor | None:
-    """int64 indices of the tokens top-k / top-p / min-p keep in one row ``scores`` [V] (float,
-    temperature applied), or None when every token is kept. Same sets as ``process_logits`` (up to
-    exact ties and rounding at the top-p boundary), without sorting the whole vocabulary when the
-    kept set is small.
+    """int64 indices, in vocabulary order, of the tokens top-k / top-p / min-p keep in one row
+    ``scores`` float64 [V] (temperature applied), or None when every token is kept: the row of
+    :func:`kept_mask` (with ``read_rows``: the host's path). The sets of ``process_logits`` (up
+    to rounding at the top-p boundary and which of the tokens tied there it keeps)."""
+    mask = kept_mask(scores.unsqueeze(0), top_k, top_p, min_p, read_rows=True)
+    return None if mask is None else torch.nonzero(mask[0]).flatten()
+
+
+def kept_mask(scores: torch.Tensor, top_k: int | None, top_p: float | None, min_p: float | None = None,
+              *, read_rows: bool = False) -> torch.Tensor | None:
+    """bool [R, V]: the tokens top-k, then top-p, then min-p keep in each row of ``scores``
+    float64 [R, V] (temperature applied); None when they keep every token.
+
+    * top-k: the tokens scoring at least the k-th highest score (ties at the threshold kept);
+    * top-p: rank the tokens top-k keeps by score, ties by token id (lowest first), their
+      probabilities renormalised over them; keep the ranks up to the last whose probability mass
+      ranked above it is < ``top_p`` (so at least the top token);
+    * min-p: of those, the tokens scoring at least ``max + log(min_p)``.
+
+    A row's result depends on that row alone, on any device and for any number of rows: the
+    top-p arithmetic is elementwise with sums in a fixed order (:func:`_pairwise_sum`,
+    :func:`_mass_above`) where torch's reductions and scans change their order with the shape
+    and the device. Without top-k, top-p ranks the first ``_TOP_P_CANDIDATES`` tokens, and the
+    whole row (a sort) for the rows where the mass above the last of them is < ``top_p``: the
+    whole row of every row, selected with ``torch.where`` (no host sync), or, with ``read_rows``,
+    only if a row needs it (reads of the device, which also skip the ranks of tied tokens when
+    none is cut off). The result is the same.
     """
-    idx = _top_k_top_p_kept(scores, top_k, top_p)
-    if min_p is None or min_p <= 0.0:
-        return idx
-    threshold = _min_p_threshold(scores.max(), min_p)  # top-k / top-p always keep the top token
-    if idx is None:
-        return torch.nonzero(scores >= threshold).flatten()
-    return idx[scores[idx] >= threshold]
-
-
-def _top_k_top_p_kept(scores: torch.Tensor, top_k: int | None, top_p: float | None) -> torch.Tensor | None:
     vocab = scores.shape[-1]
-    idx = None
-    if top_k is not None and top_k < vocab:
-        kth = torch.topk(scores, top_k).values[-1]
-        idx = torch.nonzero(scores >= kth).flatten()  # ties at the threshold are kept, as transformers does
-    if top_p is None or top_p >= 1.0:
-        return idx
-    if idx is not None:
-        cand_scores = scores[idx]
-        lse = torch.logsumexp(cand_scores, dim=0)
-        order = torch.argsort(cand_scores, descending=True)
-        cand_idx, cand_scores = idx[order], cand_scores[order]
-    else:
-        lse = torch.logsumexp(scores, dim=0)
-        k = min(_TOP_P_CANDIDATES, vocab)
-        cand_scores, cand_idx = torch.topk(scores, k)
-    probs = torch.exp(cand_scores - lse)
-    mass_above = torch.cumsum(probs, dim=0) - probs  # mass of the tokens ranked above each one
-    keep = mass_above < top_p
-    keep[0] = True
-    if idx is None and bool(keep[-1]) and cand_idx.shape[0] < vocab:
-        # the kept set may reach past the candidates: do it exactly on the whole row
-        filtered = process_logits(scores.unsqueeze(0), 1.0, None, top_p)[0]
-        return torch.nonzero(torch.isfinite(filtered)).flatten()
-    return cand_idx[keep]
+    top_k = top_k if top_k is not None and top_k < vocab else None
+    keep = None
+    if top_p is not None and top_p < 1.0:
+        keep = _top_p_mask(scores, top_k, top_p, read_rows)
+    elif top_k is not None:
+        keep = scores >= torch.topk(scores, top_k, dim=-1).values[:, -1:]
+    if min_p is not None and min_p > 0.0:
+        above = scores >= _min_p_threshold(scores.max(dim=-1, keepdim=True).values, min_p)
+        keep = above if keep is None else keep & above
+    return keep
+
+
+def _top_p_mask(scores: torch.Tensor, top_k: int | None, top_p: float, read_rows: bool) -> torch.Tensor:
+    """bool [R, V]: top-k (``top_k < V`` or None) then top-p, as :func:`kept_mask` defines them."""
+    vocab = scores.shape[-1]
+    ranks = top_k if top_k is not None else min(_TOP_P_CANDIDATES, vocab)
+    whole = top_k is None and ranks < vocab and not read_rows  # every row ranked: no data-dependent branch
+    ranked = (torch.sort(scores, dim=-1, descending=True).values if whole
+              else torch.topk(scores, ranks, dim=-1).values)  # descending; the values do not depend on ties' order
+    top = ranked[:, :1]
+    if top_k is None:
+        total = _pairwise_sum(torch.exp(scores - top))
+    else:  # top-k's tokens: the k highest, then those tied with the k-th past them
+        tied = (scores >= ranked[:, -1:]).sum(dim=-1, keepdim=True) - top_k  # [R, 1]
+        total = _pairwise_sum(torch.exp(ranked - top)) + tied[:, 0] * torch.exp(ranked[:, -1] - top[:, 0])
+    lse = top + torch.log(total)[:, None]  # [R, 1]
+    probs = torch.exp(ranked[:, :ranks] - lse)
+    mass_above = _mass_above(probs)
+    last = _last_under(mass_above, top_p)  # [R, 1]: the last kept rank
+    if top_k is not None:
+        last = last + _tied_ranks_kept(probs, mass_above, top_p, torch.where(last == top_k - 1, tied, 0))
+    elif ranks < vocab:
+        past = last == ranks - 1  # the cut may lie past the candidates: rank the whole row
+        if whole or bool(past.any()):
+            if not whole:
+                ranked = torch.sort(scores, dim=-1, descending=True).values
+            last = torch.where(past, _whole_row_cut(ranked, lse, top_p), last)
+    cut = ranked.gather(1, last.clamp(max=ranked.shape[-1] - 1))  # [R, 1]: the score of the last kept rank
+    at_least = scores >= cut
+    if read_rows and bool((at_least.sum(dim=-1, keepdim=True) == last + 1).all()):
+        return at_least  # the last kept rank is the last at the cut's score: the mask below
+    above_cut, at_cut = scores > cut, scores == cut
+    ties_kept = last + 1 - above_cut.sum(dim=-1, keepdim=True)  # ranks kept at the cut's score: >= 1
+    return above_cut | (at_cut & (at_cut.cumsum(dim=-1) <= ties_kept))  # the lowest ids among the ties
+
+
+def _tied_ranks_kept(probs: torch.Tensor, mass_above: torch.Tensor, top_p: float, tied: torch.Tensor) -> torch.Tensor:
+    """int64 [R, 1]: how many of the ``tied`` int64 [R, 1] ranks past top-k's k-th (tokens tied
+    with it beyond the k; 0 where top-p does not keep the k-th) top-p keeps. ``probs`` and
+    ``mass_above`` float64 [R, k]: the probabilities of the k highest scores and the mass above
+    each. The mass above the i-th such rank is ``first + i * prob`` (the mass above the first of
+    them, their probability), < ``top_p`` for the ``ceil((top_p - first) / prob)`` first of them."""
+    first, prob = mass_above[:, -1:] + probs[:, -1:], probs[:, -1:]
+    room = top_p - first
+    count = torch.where(room > 0, torch.ceil(room / prob), 0.0)  # inf where prob underflowed to 0
+    return torch.minimum(count, tied.to(count.dtype)).to(torch.int64)
+
+
+def _whole_row_cut(ranked: torch.Tensor, lse: torch.Tensor, top_p: float) -> torch.Tensor:
+    """int64 [R, 1]: the last rank of the whole row whose probability mass ranked above it is
+    < ``top_p`` (``ranked`` float64 [R, V], each row's scores in descending order; ``lse`` float64
+    [R, 1], the row's logsumexp). The mass above a rank is the sum of the blocks of
+    ``_TOP_P_CANDIDATES`` ranks before its block (:func:`_pairwise_sum` of each, summed by
+    :func:`_mass_above`) plus the ranks before it in its block; the first block's are the
+    candidates' masses, bit for bit."""
+    rows, vocab = ranked.shape
+    block = _TOP_P_CANDIDATES
+    padded = torch.nn.functional.pad(ranked, (0, -vocab % block), value=float("-inf"))
+    probs = torch.exp(padded - lse).view(rows, -1, block)  # [R, blocks, block]
+    offsets = _mass_above(_pairwise_sum(probs))  # [R, blocks]: the mass above each block
+    last_block = _last_under(offsets, top_p)  # [R, 1]: the mass above its first rank is < top_p
+    inner = probs.gather(1, last_block[:, :, None].expand(rows, 1, block))[:, 0]  # [R, block]
+    last = _last_under(offsets.gather(1, last_block) + _mass_above(inner), top_p)
+    return (last_block * block + last).clamp(max=vocab - 1)  # past the row's end: the padding
+
+
+def _pairwise_sum(x: torch.Tensor) -> torch.Tensor:
+    """float64 [...]: the sum over the last dimension of ``x`` float64 [..., n], in a fixed order
+    (zero-padded to a power of two, its first half added to its second until one entry is left):
+    elementwise adds only, so a row's sum is the same in any batch and on any device."""
+    n = x.shape[-1]
+    x = torch.nn.functional.pad(x, (0, (1 << (n - 1).bit_length()) - n))
+    while x.shape[-1] > 1:
+        half = x.shape[-1] // 2
+        x = x[..., :half] + x[..., half:]
+    return x[..., 0]
+
+
+def _mass_above(probs: torch.Tensor) -> torch.Tensor:
+    """float64 like ``probs`` [R, n]: entry j the sum of ``probs[:, :j]`` (0 for j = 0), by a
+    Hillis-Steele scan (elementwise adds in a fixed order: the same in any batch and on any
+    device, and entry j the same for any n > j)."""
+    x = torch.nn.functional.pad(probs[:, :-1], (1, 0))
+    shift = 1
+    while shift < x.shape[-1]:
+        x = torch.cat([x[:, :shift], x[:, shift:] + x[:, :-shift]], dim=1)
+        shift *= 2
+    return x
+
+
+def _last_under(mass_above: torch.Tensor, top_p: float) -> torch.Tensor:
+    """int64 [R, 1]: the last entry of each row of ``mass_above`` float64 [R, n] that is < ``top_p``
+    (entry 0 is 0: at least it)."""
+    ranks = torch.arange(mass_above.shape[-1], device=mass_above.device)
+    return torch.where(mass_above < top_p, ranks, 0).amax(dim=-1, keepdim=True)
 
 
 class TargetSampler:
     """Chooses the target token the model emits after a verified row.
 
-    Sampling (``sample``; greedy is an argmax, refdec.decode.verify): one row at a time (the
-    acceptance walk asks only for the rows on its path, so each emitted token costs one row), Gumbel-max with noise keyed by
-    ``(seed, position, token)`` restricted to the tokens top-k / top-p / min-p keep.
+    Sampling: Gumbel-max with noise keyed by ``(seed, position, token)`` over the tokens
+    :func:`kept_mask` keeps (greedy is an argmax, refdec.decode.verify). :meth:`sample` draws one
+    row (the acceptance walk on the host asks only for the rows on its path, so each emitted token
+    costs one row); :meth:`sample_rows` draws many rows on their device, the same tokens.
     """
 
     def __init__(self, vocab_size: int, *, do_sample: bool = False, temperature: float = 1.0,
@@ -201,32 +302,27 @@ class TargetSampler:
 
     @property
     def samples_rows(self) -> bool:
-        """True when :meth:`sample_rows` gives :meth:`sample`'s tokens: sampling without top-p
-        (whose kept set :func:`kept_tokens` finds row by row)."""
-        return self.do_sample and (self.top_p is None or self.top_p >= 1.0)
+        """True when :meth:`sample_rows` gives :meth:`sample`'s tokens: when sampling."""
+        return self.do_sample
 
     @property
     def settings(self) -> tuple:
         """What :meth:`sample_rows` reads besides the seed: rows whose samplers agree on it are
         sampled together."""
-        return self.temperature, self.top_k, self.min_p
+        return self.temperature, self.top_k, self.top_p, self.min_p
 
     def sample_rows(self, logits: torch.Tensor, keys: torch.Tensor) -> torch.Tensor:
         """int64 [R]: :meth:`sample` of each row of ``logits`` float [R, V] on their device, without a
         host sync (:attr:`samples_rows` only). ``keys`` int64 [R]: each row's (seed, position)
         key (:func:`position_keys`; the seeds may differ, the settings are this sampler's).
-        The same arithmetic element by element: the top-k threshold and min-p's bound per row,
-        the kept tokens' noisy scores, the first maximum (the kept tokens in vocabulary order)."""
+        The same arithmetic element by element: the kept tokens (:func:`kept_mask`, whose rows do
+        not depend on each other), their noisy scores, the first maximum (the kept tokens in
+        vocabulary order)."""
         scores = logits.to(torch.float64)
         if self.temperature != 1.0:
             scores = scores / self.temperature
         noisy = scores + gumbel_keyed(keys, scores.shape[-1])
-        keep = None
-        if self.top_k is not None and self.top_k < scores.shape[-1]:
-            keep = scores >= torch.topk(scores, self.top_k, dim=-1).values[:, -1:]
-        if self.min_p is not None and self.min_p > 0.0:
-            above = scores >= _min_p_threshold(scores.max(dim=-1, keepdim=True).values, self.min_p)
-            keep = above if keep is None else keep & above
+        keep = kept_mask(scores, self.top_k, self.top_p, self.min_p)
         if keep is not None:
             noisy = noisy.masked_fill(~keep, float("-inf"))
         return noisy.argmax(dim=-1)

@@ -11,10 +11,11 @@ one of three rules, the same for every row of a call:
 With a lazy head (refdec.decode.lazy_head) the forward runs the backbone over every
 row and the walks, in lock-step, ask the head for the rows they visit (one head
 GEMM per round for all batch rows); otherwise every row's target is computed:
-for plain greedy and for sampling without logits settings or top-p on the device, with
-the walks there too and one host sync per step (:func:`verify_on_device`), else the walks
-on the host ask the rules, the head running on the rows they visit as with a lazy head (a model
-without a plain head: its own forward's logits of every row).
+for plain greedy and for sampling (temperature, top-k, top-p, min-p) without logits
+settings on the device, with the walks there too and one host sync per step
+(:func:`verify_on_device`), else (logits settings) the walks on the host ask the rules, the head
+running on the rows they visit as with a lazy head (a model without a plain head: its own
+forward's logits of every row).
 
 :func:`verify_step` is a step of the transformers engine (refdec.decode.backend), its inputs laid
 out by :func:`step_inputs`; the calibration (refdec.calibration) times it and the self-check
@@ -161,9 +162,10 @@ class SampledRule:
 def device_choice(rules: list[TargetRule | None], position_ids: torch.Tensor):
     """How :meth:`ModelRunner.row_targets` chooses every row's target for these rows' rules without a
     host sync: None for the argmax (plain greedy), ``choose(logits, start)`` for rows all sampled
-    by :class:`SampledRule` with one sampler's settings and no top-p; False otherwise (logits
-    settings, top-p, a mix: the walks on the host ask the rules). ``position_ids`` int64 [B, T] on
-    the device: each row's position (a row's target is sampled at position + 1)."""
+    by :class:`SampledRule` with one sampler's settings (temperature, top-k, top-p, min-p:
+    :meth:`TargetSampler.sample_rows`); False otherwise (logits settings, rows whose settings
+    differ, a mix: the walks on the host ask the rules). ``position_ids`` int64 [B, T] on the
+    device: each row's position (a row's target is sampled at position + 1)."""
     if all(rule is None for rule in rules):
         return None
     if not all(isinstance(rule, SampledRule) and rule.sampler.samples_rows for rule in rules):
