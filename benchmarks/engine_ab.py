@@ -1,12 +1,17 @@
 """The same decoding from two checkouts of refdec: tokens, verify passes and seconds per prompt.
 
 Run it once per checkout and compare the JSON files. The benchmarks package comes from this
-tree; refdec from the checkout whose directory is first on ``sys.path``: run from that checkout
-with this tree on ``PYTHONPATH`` (the current directory comes first for ``python -m``)::
+tree, refdec from the checkout under test: ``python -m`` puts the current directory first on
+``sys.path``, so run the old checkout's refdec from a directory that links it next to this tree's
+benchmarks (the result records ``refdec.__file__``)::
 
-    (cd OLD_CHECKOUT && PYTHONPATH=THIS_TREE python -m benchmarks.engine_ab --json old.json)
+    mkdir old && ln -s OLD_CHECKOUT/refdec old/refdec && ln -s THIS_TREE/benchmarks old/benchmarks
+    (cd old && python -m benchmarks.engine_ab --json old.json)
     python -m benchmarks.engine_ab --json new.json
     python -m benchmarks.engine_ab --compare old.json new.json
+
+Both checkouts must read the same cost curve for the same passes: when the calibration's cache key
+differs between them, copy the old curve's file to the new key's name first.
 
 Each of the first ``--limit`` prompts of each of ``--workloads`` (default: edit pairs, the pair's
 original file as the reference; and MT-Bench chat prompts, no reference) is decoded by a fresh
