@@ -33,9 +33,9 @@ Sections (each prints a markdown table and its wall time):
   graphs captured and replayed, and whether the output equals the dynamic one's.
 * ``replay``: tokens/s projected from the drafting simulator's tokens/step on the edits (a table
   copied from benchmarks/RESULTS.md §3, as the data is not on a lent machine) over the measured
-  forward time at that tree size (and with the loop's time added), against one forward per token
-  (greedy) and ``model.generate``'s measured greedy time per token, with prompt lookup's tokens/step
-  at its chain size alongside.
+  step time at that tree size (and with the rest of the loop's time added: propose and accept),
+  against one forward per token (greedy) and ``model.generate``'s measured greedy time per token,
+  with prompt lookup's tokens/step at its chain size alongside.
 
 ``--quick``: fewer prompts and repeats, 2 layers of the real widths. ``--device cpu --quick`` runs
 every section on a CPU in seconds (tiny shapes: a 4,096-token vocabulary, a 64-token cache, no
@@ -544,7 +544,8 @@ def section_loop(plan: Plan, device: torch.device, clock: Clock, ctx: dict) -> d
         decoder.generate(prompt, references=[reference], max_new_tokens=8, max_draft_tokens=k, eos_token_id=[])
         out = decoder.generate(prompt, references=[reference], max_draft_tokens=k, **common)
         rows.append(per_step(out.stats, k, out.sequences[0].tolist() == want))
-    ctx["loop_ms"] = {r["max_draft_tokens"]: r["loop_ms"] for r in rows}
+    # the forward section's step times include laying out the inputs (prepare): the rest of the loop only
+    ctx["loop_ms"] = {r["max_draft_tokens"]: r["loop_ms"] - r["prepare_ms"] for r in rows}
     ctx["loop_decode"] = (prompt, reference, want)
     print(f"gemma3-270m shape ({model.config.num_hidden_layers} layers, bf16), prompt {plan.loop_prompt}, "
           f"{plan.loop_new} new tokens, lazy head {decoder.lazy_head}; the reference is the model's own output")
