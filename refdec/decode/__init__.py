@@ -9,7 +9,8 @@ Modules, front to back:
 * ``engine``    -- the loop; ``scheduler`` (continuous batching), ``prefill``, ``drafts``
 * ``verify``    -- one forward over the batch's trees + the acceptance walks (target selection)
 * ``masks``     -- tree and prefill attention masks; ``batch`` -- the running batch's KV slots
-* ``transfer``  -- host -> device copies without a host sync
+* ``transfer``  -- host -> device copies without a host sync; ``static_step`` -- the verification
+  forward at fixed shapes (query-row buckets, a static cache), replayable as a CUDA graph
 * ``cache``     -- the KV cache and its row API; ``runner`` -- the model's forwards
 * ``plain_head`` -- the LM head apart from the backbone; ``lazy_head`` -- the rows it runs on as the
   walks advance; ``accept`` -- the acceptance walk; ``sampling``, ``processors``
