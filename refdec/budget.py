@@ -128,7 +128,11 @@ class AutoBudget:
     for the ``1 + E(n)`` rows the walk is expected to visit). ``n = 0`` (plain decoding) wins whenever no prefix pays for its
     extra cost. While the policy keeps choosing no draft although the proposer had
     one, every ``explore_every``-th such step verifies the top ``explore_nodes``
-    nodes anyway, so that too pessimistic cells can recover.
+    nodes anyway, so that too pessimistic cells can recover. Deep cells that are never
+    verified keep their pessimistic prior (each depth bucket's prior decays from the
+    one above), so a policy whose verified prefixes are accepted whole would never
+    learn that longer ones pay: every ``explore_every``-th step after a prefix was
+    accepted whole verifies twice as many nodes (up to the tree's size).
     """
 
     def __init__(self, cost: CostCurve | None = None, *, max_nodes: int = 64, n_sources: int = 3,
@@ -147,6 +151,8 @@ class AutoBudget:
                                           prior_depth_decay=prior_depth_decay, decay=decay)
         self._cells = None  # cells of the last selected tree
         self._skipped = 0
+        self._accepted_whole = 0  # verified prefixes accepted whole
+        self._grow_next = False  # the next verified prefix is doubled (deep cells explored)
         self.steps = 0
         self.chosen: list[int] = []  # verified nodes per step (diagnostics)
 
@@ -214,6 +220,9 @@ class AutoBudget:
             self._skipped += 1
             if self.explore_every and self._skipped % self.explore_every == 0:
                 n = min(self.explore_nodes, size)
+        elif n and self._grow_next:
+            n = min(2 * n, size)
+        self._grow_next = False
         if size:
             self.chosen.append(n)
         if n == 0:
@@ -230,6 +239,9 @@ class AutoBudget:
             return
         self._cells = None
         self.acceptance.observe(cells, cells[accepted_nodes])
+        if len(accepted_nodes) == len(cells):
+            self._accepted_whole += 1
+            self._grow_next = bool(self.explore_every) and self._accepted_whole % self.explore_every == 0
 
     def __repr__(self) -> str:
         return f"AutoBudget(max_nodes={self.max_nodes}, cost={self.cost.relative()})"

@@ -118,6 +118,28 @@ def test_exploration_verifies_a_few_nodes_after_skipped_steps():
     assert sizes == [0, 0, 0, 2, 0, 0, 0, 2]
 
 
+def test_prefixes_accepted_whole_explore_twice_as_many_nodes_and_learn_that_they_pay():
+    """Deep cells never verified keep a prior that decays with depth: on a steep curve a chain
+    accepted whole at 32 nodes would stay at 32. Every ``explore_every``-th prefix accepted whole
+    doubles the next one (at most the tree), whose acceptance teaches the deep cells."""
+    budget = AutoBudget(STEEP, explore_every=4)
+    sizes = []
+    for _ in range(12):
+        verified = budget.select(sure_chain(64))
+        sizes.append(len(verified))
+        budget.observe(verified, np.arange(len(verified), dtype=np.int64))
+    assert sizes == [16, 32, 32, 32, 64] + [64] * 7
+    # a prefix not accepted whole does not count; the doubled prefix stops at the tree's size
+    budget = AutoBudget(STEEP, explore_every=1)
+    verified = budget.select(sure_chain(64))
+    budget.observe(verified, np.arange(len(verified) - 1, dtype=np.int64))
+    assert len(verified) == 16 and len(budget.select(sure_chain(64))) == 16
+    budget = AutoBudget(STEEP, explore_every=1)
+    verified = budget.select(sure_chain(20))
+    budget.observe(verified, np.arange(len(verified), dtype=np.int64))
+    assert len(verified) == 16 and len(budget.select(sure_chain(20))) == 20
+
+
 def test_empty_tree_stays_empty():
     assert len(AutoBudget(CPU).select(DraftTree.empty())) == 0
 
