@@ -38,8 +38,8 @@ import torch
 from refdec.decode.transfer import to_device
 from refdec.tree import DraftTree
 
-__all__ = ["DeviceTrees", "MASK_ROW_ALIGN", "MaskSpec", "TreeInputs", "ancestor_matrix", "attention_masks", "build_tree_inputs",
-           "device_tree_inputs", "masks_from_visible", "tree_step_inputs"]
+__all__ = ["DeviceTrees", "MASK_ROW_ALIGN", "MaskSpec", "TreeInputs", "ancestor_matrix", "attention_masks",
+           "build_tree_inputs", "device_tree_inputs", "masks_from_visible", "tree_step_inputs"]
 
 
 @dataclass(frozen=True)

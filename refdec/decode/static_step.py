@@ -84,7 +84,7 @@ class StaticStep:
     ``device``: the model's; ``mask_spec``: its masks (refdec.decode.masks.MaskSpec);
     ``cuda_graphs``: capture and replay each forward (a CUDA device only), else run it eagerly.
     Diagnostics: ``captures`` (graphs captured), ``replays``, ``restaticised`` (times the cache
-    was made static), ``shapes`` (the set of (forward name, B, T, C) run).
+    was made static).
     """
 
     def __init__(self, device, mask_spec: MaskSpec, cuda_graphs: bool = False) -> None:
@@ -103,7 +103,6 @@ class StaticStep:
         self._graphs: dict[tuple, _Captured] = {}
         self._pool = None
         self.captures = self.replays = self.restaticised = 0
-        self.shapes: set[tuple] = set()
 
     def prepare(self, batch: RunningBatch, trees: list[DraftTree], roots: np.ndarray,
                 root_pos: np.ndarray) -> tuple[TreeInputs, DeviceTrees]:
@@ -148,7 +147,6 @@ class StaticStep:
         leaves them, for the engine's compaction). Returns the forward's output; a replayed one is
         overwritten by the next replay."""
         batch, rows = inputs["input_ids"].shape
-        self.shapes.add((forward.__name__, batch, rows, self._capacity))
         if self.cuda_graphs:
             key = (forward.__name__, batch, rows)
             captured = self._graphs.get(key)

@@ -99,9 +99,9 @@ def verify_step(runner: ModelRunner, batch: RunningBatch, trees: list[DraftTree]
     ``batch``'s cache, with each row's target rule (``rules[b]``, None = greedy): the inputs laid
     out (:func:`step_inputs`; their time is ``prepare_seconds``), then the forward and the walks --
     with the lazy head :func:`verify_trees`; else greedy and plain sampling on the device
-    (:func:`verify_on_device`) and other rules by :func:`verify_trees`, the head on the rows the walks visit. The cache keeps the step's
-    ``T`` rows per batch row after its ``S`` slots (refdec.decode.batch.RunningBatch.keep_accepted
-    keeps the accepted ones)."""
+    (:func:`verify_on_device`) and other rules by :func:`verify_trees` (the head on the rows the walks
+    visit). The cache keeps the step's ``T`` rows per batch row after its ``S`` slots
+    (refdec.decode.batch.RunningBatch.keep_accepted keeps the accepted ones)."""
     t0 = time.perf_counter()
     inputs, on_device = step_inputs(runner, batch, trees, roots, root_pos)
     prepare_seconds = time.perf_counter() - t0
@@ -109,20 +109,20 @@ def verify_step(runner: ModelRunner, batch: RunningBatch, trees: list[DraftTree]
     if choose is not False:
         verified = verify_on_device(runner, batch.cache, inputs, on_device, choose)
     else:  # the walks on the host ask the rules: the head on the rows they visit, no [B, T, V] logits
-        verified = verify_trees(runner, batch.cache, inputs, trees, rules, lazy=True)
+        verified = verify_trees(runner, batch.cache, inputs, trees, rules)
     verified.prepare_seconds = prepare_seconds
     return verified
 
 
 def verify_trees(runner: ModelRunner, cache, inputs: TreeInputs, trees: list[DraftTree],
-                 rules: list[TargetRule | None], lazy: bool | None = None) -> Verified:
+                 rules: list[TargetRule | None]) -> Verified:
     """Runs the forward over ``inputs`` (refdec.decode.masks.tree_step_inputs of ``trees``) and
-    every row's walk with its target rule (``rules[b]``, None = greedy). ``lazy`` (default: the
-    runner's choice): the head runs on the rows the walks visit (a plain-head model only); else
-    the model's own forward computes every row's logits."""
+    every row's walk with its target rule (``rules[b]``, None = greedy), on the host: a plain-head
+    model's head runs on the rows the walks visit (lazily, whatever the device); another model's
+    own forward computes every row's logits."""
     t0 = time.perf_counter()
     kwargs = dict(input_ids=inputs.input_ids, position_ids=inputs.position_ids, attention_mask=inputs.attention_mask)
-    if runner.uses_lazy_head if lazy is None else lazy and runner.head is not None:
+    if runner.head is not None:
         hidden = runner.verify_forward(runner.hidden, cache, **kwargs)  # [B, T, D]
         forward_seconds = time.perf_counter() - t0
         walks = LockstepLazyWalks(trees, hidden, runner.head)
