@@ -70,7 +70,7 @@ DEFAULT_METHODS = ("hf-greedy", "hf-pld", "refdec-auto", "refdec-chain", "refdec
 # ---------------------------------------------------------------- proposers
 
 class WrappedProposer:
-    """Passes the proposer protocol (start / accept / last_match_lengths / propose) to ``inner``."""
+    """Passes the drafter protocol (start / accept / propose) to ``inner``."""
 
     def __init__(self, inner) -> None:
         self.inner = inner
@@ -80,9 +80,6 @@ class WrappedProposer:
 
     def accept(self, tokens):
         self.inner.accept(tokens)
-
-    def last_match_lengths(self):
-        return self.inner.last_match_lengths()
 
     def propose(self, max_nodes):
         return self.inner.propose(max_nodes)
@@ -112,15 +109,11 @@ class ChainProposer(WrappedProposer):
 
 
 class PeerProposer(WrappedProposer):
-    """A baseline drafter (benchmarks/baselines.py: start / accept / propose) with the
-    ``last_match_lengths`` the decoder's budget asks for (always "something to draft")."""
+    """A baseline drafter (benchmarks/baselines.py: start / accept / propose), named."""
 
     def __init__(self, inner, name: str) -> None:
         super().__init__(inner)
         self.name = name
-
-    def last_match_lengths(self):
-        return {self.name: 1}
 
 
 def peer_factory(method: str):
@@ -346,7 +339,7 @@ def main(argv=None) -> int:
     import torch
 
     torch.set_num_threads(args.threads)
-    from refdec.calibration import auto_cost_curve
+    from refdec.transformers.calibration import auto_cost_curve
     from refdec.models import load_chat_model, load_default, load_editor
 
     workload_names = [w for w in args.workloads.split(",") if w]

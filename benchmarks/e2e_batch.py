@@ -11,7 +11,7 @@ size B the first B prompts of the mix are run
 and every row is compared with model.generate on that row alone. ``--heads lazy full``
 runs refdec twice per batch size, with the lazy LM head (the default on a CPU: the head
 only on the tree rows the acceptance walks visit, one GEMM per round for all rows) and
-with the head on every row (``decoder.lazy_head = False``), so the two are compared in
+with the head on every row (``decoder.backend.lazy_head = False``), so the two are compared in
 the same run; ``--repeats`` keeps each timing's minimum (a noisy machine). Batched HF
 greedy with left padding is not bit-identical to unbatched greedy in float32
 (other matmul shapes, padded keys in the softmax sums), so near-ties may flip
@@ -173,7 +173,7 @@ def main(argv=None) -> None:
         refs = [r["references"] for r in batch_rows]
         t0 = time.perf_counter()
         decoder = refdec.SpeculativeDecoder(model)
-        decoder.lazy_head = lazy_head and decoder.lazy_head
+        decoder.backend.lazy_head = lazy_head and decoder.backend.lazy_head
         decoder.joint_batch_budget = max_draft != "auto-rowwise"
         max_draft = "auto" if max_draft == "auto-rowwise" else max_draft
         if len(batch_rows) == 1 and max_batch_size is None:

@@ -13,6 +13,9 @@ benchmarks (the result records ``refdec.__file__``)::
 Both checkouts must read the same cost curve for the same passes: when the calibration's cache key
 differs between them, copy the old curve's file to the new key's name first.
 
+``--backend llama.cpp`` decodes the default model's GGUF on llama.cpp instead of transformers.
+The old checkout needs ``SpeculativeDecoder.backend.auto_cost_curve`` (0.1 has it).
+
 Each of the first ``--limit`` prompts of each of ``--workloads`` (default: edit pairs, the pair's
 original file as the reference; and MT-Bench chat prompts, no reference) is decoded by a fresh
 ``SpeculativeDecoder`` (greedy, ``max_draft_tokens="auto"``), after one untimed warm-up. The draft-cost curve is read from the calibration cache (or measured) before any
@@ -31,17 +34,28 @@ import time
 from benchmarks import report, workloads
 
 
-def decode(names: list[str], limit: int, max_new_tokens: int) -> list[dict]:
-    import refdec
+def _load(backend: str, threads: int):
+    """The default model (Gemma 3 270M) on ``backend``: transformers (converted from its GGUF) or
+    llama.cpp (the GGUF itself; the same vocabulary, so the workloads' token ids serve both)."""
+    if backend == "llama.cpp":
+        import llama_cpp
+
+        from refdec.gguf_files import default_model_gguf
+
+        llm = llama_cpp.Llama(str(default_model_gguf()), n_ctx=4096, n_threads=threads, n_threads_batch=threads,
+                              verbose=False)
+        return llm, None
     from refdec.models import load_default
 
-    try:  # where auto_cost_curve lives differs between checkouts
-        from refdec.calibration import auto_cost_curve
-    except ImportError:
-        from refdec.budget import auto_cost_curve
+    return load_default()
 
-    model, tok = load_default()
-    auto_cost_curve(model)  # before any timing
+
+def decode(names: list[str], limit: int, max_new_tokens: int, backend: str = "transformers",
+           threads: int = 2) -> list[dict]:
+    import refdec
+
+    model, tok = _load(backend, threads)
+    refdec.SpeculativeDecoder(model, tok).backend.auto_cost_curve()  # measured (or read) before any timing
     cases = [(name, case) for name in names for case in workloads.load_workload(name, limit, require_output=False).cases]
     first = cases[0][1]
     refdec.generate(model, first.prompt.tolist(), tokenizer=tok, references=[r.tolist() for r in first.references],
@@ -86,6 +100,8 @@ def main(argv=None) -> int:
     ap.add_argument("--limit", type=int, default=10, help="prompts per workload (default 10)")
     ap.add_argument("--max-new-tokens", type=int, default=512)
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--backend", choices=("transformers", "llama.cpp"), default="transformers",
+                    help="the default model on transformers (default) or its GGUF on llama.cpp")
     ap.add_argument("--json", default=None, help="results JSON path (default benchmarks/out/engine_ab-<time>.json)")
     ap.add_argument("--compare", nargs=2, metavar=("OLD[,OLD...]", "NEW[,NEW...]"),
                     help="compare result files (comma-separated runs of each checkout) and exit")
@@ -98,7 +114,8 @@ def main(argv=None) -> int:
     torch.set_num_threads(args.threads)
     import refdec
 
-    rows = decode([w.strip() for w in args.workloads.split(",") if w.strip()], args.limit, args.max_new_tokens)
+    rows = decode([w.strip() for w in args.workloads.split(",") if w.strip()], args.limit, args.max_new_tokens,
+                  args.backend, args.threads)
     path = report.write_result(report.result_path(args.json, "engine_ab"), {"refdec": refdec.__file__, "rows": rows},
                                argv=argv)
     print(f"wrote {path}")

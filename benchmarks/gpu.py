@@ -12,12 +12,12 @@ Sections (each prints a markdown table and its wall time):
   one token changed) against ``model.generate`` greedy on repetitive prompts, token for token;
   the LM head as the decoder picks it for the device (lazy on a CPU, every row on a GPU).
 * ``syncs``: host syncs of a decode, counted with ``torch.cuda.set_sync_debug_mode("warn")``
-  (CUDA only; on a CPU "n/a": tests/test_decode_syncs.py counts them there): per engine step (from
+  (CUDA only; on a CPU "n/a": tests/test_step_syncs.py counts them there): per engine step (from
   one backbone forward's start to the next's, the model's own syncs inside its forward apart),
   in the prefill, and where they come from.
 * ``forward``: random-weight bfloat16 models of Gemma 3 270M's and Llama-3-8B's shapes (no weights
   travel: the configs are written out below): one tree-verification forward over a cache of 1,024
-  tokens against draft nodes 0..128, timed as ``refdec.calibration.measure`` times it (the engine's
+  tokens against draft nodes 0..128, timed as ``refdec.transformers.calibration.measure`` times it (the engine's
   verification step: its inputs laid out on the device, the forward, every row's target with the
   head in row chunks, the walk, the result to the host; the median of the repeats) and with CUDA
   events around the backbone's forward (the head runs after it); and ``model.generate`` greedy's
@@ -25,8 +25,8 @@ Sections (each prints a markdown table and its wall time):
 * ``loop``: the engine's own time per step (propose + prepare + accept: walks, compaction,
   bookkeeping; ``DecodingStats``) against the forward's, on the Gemma-shape model, with drafts of
   8..128 nodes copied from a reference holding the model's own plain output.
-* ``graphs``: fixed-shape steps (refdec.decode.static_step): ``SpeculativeDecoder(cuda_graphs=True)``
-  (on a CPU ``decoder.static_shapes = True``, no graphs) on the tiny float32 models against
+* ``graphs``: fixed-shape steps (refdec.transformers.static_step): ``SpeculativeDecoder(cuda_graphs=True)``
+  (on a CPU ``decoder.backend.static_shapes = True``, no graphs) on the tiny float32 models against
   ``model.generate`` (64-node drafts from a reference of the model's own output), token for token;
   then on the Gemma-shape bf16 model the loop section's decodes three ways -- dynamic shapes,
   fixed shapes eagerly, fixed shapes replayed as CUDA graphs -- tokens/s, forward ms per step,
@@ -203,7 +203,7 @@ def section_equivalence(plan: Plan, device: torch.device, clock: Clock, ctx: dic
                              "identical": out.sequences[0].tolist() == want, "new_tokens": stats.new_tokens,
                              "output_device": str(out.sequences.device),
                              "hf_new_tokens": len(want) - len(prompt), "passes": stats.forward_passes,
-                             "tokens_per_pass": round(stats.tokens_per_pass, 3), "lazy_head": decoder.lazy_head})
+                             "tokens_per_pass": round(stats.tokens_per_pass, 3), "lazy_head": decoder.backend.lazy_head})
         families[family] = "run"
         ctx.setdefault("tiny", {})[family] = model
     rows = []
@@ -322,7 +322,7 @@ def section_syncs(plan: Plan, device: torch.device, clock: Clock, ctx: dict) -> 
         counted = count_syncs(model, device, run)
         stats = counted.pop("stats")
         runs.append({"model": family, "batch": batch, "max_draft_tokens": max_draft,
-                     "mode": "sampling" if do_sample else "greedy", "lazy_head": decoder.lazy_head,
+                     "mode": "sampling" if do_sample else "greedy", "lazy_head": decoder.backend.lazy_head,
                      "steps": stats.forward_passes - 1, "accepted_tokens": stats.accepted_tokens, **counted})
     if cuda:
         rows = [[r["model"], r["batch"], r["max_draft_tokens"], r["mode"], r["steps"], r["max_per_step"],
@@ -335,7 +335,7 @@ def section_syncs(plan: Plan, device: torch.device, clock: Clock, ctx: dict) -> 
         for site, count in sites.most_common(6):
             print(f"  {count:5d}  {site}")
     else:
-        print("  n/a: torch.cuda.set_sync_debug_mode needs CUDA (on a CPU, tests/test_decode_syncs.py counts "
+        print("  n/a: torch.cuda.set_sync_debug_mode needs CUDA (on a CPU, tests/test_step_syncs.py counts "
               f"the would-be syncs); {len(runs)} decodes ran")
     return {"cuda_sync_debug": cuda, "runs": runs,
             "note": None if cuda else "n/a on a CPU: torch's sync debug mode needs CUDA"}
@@ -427,7 +427,7 @@ def hf_ms_per_token(model, plan: Plan, device: torch.device) -> float:
 
 
 def forward_curve(model, plan: Plan, device: torch.device) -> dict:
-    from refdec.calibration import measure
+    from refdec.transformers.calibration import measure
 
     records: list = []
     handles = []
@@ -548,14 +548,14 @@ def section_loop(plan: Plan, device: torch.device, clock: Clock, ctx: dict) -> d
     ctx["loop_ms"] = {r["max_draft_tokens"]: r["loop_ms"] - r["prepare_ms"] for r in rows}
     ctx["loop_decode"] = (prompt, reference, want)
     print(f"gemma3-270m shape ({model.config.num_hidden_layers} layers, bf16), prompt {plan.loop_prompt}, "
-          f"{plan.loop_new} new tokens, lazy head {decoder.lazy_head}; the reference is the model's own output")
+          f"{plan.loop_new} new tokens, lazy head {decoder.backend.lazy_head}; the reference is the model's own output")
     table = [[r["max_draft_tokens"], f"{r['nodes_per_step']:.1f}", f"{r['tokens_per_step']:.2f}",
               f"{r['forward_ms']:.2f}", f"{r['propose_ms']:.2f}", f"{r['prepare_ms']:.2f}", f"{r['accept_ms']:.2f}",
               f"{r['loop_over_forward']:.2f}", f"{r['tokens_per_s']:.0f}", r["same_as_plain"]] for r in rows]
     print(report.markdown_table(table, ["k", "nodes/step", "tokens/step", "forward ms", "propose ms", "prepare ms",
                                         "accept ms", "loop / forward", "tokens/s", "same as k=0"]))
     return {"model": "gemma3-270m", "layers": model.config.num_hidden_layers, "prompt_len": plan.loop_prompt,
-            "new_tokens": plan.loop_new, "lazy_head": decoder.lazy_head, "rows": rows,
+            "new_tokens": plan.loop_new, "lazy_head": decoder.backend.lazy_head, "rows": rows,
             "note": "bfloat16: a tree forward may round differently from one row's, so the output may differ "
                     "from k = 0; on a GPU the forward's kernels run asynchronously and the wait for them falls "
                     "in the step's one host sync (the forward's time)"}
@@ -570,7 +570,7 @@ def fixed_shape_decoder(model, device: torch.device):
     if device.type == "cuda":
         return refdec.SpeculativeDecoder(model, cuda_graphs=True)
     decoder = refdec.SpeculativeDecoder(model)
-    decoder.static_shapes = True
+    decoder.backend.static_shapes = True
     return decoder
 
 
@@ -588,7 +588,7 @@ def section_graphs(plan: Plan, device: torch.device, clock: Clock, ctx: dict) ->
             want = hf_greedy(model, prompt, plan.eq_new, device)
             out = decoder.generate(prompt, references=[own_reference(want, len(prompt))], max_new_tokens=plan.eq_new,
                                    max_draft_tokens=64)
-            step = decoder.runner.static_step
+            step = decoder.backend.runner.static_step
             runs.append({"family": family, "prompt": i, "identical": out.sequences[0].tolist() == want,
                          "tokens_per_pass": round(out.stats.tokens_per_pass, 3), "captures": step.captures,
                          "replays": step.replays})
@@ -618,13 +618,13 @@ def section_graphs(plan: Plan, device: torch.device, clock: Clock, ctx: dict) ->
                 decoder = refdec.SpeculativeDecoder(model)
             elif way == "fixed":
                 decoder = refdec.SpeculativeDecoder(model)
-                decoder.static_shapes = True
+                decoder.backend.static_shapes = True
             else:
                 decoder = refdec.SpeculativeDecoder(model, cuda_graphs=True)
             decoder.generate(prompt, references=[reference], max_new_tokens=16, max_draft_tokens=k, eos_token_id=[])
             out = decoder.generate(prompt, references=[reference], max_draft_tokens=k, **common)  # captured: warm
             outs[way] = out.sequences[0].tolist()
-            step = decoder.runner.static_step
+            step = decoder.backend.runner.static_step
             row = per_step(out.stats, k, outs[way] == outs["dynamic"])
             row.update(way=way, captures=None if step is None else step.captures,
                        replays=None if step is None else step.replays)

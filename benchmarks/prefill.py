@@ -8,7 +8,7 @@ with ``max_new_tokens=1``, no drafting: ``stats.prefill_seconds``) at each
 ``prefill_chunk`` (``none`` = one forward over the whole prompt, what
 ``model.generate`` does; ``1024-allkeys`` = chunks of 1,024 with Gemma 3's sliding layers
 reading every earlier key instead of their window, the ablation of
-``refdec.decode.cache.set_prefill_window``), the settings alternating within each repeat; reports
+``refdec.transformers.cache.set_prefill_window``), the settings alternating within each repeat; reports
 the minimum over repeats and the ratio to ``none``, and checks that every
 setting gives the same first token. Prompts: the longest edit prompts of
 edits-click.jsonl where ../shared/data is present, else random tokens.
@@ -81,7 +81,7 @@ def main(argv=None) -> int:
             ap.error(f"--chunks values are 'none', N or N-allkeys, got {c!r}")
         decoders[c] = SpeculativeDecoder(model, prefill_chunk=None if size == "none" else int(size))
         if variant == "allkeys":
-            decoders[c].runner.sliding_layers = []  # sliding layers see every earlier key
+            decoders[c].backend.runner.sliding_layers = []  # sliding layers see every earlier key
     prompts = prompts_of_lengths(lengths, decoders[chunks[0]].vocab_size)
     if args.batch > 1:
         text = prompts_of_lengths([max(lengths) * args.batch], decoders[chunks[0]].vocab_size)

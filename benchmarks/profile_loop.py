@@ -7,11 +7,11 @@
    ``SpeculativeDecoder.generate`` on an edit prompt and a chat prompt, for two
    verification forwards: the model's own (``model``: ``F.linear`` head on every
    row) and the lazy head refdec uses on a CPU (``lazy-head``: the head only on
-   the rows the acceptance walk visits, refdec.decode.lazy_head.LazyRowLogits); they
+   the rows the acceptance walk visits, refdec.transformers.lazy_head.LazyRowLogits); they
    alternate and must give the same tokens.
 2. A torch.profiler table (top ops by self CPU time) of one generate call: how
    much of a step is the LM head, attention, the rest, and the host side.
-3. The cost curve (refdec.calibration) and the projected speed-up on a flat,
+3. The cost curve (refdec.transformers.calibration) and the projected speed-up on a flat,
    GPU-like cost curve: if verifying n nodes cost as much as one token, the
    speed-up over plain decoding would be tokens/pass (from --e2e results).
 """
@@ -50,7 +50,7 @@ def main(argv=None) -> int:
 
     torch.set_num_threads(args.threads)
     from refdec import Proposer, SpeculativeDecoder
-    from refdec.calibration import auto_cost_curve
+    from refdec.transformers.calibration import auto_cost_curve
     from refdec.models import load_default
 
     model, tok = load_default()
@@ -82,7 +82,7 @@ def main(argv=None) -> int:
             for rep in range(args.repeats):
                 for variant in (variants if rep % 2 == 0 else variants[::-1]):
                     dec = SpeculativeDecoder(model, tok, proposer_factory=factory(editing))
-                    dec.lazy_head = variant == "lazy-head"
+                    dec.backend.lazy_head = variant == "lazy-head"
                     out = dec.generate(case.prompt.tolist(), references=refs, max_new_tokens=args.max_new_tokens,
                                        max_draft_tokens=budget)
                     results[variant].append({**split_ms(out.stats), "head_rows": out.stats.head_rows})

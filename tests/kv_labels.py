@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch
 
-from refdec.decode.cache import new_cache
+from refdec.transformers.cache import new_cache
 
 
 def labelled_cache(preallocate: bool, labels: list[list[int]]):

@@ -13,7 +13,7 @@ on a GPU:
   (on a GPU the engine names a device only to move data between the host and the GPU; a blocking
   copy waits for the stream), and ``torch.tensor`` / ``torch.as_tensor`` with a ``device``.
 
-The model's own forward (refdec.decode.runner.ModelRunner.logits / hidden) is not counted: what
+The model's own forward (refdec.transformers.runner.ModelRunner.logits / hidden) is not counted: what
 transformers does inside it is the model's, not the engine's (on a GPU its output stays there).
 Its output, ``torch.tensor(..., device=...)`` and ``to`` outputs count as on the device; ``cpu``
 outputs as on the host (the engine moves data to the host with ``cpu()``).
@@ -24,7 +24,7 @@ from host data (``torch.tensor(list)`` without a device, ``torch.from_numpy``, w
 does not see) nor tensors that existed before (weights, the cache).
 
 :func:`count_step_syncs` runs a decode and records the count of every engine step
-(refdec.decode.engine._step); the prefill (its first token) is not a step.
+(refdec.engine.engine._step); the prefill (its first token) is not a step.
 """
 
 from __future__ import annotations
@@ -35,8 +35,8 @@ from collections import Counter
 import torch
 from torch.overrides import TorchFunctionMode
 
-import refdec.decode.engine as engine
-from refdec.decode.runner import ModelRunner
+import refdec.engine.engine as engine
+from refdec.transformers.runner import ModelRunner
 
 _READS = {"item", "tolist", "numpy", "__array__", "__bool__", "__int__", "__float__", "__index__", "cpu"}
 _DATA_DEPENDENT = {"nonzero", "argwhere", "masked_select", "unique", "unique_consecutive", "equal", "allclose"}

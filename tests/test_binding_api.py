@@ -232,7 +232,7 @@ def test_indexes_expose_the_automaton_a_proposer_drafts_from():
 
 
 # ---------------------------------------------------------------------------
-# Drafter: the protocol of start / propose / accept / last_match_lengths
+# Drafter: the protocol of start / propose / accept
 
 
 def test_the_proposer_and_the_test_stand_in_are_drafters():
@@ -247,8 +247,5 @@ def test_an_object_without_accept_is_not_a_drafter():
 
         def propose(self, max_nodes):
             pass
-
-        def last_match_lengths(self):
-            return {}
 
     assert not isinstance(NoAccept(), Drafter)

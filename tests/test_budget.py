@@ -8,6 +8,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from refdec.acceptance import AcceptanceTable
 from refdec.budget import AutoBudget, FixedBudget, batch_prefix_sizes, make_budget
 from refdec.cost_curve import CostCurve, flat_curve
 from refdec.tree import DraftTree
@@ -57,7 +58,7 @@ class KnownAcceptance:
 
 def test_flat_curve_verifies_the_whole_tree():
     budget = AutoBudget(flat_curve(), max_nodes=64)
-    assert budget.choose({"context": 0}) == 64
+    assert budget.max_nodes == 64  # asked of the drafter every step
     assert len(budget.select(sure_chain(64))) == 64
     # even unlikely nodes are free on a flat (GPU-like) curve
     assert len(budget.select(unsure_bush(64))) == 64
@@ -177,7 +178,7 @@ def test_auto_budget_with_a_lazy_head_verifies_larger_trees_for_the_same_accepta
     full = CostCurve((0, 16, 64), (0.046, 0.055 + 0.004 * 17, 0.120 + 0.004 * 65))
     # every first-depth node scores 0.6 (its cell's prior acceptance), decaying with depth
     tree = DraftTree(np.arange(3, 67), np.arange(-1, 63), np.full(64, 0.6, np.float32))
-    sizes = [len(AutoBudget(curve, prior_weight=1e9).select(tree)) for curve in (lazy, full)]
+    sizes = [len(AutoBudget(curve, acceptance=AcceptanceTable(prior_weight=1e9)).select(tree)) for curve in (lazy, full)]
     assert sizes[0] > sizes[1] > 0, sizes
 
 

@@ -8,9 +8,10 @@ from __future__ import annotations
 
 import pytest
 
-from refdec import calibration, models
+from refdec import models
 from refdec.cli import main
 from refdec.cost_curve import CostCurve
+from refdec.transformers import calibration
 from tiny_models import char_tokenizer, tiny_llama
 
 

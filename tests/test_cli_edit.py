@@ -62,13 +62,13 @@ def test_edit_compare_warms_both_methods_up_before_timing_them(monkeypatch, tmp_
     import refdec
 
     calls = []
-    generate = refdec.generate
+    generate = refdec.SpeculativeDecoder.generate
 
-    def recording(model, input_ids, **kwargs):
+    def recording(self, input_ids, **kwargs):
         calls.append((kwargs["max_draft_tokens"], kwargs["max_new_tokens"]))
-        return generate(model, input_ids, **kwargs)
+        return generate(self, input_ids, **kwargs)
 
-    monkeypatch.setattr(refdec, "generate", recording)
+    monkeypatch.setattr(refdec.SpeculativeDecoder, "generate", recording)
     src = tmp_path / "m.py"
     src.write_text("def f(x):\n    return x + 1\n")
     code, _, err = run_cli(capsys, "edit", src, "--instruction", "rename f", "--model", tiny_model_dir(),
@@ -134,7 +134,7 @@ def test_in_place_replaces_the_file_only_with_a_complete_reply(capsys, tmp_path,
     edited = ORIGINAL_TEXT.replace("def g(y)", "def h(y)")
 
     def reply_with(text):
-        def generate(model, input_ids, *, tokenizer, max_new_tokens, **kwargs):
+        def generate(decoder, input_ids, *, tokenizer, max_new_tokens, **kwargs):
             new = tokenizer(text, add_special_tokens=False, return_tensors="pt")["input_ids"][:, :max_new_tokens]
             stop = "max_new_tokens" if new.shape[1] == max_new_tokens else "stop_string"
             stats = SimpleNamespace(wall_seconds=1.0, stop_reason=stop, new_tokens=new.shape[1], forward_passes=2,
@@ -142,13 +142,13 @@ def test_in_place_replaces_the_file_only_with_a_complete_reply(capsys, tmp_path,
             return SimpleNamespace(sequences=torch.cat([input_ids, new], dim=1), stats=stats)
         return generate
 
-    monkeypatch.setattr(refdec, "generate", reply_with(edited + "`````\n"))
+    monkeypatch.setattr(refdec.SpeculativeDecoder, "generate", reply_with(edited + "`````\n"))
     code, stdout, stderr = run_cli(capsys, "edit", src, "--instruction", "rename g to h", "--model", tiny_model_dir_3,
                                    "--in-place", "--prompt-template", "rewrite", "--max-new-tokens", 500)
     assert code == 0, stderr
     assert src.read_text() == edited and stdout == ""
     assert [p.name for p in tmp_path.iterdir()] == ["m.py"]  # no temporary left beside it
-    monkeypatch.setattr(refdec, "generate", reply_with(ORIGINAL_TEXT))  # the fence never comes
+    monkeypatch.setattr(refdec.SpeculativeDecoder, "generate", reply_with(ORIGINAL_TEXT))  # the fence never comes
     code, _, stderr = run_cli(capsys, "edit", src, "--instruction", "rename h to k", "--model", tiny_model_dir_3,
                               "--in-place", "--prompt-template", "rewrite", "--max-new-tokens", 20)
     assert code == 1 and src.read_text() == edited

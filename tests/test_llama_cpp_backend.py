@@ -18,7 +18,7 @@ llama_cpp = pytest.importorskip("llama_cpp")
 
 import refdec  # noqa: E402
 from refdec.llama_cpp.api import LlamaDecodeError  # noqa: E402
-from refdec.llama_cpp.backend import LlamaCppBackend, LogitsPolicy, prefix_with_leaves, tree_layout  # noqa: E402
+from refdec.llama_cpp.backend import LlamaCppBackend, prefix_with_leaves, tree_layout  # noqa: E402
 from refdec.llama_cpp.plain import plain_greedy  # noqa: E402
 from refdec.tree import DraftTree  # noqa: E402
 from tiny_gguf import VOCAB  # noqa: E402
@@ -177,7 +177,7 @@ def test_an_index_of_another_tokenizer_is_refused(llm, monkeypatch):
     class Index:  # what the check reads of a refdec.CorpusIndex
         fingerprint = "b" * 64
 
-    from refdec.decode.arguments import check_index_tokenizer
+    from refdec.engine.arguments import check_index_tokenizer
 
     with pytest.raises(ValueError, match="another tokenizer"):
         check_index_tokenizer(Index(), refdec.SpeculativeDecoder(llm).tokenizer)
@@ -208,30 +208,6 @@ def test_prefix_with_leaves_keeps_the_best_first_prefix():
     assert prefix_with_leaves(tree, 2).parents.tolist() == [-1, 0, 0, 1]
     assert prefix_with_leaves(tree, 1).parents.tolist() == [-1, 0]
     assert len(prefix_with_leaves(tree, 0)) == 0
-
-
-def test_logits_policy_asks_for_rows_that_pay_for_themselves():
-    assert LogitsPolicy(head_row_seconds=0.005).wanted(np.zeros(3), np.ones(3, dtype=bool)).all()  # off by default
-    policy = LogitsPolicy(head_row_seconds=0.005, enabled=True)
-    probs = np.array([0.9, 0.5, 0.2, 0.05, 0.05])
-    is_leaf = np.array([True, True, True, True, False])
-    assert policy.wanted(probs, is_leaf).all()  # nothing observed yet: every node asks
-    policy.observe(0.100, 5.0)  # 20 ms a token: a leaf's row pays from p = 0.25 on
-    assert policy.threshold == pytest.approx(0.25)
-    assert policy.wanted(probs, is_leaf).tolist() == [True, True, False, False, True]  # inner nodes always ask
-
-
-def test_an_accepted_node_without_logits_is_the_bonus_and_is_evaluated_again(llm, monkeypatch):
-    prompt = _ids(llm, PROMPTS[0])
-    plain, _ = plain_greedy(llm, prompt, 30)
-    decoder = refdec.SpeculativeDecoder(llm)
-    # only the root and the first node ask for logits: a longer accepted chain ends at node 1
-    monkeypatch.setattr(decoder.backend.policy, "wanted", lambda probs, is_leaf: np.arange(is_leaf.shape[0]) < 1)
-    out = decoder.generate(prompt, max_new_tokens=30, max_draft_tokens=8, references=[plain])
-    assert out.sequences[0, len(prompt):].tolist() == plain
-    # the walk ends at node 1 (accepted, no logits): two tokens a step, the second one the next root
-    assert max(i for i, count in enumerate(out.stats.accepted_per_pass) if count) == 2
-    assert out.stats.forward_passes < 30 and out.stats.new_tokens == 30
 
 
 def _pages_with_llama_blocks() -> list[str]:
@@ -301,23 +277,3 @@ def test_the_default_models_gguf_agrees_with_llama_cpps_plain_decoding():
     assert out.stats.accepted_tokens > 0 and out.stats.tokens_per_pass > 2  # the file is copied many tokens a pass
 
 
-def test_the_engine_passes_node_probabilities_only_to_an_enabled_leaf_policy(llm, monkeypatch):
-    prompt = _ids(llm, PROMPTS[0])
-    plain, _ = plain_greedy(llm, prompt, 30)
-    decoder = refdec.SpeculativeDecoder(llm)
-    seen = []
-    wanted = decoder.backend.policy.wanted
-
-    def recording(probs, is_leaf):
-        seen.append(probs)
-        return wanted(probs, is_leaf)
-
-    monkeypatch.setattr(decoder.backend.policy, "wanted", recording)
-    decoder.generate(prompt, max_new_tokens=30, max_draft_tokens=8, references=[plain])
-    assert seen and all(probs is None for probs in seen)  # off: nothing computed for it
-    seen.clear()
-    decoder.backend.policy.enabled = True
-    decoder.backend.policy.head_row_seconds = 1.0  # dearer than any token: leaves skip their logits
-    out = decoder.generate(prompt, max_new_tokens=30, max_draft_tokens=8, references=[plain])
-    assert seen and all(probs is not None for probs in seen)
-    assert out.sequences[0, len(prompt):].tolist() == plain  # a leaf accepted without logits is the next root

@@ -38,9 +38,9 @@ from pathlib import Path
 import pytest
 
 import refdec
+from refdec.cli import main as refdec_main
 import refdec.cli.common
 import refdec.models
-from refdec.cli import main as refdec_main
 from tiny_models import char_tokenizer, tiny_llama
 
 REPO = Path(__file__).resolve().parents[1]
@@ -288,7 +288,7 @@ def needs_vllm(block: Block) -> bool:
 
 def needs_llama(block: Block) -> bool:
     """A block for llama.cpp (refdec[llama]): run by tests/test_llama_cpp_backend.py (CI's llama step)."""
-    return "llama_cpp" in block.text or ".gguf" in block.text
+    return block.language != "text" and ("llama_cpp" in block.text or ".gguf" in block.text)
 
 
 def check_outputs(block: Block, results) -> None:

@@ -15,10 +15,10 @@ import torch
 from refdec.acceptance import AcceptanceTable
 from refdec.budget import AutoBudget
 from refdec.cost_curve import CostCurve
-from refdec.decode.cache import new_cache, set_prefill_window
 from refdec.index import CorpusIndex
 from refdec.proposer import Proposer
 from refdec.tokens import MAX_TOKEN_ID, as_token_ids, check_int, is_int
+from refdec.transformers.cache import new_cache, set_prefill_window
 from refdec.vllm.options import speculative_config
 
 

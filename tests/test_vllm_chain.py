@@ -175,3 +175,23 @@ def test_token_price_one_request_pays_little_a_loaded_batch_its_yield():
     assert rv.token_price(np.array([[0.0]]), np.array([1]), 1, 0.05) == pytest.approx(0.05 / 1.05)
     # only the first lengths[r] entries of a row count
     assert rv.token_price(np.array([[0.9, 0.99]]), np.array([1]), 1, 0.05) == pytest.approx(0.05 * 1.9 / 1.1)
+
+
+def test_the_node_pass_bins_every_node_into_the_acceptance_tables_cell():
+    """The numba node pass has its own copy of AcceptanceTable.cells' binning (numba compiles
+    loops, not the table's searchsorted): both give every node the same cell, edges included."""
+    rng = np.random.default_rng(3)
+    n = 400
+    edges = np.concatenate([vllm_chain._SCORE_EDGES, np.nextafter(vllm_chain._SCORE_EDGES, np.float32(0))])
+    scores = np.concatenate([edges, rng.random(n - len(edges))]).astype(np.float32)
+    depths = rng.integers(1, 70, n).astype(np.int32)
+    depths[: len(vllm_chain._DEPTH_EDGES)] = vllm_chain._DEPTH_EDGES  # at the edges
+    source_ids = rng.integers(-1, 5, n).astype(np.int32)  # out of range too: clipped by both
+    table = AcceptanceTable(3)
+    want = table.cells(scores, depths, source_ids)
+    parents = np.full(n, -1, np.int32)  # every node a child of the root: no path holds a probability down
+    prob, cell = np.zeros(n), np.zeros(n, np.int64)
+    vllm_chain._node_probs(np.ones(n, np.int32), parents, scores, source_ids, depths, np.array([0, n]),
+                           table.rates, vllm_chain._SCORE_EDGES, vllm_chain._DEPTH_EDGES, prob, cell)
+    assert cell.tolist() == want.tolist()
+    assert prob.tolist() == table.rates[want].tolist()

@@ -4,9 +4,13 @@ validated with an error naming the key or the variable, and ``speculative_config
 
 from __future__ import annotations
 
+import re
+from pathlib import Path
+
 import pytest
 
 from refdec import vllm as rv
+from refdec.vllm import options
 
 
 # ---------------------------------------------------------------------------------------------
@@ -102,3 +106,37 @@ def test_speculative_config():
                                         "num_speculative_tokens": 8}
     with pytest.raises(ValueError, match="num_speculative_tokens must be an int >= 1, got 0"):
         rv.speculative_config(0)
+
+
+# ---------------------------------------------------------------------------------------------
+# The defaults have one home: ServerOptions; docs/vllm.md's list of variables is checked against it
+
+DOCS = Path(__file__).resolve().parents[1] / "docs" / "vllm.md"
+# variable -> the ServerOptions field it sets
+ENV_FIELDS = {options.ENV_INDEX: "index_paths", options.ENV_TREE_NODES: "tree_nodes",
+              options.ENV_DRAFT_COST: "draft_cost", options.ENV_TOKEN_COST: "token_cost",
+              options.ENV_DRAFT: "draft_by_default", options.ENV_MAX_REFERENCE_CHARS: "max_reference_chars",
+              options.ENV_THREADS: "draft_threads"}
+
+
+def _documented_defaults() -> dict[str, str | None]:
+    """variable -> the default docs/vllm.md's list gives it (the text after "default"), or None."""
+    found = {}
+    for item in re.split(r"\n- ", DOCS.read_text()):
+        match = re.match(r"`(REFDEC_VLLM_[A-Z_]+)[`=]", item)
+        if match and match.group(1) not in found:
+            default = re.search(r"default ([0-9][0-9,.]*[0-9]|[a-z]+\b)", item)
+            found[match.group(1)] = default.group(1) if default else None
+    return found
+
+
+def test_every_server_option_is_documented_with_the_default_it_has():
+    documented = _documented_defaults()
+    assert set(ENV_FIELDS) == set(options.ENV_NAMES)
+    assert set(documented) == set(options.ENV_NAMES), "docs/vllm.md lists other variables than options.py reads"
+    default = rv.ServerOptions()
+    numeric = {name: text for name, text in documented.items() if text and text[0].isdigit()}
+    assert numeric, "docs/vllm.md gives no numeric default"
+    for name, text in numeric.items():
+        assert float(text.replace(",", "")) == getattr(default, ENV_FIELDS[name]), (name, text)
+    assert rv.ServerOptions.from_env({}) == default  # the environment's defaults are the dataclass's

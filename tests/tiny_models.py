@@ -19,6 +19,7 @@ import pytest
 import torch
 from transformers.generation.streamers import BaseStreamer
 
+from refdec.transformers.masks import tree_step_inputs
 from refdec.tree import DraftTree
 
 VOCAB = 96
@@ -210,10 +211,6 @@ class PromptLookupProposer:
     def accept(self, tokens: np.ndarray) -> None:
         self.context.extend(int(t) for t in tokens)
 
-    def last_match_lengths(self) -> dict[str, int]:
-        self._find()
-        return {k: v for k, v in self._match.items()}
-
     def _occurrences(self, doc: list[int], suffix: list[int], limit_end: int) -> list[int]:
         """End indices (exclusive) of occurrences of ``suffix`` in doc[:limit_end], most recent first."""
         n = len(suffix)
@@ -299,3 +296,11 @@ def byte_tokenizer(byte_of: dict[int, int] | None = None):
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
     return PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<bos>", eos_token="<eos>", pad_token="<pad>")
+
+
+def one_tree_inputs(tree: DraftTree, root_token: int, root_pos: int, spec, device="cpu"):
+    """refdec.transformers.masks.tree_step_inputs for one ``tree`` below ``root_token`` over a cache
+    holding the ``root_pos`` tokens before it (positions 0 .. root_pos - 1, no holes): batch size 1."""
+    return tree_step_inputs([tree], np.array([root_token]), np.array([root_pos]),
+                            np.ones((1, root_pos), dtype=bool), np.arange(root_pos, dtype=np.int64)[None],
+                            spec, device)

@@ -32,7 +32,7 @@ def register(subparsers) -> None:
 
 
 def run(args) -> int:
-    from refdec import calibration  # not at the top: `refdec --help` stays fast (torch, transformers)
+    from refdec.transformers import calibration  # not at the top: `refdec --help` stays fast (torch, transformers)
     from refdec.models import load_default, load_model
 
     set_threads(args.threads)

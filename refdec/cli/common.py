@@ -91,10 +91,10 @@ def is_gguf(model: str | None) -> bool:
 # The models refdec installs from PyPI, by the name ``--model`` takes: (its GGUF file, for llama.cpp;
 # its transformers loader), both as names in refdec.gguf_files and refdec.models.
 BUILTIN_MODELS = {
-    "gemma-3-270m": ("default_model_gguf", "load_default", {}),
-    "qwen2.5-coder-1.5b-instruct": ("editor_model_gguf", "load_editor", {}),
-    "qwen2.5-coder-0.5b-instruct": ("small_editor_model_gguf", "load_editor", {"small": True}),
-    "smollm2-135m-instruct": ("chat_model_gguf", "load_chat_model", {}),
+    gguf_files.DEFAULT_MODEL_NAME: ("default_model_gguf", "load_default", {}),
+    gguf_files.EDITOR_MODEL_NAME: ("editor_model_gguf", "load_editor", {}),
+    gguf_files.SMALL_EDITOR_MODEL_NAME: ("small_editor_model_gguf", "load_editor", {"small": True}),
+    gguf_files.CHAT_MODEL_NAME: ("chat_model_gguf", "load_chat_model", {}),
 }
 ENGINES = ("llama.cpp", "transformers")
 LLAMA_INSTALL_HINT = "pip install 'refdec[llama]'"
@@ -154,7 +154,7 @@ def load_model_arg(model: str | None, threads: int | None, engine: str | None = 
     core this process may use, as torch's), on transformers a model and its tokenizer. ``model`` None: the default
     model, on transformers unless ``engine`` says llama.cpp."""
     if model is None:
-        model = "gemma-3-270m"
+        model = gguf_files.DEFAULT_MODEL_NAME
         engine = engine or "transformers"
     engine = choose_engine(model, engine)
     builtin = BUILTIN_MODELS.get(model)

@@ -26,11 +26,12 @@ import sys
 import time
 from pathlib import Path
 
+from refdec import gguf_files
 from refdec.atomic import atomic_write
 from refdec.cli.common import add_model_arguments, check_output_path, draft_tokens, load_model_arg, read_text_file, set_threads
 from refdec.edit_prompt import CHAT_TEMPLATE, TEMPLATES, build_chat_edit_prompt, build_edit_prompt
 
-EDITOR_MODEL = "qwen2.5-coder-1.5b-instruct"  # refdec edit's default model (a name in BUILTIN_MODELS)
+EDITOR_MODEL = gguf_files.EDITOR_MODEL_NAME  # refdec edit's default model
 
 
 def register(subparsers) -> None:
@@ -120,38 +121,36 @@ class _FenceStreamer:
             self.written = upto
 
 
-def _proposer_factory(index, references, max_depth):
-    from refdec.proposer import Proposer  # not at the top: `refdec --help` stays fast
-
-    return Proposer(index=index, references=references or None, max_depth=max_depth, cursor=True)
-
-
-def _warm_up(refdec, model, input_ids, max_draft_tokens, common: dict) -> None:
-    """Before ``--compare`` times both methods: the costs only a process's first decode pays
-    (the cost curve, measured once per machine; the weights' first touch; the allocator's and
-    the kernels' first calls) are paid here, untimed, by a short decode that takes both paths
-    (the prompt's prefill, then tree steps and one-token steps)."""
-    t0 = time.perf_counter()
-    settings = {**common, "max_new_tokens": 4, "stop_strings": None}
-    refdec.generate(model, input_ids, max_draft_tokens=max_draft_tokens, proposer_factory=_proposer_factory,
-                    **settings)
-    refdec.generate(model, input_ids, max_draft_tokens=0, **settings)
-    print(f"[refdec edit] warm-up before timing: {time.perf_counter() - t0:.2f} s", file=sys.stderr)
-
-
-def _plain_llama(decoder, tokenizer, input_ids, common: dict) -> tuple[list[int], float]:
-    """llama.cpp's own plain greedy decoding of the edit (refdec.llama_cpp.plain), ending at the
-    model's eos or the stop string, as refdec's decode ends."""
+def _plain(decoder, on_llama: bool, tokenizer, input_ids, common: dict) -> tuple[list[int], float]:
+    """``--compare``'s baseline, what a user would run instead: the new tokens and the seconds of
+    plain greedy decoding, ending at the model's eos or the stop string as refdec's decode ends.
+    On llama.cpp that is llama.cpp's own one-token decoding (refdec.llama_cpp.plain), on
+    transformers refdec's loop without drafts (one token per forward, as ``model.generate``)."""
+    if not on_llama:
+        out = decoder.generate(input_ids, max_draft_tokens=0, **common)
+        return out.sequences[0, input_ids.shape[1]:].tolist(), out.stats.wall_seconds
     from refdec.llama_cpp.plain import plain_greedy
 
-    llm = decoder.model
     stops = common["stop_strings"] or []
     eos = set(decoder.backend.generation_config.eos_token_id or [])
 
     def stopped(new: list[int]) -> bool:
         return any(stop in tokenizer.decode(new[-64:]) for stop in stops)
 
-    return plain_greedy(llm, input_ids[0].tolist(), common["max_new_tokens"], eos, stopped if stops else None)
+    return plain_greedy(decoder.model, input_ids[0].tolist(), common["max_new_tokens"], eos,
+                        stopped if stops else None)
+
+
+def _warm_up(decoder, on_llama: bool, tokenizer, input_ids, max_draft_tokens, common: dict) -> None:
+    """Before ``--compare`` times both methods: the costs only a process's first decode pays
+    (the cost curve, measured once per machine; the weights' first touch; the allocator's and
+    the kernels' first calls) are paid here, untimed, by a short decode that takes both paths
+    (the prompt's prefill, then tree steps and one-token steps)."""
+    t0 = time.perf_counter()
+    settings = {**common, "max_new_tokens": 4, "stop_strings": None}
+    decoder.generate(input_ids, max_draft_tokens=max_draft_tokens, **settings)
+    _plain(decoder, on_llama, tokenizer, input_ids, settings)
+    print(f"[refdec edit] warm-up before timing: {time.perf_counter() - t0:.2f} s", file=sys.stderr)
 
 
 def run(args) -> int:
@@ -186,23 +185,15 @@ def run(args) -> int:
 
     stream_to_stdout = args.out is None and not args.diff
     streamer = _FenceStreamer(tokenizer, prompt.stop, sys.stdout) if stream_to_stdout else None
-    # llama.cpp: one decoder (its verification context) for every decode of the command
-    decoder = refdec.SpeculativeDecoder(model, tokenizer=tokenizer, proposer_factory=_proposer_factory) \
-        if on_llama else None
+    # one decoder for every decode of the command (on llama.cpp: one verification context); the
+    # original file is the reference, so the proposer follows it with its copy cursor
+    decoder = refdec.SpeculativeDecoder(model, tokenizer=tokenizer)
     # eos_token_id None: the model's own (an instruct model's reply ends with its end-of-turn token)
     common = dict(tokenizer=tokenizer, references=[original], stop_strings=[prompt.stop],
                   max_new_tokens=max_new, eos_token_id=None)
-    if args.compare and not on_llama:
-        _warm_up(refdec, model, input_ids, args.max_draft_tokens, common)
-    if args.compare and on_llama:  # the cost curve and the weights' first touch, before either is timed
-        decoder.generate(input_ids, **{**common, "max_new_tokens": 4, "stop_strings": None},
-                         max_draft_tokens=args.max_draft_tokens)
-        _plain_llama(decoder, tokenizer, input_ids, {**common, "max_new_tokens": 4})
-    if on_llama:
-        out = decoder.generate(input_ids, streamer=streamer, max_draft_tokens=args.max_draft_tokens, **common)
-    else:
-        out = refdec.generate(model, input_ids, streamer=streamer, max_draft_tokens=args.max_draft_tokens,
-                              proposer_factory=_proposer_factory, **common)
+    if args.compare:
+        _warm_up(decoder, on_llama, tokenizer, input_ids, args.max_draft_tokens, common)
+    out = decoder.generate(input_ids, streamer=streamer, max_draft_tokens=args.max_draft_tokens, **common)
     wall = out.stats.wall_seconds  # without the one-time calibration ("auto": refdec calibrate)
     new_ids = out.sequences[0, input_ids.shape[1]:].tolist()
     generated = tokenizer.decode(new_ids, skip_special_tokens=True)
@@ -246,11 +237,11 @@ def run(args) -> int:
           f"{wall:.2f} s ({s.new_tokens / wall if wall > 0 else 0.0:.1f} tokens/s); stop: {s.stop_reason}",
           file=sys.stderr)
     if args.compare:
+        plain_ids, plain_wall = _plain(decoder, on_llama, tokenizer, input_ids, common)
+        same = plain_ids == new_ids
         if on_llama:
-            plain_ids, plain_wall = _plain_llama(decoder, tokenizer, input_ids, common)
             agree = next((i for i, (a, b) in enumerate(zip(new_ids, plain_ids)) if a != b),
                          min(len(new_ids), len(plain_ids)))
-            same = plain_ids == new_ids
             print(f"[refdec edit] llama.cpp plain greedy (Llama.generate): {len(plain_ids)} tokens in "
                   f"{plain_wall:.2f} s; speed-up {plain_wall / wall if wall > 0 else float('nan'):.2f}x; "
                   f"tokens agreeing: {agree}/{max(len(new_ids), len(plain_ids))}; outputs identical: {same}",
@@ -259,10 +250,7 @@ def run(args) -> int:
                 print("[refdec edit] llama.cpp's batched and one-token evaluations round differently: the outputs "
                       "part where the model's top two tokens were nearly tied (docs/llama_cpp.md)", file=sys.stderr)
             return 0
-        plain = refdec.generate(model, input_ids, max_draft_tokens=0, **common)
-        plain_wall = plain.stats.wall_seconds
-        same = plain.sequences.shape == out.sequences.shape and bool((plain.sequences == out.sequences).all())
-        print(f"[refdec edit] plain greedy: {plain.stats.new_tokens} tokens in {plain_wall:.2f} s; speed-up "
+        print(f"[refdec edit] plain greedy: {len(plain_ids)} tokens in {plain_wall:.2f} s; speed-up "
               f"{plain_wall / wall if wall > 0 else float('nan'):.2f}x; outputs identical: {same}", file=sys.stderr)
         if not same:
             print("refdec: error: speculative and plain greedy outputs differ", file=sys.stderr)

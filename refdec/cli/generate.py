@@ -23,6 +23,7 @@ import argparse
 import json
 import sys
 
+from refdec import gguf_files
 from refdec.cli.common import (add_model_arguments, check_input_file, draft_tokens, jsonl_lines, load_model_arg,
                                read_text_file, set_threads)
 
@@ -43,7 +44,7 @@ def register(subparsers) -> None:
                           "writes one JSON object a line (the completions, in order)")
     p.add_argument("--max-batch-size", type=int, default=None, metavar="B",
                    help="with --prompts-jsonl: rows decoded together; the others join as rows finish (default 4)")
-    add_model_arguments(p, "gemma-3-270m on transformers")
+    add_model_arguments(p, f"{gguf_files.DEFAULT_MODEL_NAME} on transformers")
     p.add_argument("--index", metavar="FILE", default=None, help="a corpus index file (refdec index build)")
     p.add_argument("--reference", metavar="FILE", action="append", default=[],
                    help="a reference document to draft from (repeatable), e.g. the file being edited")

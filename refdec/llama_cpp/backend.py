@@ -5,7 +5,7 @@ KV layout (one unified llama.cpp KV cache, refdec.llama_cpp.api.TreeContext):
 
 * each running request (batch row) owns a *base* sequence id; its cells hold every token of
   the row's sequence but the last one, the root (the engine's invariant,
-  refdec.decode.engine);
+  refdec.engine.engine);
 * a step gives each leaf of the row's tree a *branch* sequence id, copies the row's context
   into it (``seq_cp``: the cells gain the id, nothing is recomputed), and decodes
   ``[root] + nodes``: the root in the base and every branch sequence, each node at position
@@ -16,13 +16,9 @@ KV layout (one unified llama.cpp KV cache, refdec.llama_cpp.api.TreeContext):
   leaf's branch over their positions) and every branch sequence is removed: cells no sequence
   holds are free again. No token is evaluated twice, but for the case below.
 
-Logits rows cost more than backbone rows here (a 150k-260k vocabulary), and a node's logits
-are needed only if the node is accepted. The root and every node with children have them; with
-:class:`LogitsPolicy` enabled (off by default, benchmarks/RESULTS.md §7) a leaf asks
-for them only when its estimated acceptance probability pays for its head row.
-When the walk accepts a node that has none, the walk ends there with no bonus token (bonus -1,
-refdec.decode.verify.Verified): the node is emitted, its cell dropped, and it is the next step's
-root, evaluated again there. The budget learns the node as accepted.
+Every entry asks for logits: a leaf's are read only if it is accepted, but without them an
+accepted leaf would yield no bonus token. (A policy that skipped the logits of leaves unlikely to
+be accepted was measured no faster, and removed; CHANGELOG.md.)
 """
 
 from __future__ import annotations
@@ -33,16 +29,15 @@ from types import SimpleNamespace
 import numpy as np
 import torch
 
-from refdec.decode.accept import accept_walk_steps
-from refdec.decode.verify import Verified
+from refdec.engine.accept import accept_walk_steps
+from refdec.engine.interface import Verified
 from refdec.llama_cpp.api import MAX_SEQUENCES, LlamaDecodeError, TreeContext
 from refdec.llama_cpp.calibration import auto_cost_curve
 from refdec.llama_cpp.tokenizer import GgufTokenizer
-from refdec.tree import DraftTree, keep_nodes
+from refdec.tree import MAX_NODES, DraftTree, keep_nodes
 
-__all__ = ["LlamaCppBackend", "LlamaRunningBatch", "LogitsPolicy", "tree_layout"]
+__all__ = ["LlamaCppBackend", "LlamaRunningBatch", "tree_layout"]
 
-DEFAULT_MAX_TREE = 64  # nodes a row's tree may hold (refdec.budget.AutoBudget's max_nodes)
 
 
 def tree_layout(tree: DraftTree) -> tuple[list[list[int]], np.ndarray]:
@@ -60,15 +55,6 @@ def tree_layout(tree: DraftTree) -> tuple[list[list[int]], np.ndarray]:
         if parent >= 0:
             below[parent][:0] = below[node]  # the lower-index (better) child's leaves first
     return below, np.flatnonzero(~has_child)
-
-
-def _path_to(tree: DraftTree, node: int) -> np.ndarray:
-    """int64 [depth]: the nodes from the root's child down to ``node``."""
-    path = []
-    while node >= 0:
-        path.append(node)
-        node = int(tree.parents[node])
-    return np.asarray(path[::-1], dtype=np.int64)
 
 
 def prefix_with_leaves(tree: DraftTree, max_leaves: int) -> DraftTree:
@@ -89,55 +75,6 @@ def prefix_with_leaves(tree: DraftTree, max_leaves: int) -> DraftTree:
             return keep_nodes(tree, np.arange(node))
         is_leaf[node] = True
     return tree
-
-
-class LogitsPolicy:
-    """Which tree leaves ask llama.cpp for logits.
-
-    A leaf's logits are read only if the leaf is accepted; a leaf accepted without them costs
-    one token (it becomes the next step's root instead of yielding a bonus token after it).
-    So a leaf asks for a head row when ``p * token_seconds >= head_row_seconds``: ``p`` its
-    estimated acceptance probability, ``token_seconds`` what one emitted token costs (the
-    step time over the tokens a step emits, both averaged over recent steps), and
-    ``head_row_seconds`` the measured cost of one logits row (the backend's cost curve).
-    Until a step has been observed every node asks.
-
-    Off by default (``enabled``): a leaf is rarely skipped, and a skipped one that is accepted
-    costs a token; where measured it was no faster than every node's logits (benchmarks/RESULTS.md
-    §7). Switch it on with ``decoder.backend.policy.enabled = True`` where a logits row is dearer."""
-
-    def __init__(self, head_row_seconds: float | None = None, decay: float = 0.9, enabled: bool = False) -> None:
-        self.enabled = enabled
-        self.head_row_seconds = head_row_seconds
-        self.decay = decay
-        self.step_seconds = None
-        self.tokens_per_step = None
-
-    def observe(self, seconds: float, tokens: float) -> None:
-        if self.step_seconds is None:
-            self.step_seconds, self.tokens_per_step = seconds, tokens
-            return
-        d = self.decay
-        self.step_seconds = d * self.step_seconds + (1 - d) * seconds
-        self.tokens_per_step = d * self.tokens_per_step + (1 - d) * tokens
-
-    @property
-    def threshold(self) -> float:
-        """The least acceptance probability that pays for a logits row (0: every node asks)."""
-        if not self.head_row_seconds or self.step_seconds is None or self.tokens_per_step <= 0:
-            return 0.0
-        token_seconds = self.step_seconds / self.tokens_per_step
-        return min(1.0, self.head_row_seconds / token_seconds)
-
-    def wanted(self, probs: np.ndarray | None, is_leaf: np.ndarray) -> np.ndarray:
-        """bool [n]: the nodes that ask for logits, from ``probs`` float [n] (None: all) and
-        ``is_leaf`` bool [n]. A node with children always asks: without its logits the walk would
-        stop there and the nodes below it, verified, would be wasted; a leaf's logits give only
-        the bonus token, so a leaf asks when its acceptance probability pays for the row."""
-        threshold = self.threshold
-        if not self.enabled or probs is None or threshold <= 0.0:
-            return np.ones(is_leaf.shape[0], dtype=bool)
-        return ~is_leaf | (np.asarray(probs[: is_leaf.shape[0]], dtype=np.float64) >= threshold)
 
 
 class LlamaRunningBatch:
@@ -184,7 +121,7 @@ class LlamaRunningBatch:
 
 
 class LlamaCppBackend:
-    """Runs the engine on a ``llama_cpp.Llama`` (refdec.decode.backend.Backend).
+    """Runs the engine on a ``llama_cpp.Llama`` (refdec.engine.interface.Backend).
 
     ``max_tree``: the most nodes a row's tree holds; ``n_seq_max``: llama.cpp sequences of the
     verification context (base sequences of the rows + branch sequences of the leaves; at most
@@ -192,7 +129,7 @@ class LlamaCppBackend:
     own on the same weights (refdec.llama_cpp.api.TreeContext), of the Llama's ``n_ctx``,
     which every running row shares."""
 
-    def __init__(self, llm, *, max_tree: int = DEFAULT_MAX_TREE, n_seq_max: int | None = None) -> None:
+    def __init__(self, llm, *, max_tree: int = MAX_NODES, n_seq_max: int | None = None) -> None:
         self.llm = llm
         self.max_tree = int(max_tree)
         n_batch = 1 + self.max_tree
@@ -207,13 +144,7 @@ class LlamaCppBackend:
         self.generation_config = SimpleNamespace(eos_token_id=eos or None, pad_token_id=None)
         self.tokenizer = GgufTokenizer(llm)
         self._free_all_seqs()
-        self.policy = LogitsPolicy()
         self._cost_curve = None
-
-    @property
-    def uses_node_probs(self) -> bool:
-        """The engine computes each node's acceptance probability only for the leaf-logits policy."""
-        return self.policy.enabled
 
     # -- sequences
 
@@ -274,13 +205,13 @@ class LlamaCppBackend:
         return LlamaRunningBatch(self, list(group), seqs), torch.stack(last)
 
     def verify(self, batch: LlamaRunningBatch, trees: list[DraftTree], roots: np.ndarray, root_pos: np.ndarray,
-               rules: list, node_probs: list | None) -> Verified:
+               rules: list) -> Verified:
         """One ``llama_decode`` of every row's ``[root] + tree`` (module docstring), then each row's
-        walk. ``roots`` int64 [B], ``root_pos`` int64 [B]; ``node_probs[b]`` float [n_b] (None:
-        every node asks for logits); ``rules[b]`` the row's target rule (None: greedy)."""
+        walk. ``roots`` int64 [B], ``root_pos`` int64 [B]; ``rules[b]`` the row's target rule
+        (None: greedy)."""
         t0 = time.perf_counter()
         ctx = self.ctx
-        tokens, positions, seq_ids, want, starts = [], [], [], [], []
+        tokens, positions, seq_ids, starts = [], [], [], []
         pending, branch_used = [], []
         try:
             for b, tree in enumerate(trees):
@@ -304,18 +235,14 @@ class LlamaCppBackend:
                 tokens.append(int(roots[b]))
                 positions.append(int(root_pos[b]))
                 seq_ids.append([base] + branch_seqs)
-                want.append(True)
                 if n:
                     tokens.extend(tree.token_ids.tolist())
                     positions.extend((int(root_pos[b]) + tree.depths).tolist())
                     seq_ids.extend(node_seqs)
-                    is_leaf = np.zeros(n, dtype=bool)
-                    is_leaf[leaves] = True
-                    want.extend(self.policy.wanted(None if node_probs is None else node_probs[b], is_leaf).tolist())
                 pending.append((node_seq, branch_seqs))
             t1 = time.perf_counter()
             ctx.decode(np.asarray(tokens, dtype=np.int32), np.asarray(positions, dtype=np.int32), seq_ids,
-                       np.asarray(want, dtype=bool))
+                       np.ones(len(tokens), dtype=bool))
         except BaseException:
             for seq in branch_used:
                 self.release_seq(seq)
@@ -327,22 +254,17 @@ class LlamaCppBackend:
         t2 = time.perf_counter()
         walks, head_rows = [], []
         for b, tree in enumerate(trees):
-            start = starts[b]
-            row_want = want[start: start + 1 + len(tree)]
-            walks.append(self._walk(tree, start, row_want, rules[b]))
-            head_rows.append(int(sum(row_want)))
+            walks.append(self._walk(tree, starts[b], rules[b]))
+            head_rows.append(1 + len(tree))
         return Verified(walks, head_rows, forward_seconds=t2 - t1, prepare_seconds=t1 - t0)
 
-    def _walk(self, tree: DraftTree, start: int, want: list[bool], rule) -> tuple[np.ndarray, int]:
-        """The acceptance walk (refdec.decode.accept) over the rows of the last decode from
-        ``start`` (row 0 the root); a node accepted without logits ends it, with no bonus token
-        (module docstring)."""
+    def _walk(self, tree: DraftTree, start: int, rule) -> tuple[np.ndarray, int]:
+        """The acceptance walk (refdec.engine.accept) over the rows of the last decode from
+        ``start`` (row 0 the root)."""
         walk = accept_walk_steps(tree)
         row, depth = next(walk)
         try:
             while True:
-                if not want[row]:  # node row - 1 was accepted, but its logits were not asked for
-                    return _path_to(tree, row - 1), -1
                 logits = self.ctx.logits(start + row)
                 target = int(logits.argmax()) if rule is None else int(rule(torch.from_numpy(logits.copy()), row,
                                                                              depth))
@@ -350,11 +272,7 @@ class LlamaCppBackend:
         except StopIteration as done:
             return done.value
 
-    def observe_step(self, seconds: float, tokens_per_row: float) -> None:
-        self.policy.observe(seconds, tokens_per_row)
-
     def auto_cost_curve(self):
         if self._cost_curve is None:
             self._cost_curve = auto_cost_curve(self)
-            self.policy.head_row_seconds = self._cost_curve.head_chunk_seconds
         return self._cost_curve

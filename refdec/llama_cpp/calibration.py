@@ -6,8 +6,7 @@ so the curve holds ``seconds[n]``: a decode of ``1 + n`` entries over a 512-toke
 logits for one entry, and ``head_chunk_seconds``: one more logits row (``head_chunk_rows`` =
 1), the median over the measured sizes of ``(all rows' logits - one row's) / n``. The
 "auto" budget (refdec.budget.AutoBudget) prices a step at ``seconds[n]`` plus the head rows
-its walk is expected to need, and the backend's logits policy
-(refdec.llama_cpp.backend.LogitsPolicy) reads the row cost.
+its walk is expected to need.
 
 Measured once per (model file, threads, batch sizes, KV types, flash attention, llama-cpp-python
 version), announced on stderr, outside any timed decode, and cached as JSON under
@@ -25,13 +24,12 @@ from pathlib import Path
 import numpy as np
 
 from refdec.atomic import atomic_write
-from refdec.cost_curve import CostCurve
+from refdec.cost_curve import CALIBRATED_SIZES, CostCurve
 from refdec.gguf_files import cache_dir
 from refdec.llama_cpp.api import llama_version
 
 __all__ = ["auto_cost_curve", "calibration_path", "measure"]
 
-DEFAULT_NODES = (0, 1, 2, 4, 8, 16, 24, 32, 48, 64)
 FORWARD_VERSION = "llama-tree-1"
 
 
@@ -53,7 +51,7 @@ def calibration_path(backend) -> Path:
     return cache_dir() / "calibration" / f"llama-{_key(backend)}.json"
 
 
-def measure(backend, nodes=DEFAULT_NODES, *, cache_len: int = 512, repeats: int = 3, seed: int = 0) -> CostCurve:
+def measure(backend, nodes=CALIBRATED_SIZES, *, cache_len: int = 512, repeats: int = 3, seed: int = 0) -> CostCurve:
     """Times ``llama_decode`` of ``1 + n`` entries for each ``n`` in ``nodes`` over ``cache_len``
     tokens of context (random token ids: the cost does not depend on them), the minimum of
     ``repeats`` runs, with one logits row and with a logits row for every entry."""

@@ -28,9 +28,6 @@ ENV_THREADS = "REFDEC_VLLM_DRAFT_THREADS"
 ENV_NAMES = (ENV_INDEX, ENV_TREE_NODES, ENV_TOKEN_COST, ENV_DRAFT_COST, ENV_DRAFT, ENV_MAX_REFERENCE_CHARS,
              ENV_THREADS)
 
-DEFAULT_TOKEN_COST = 0.05
-DEFAULT_MAX_REFERENCE_CHARS = 1_000_000
-
 _ON = ("1", "on", "true", "yes")
 _OFF = ("0", "off", "false", "no")
 
@@ -48,14 +45,16 @@ def speculative_config(num_speculative_tokens: int = 16) -> dict:
 
 @dataclass(frozen=True)
 class ServerOptions:
-    """The server-wide options (see the module docstring), one set per vLLM process."""
+    """The server-wide options (see the module docstring), one set per vLLM process. The defaults
+    here are the only ones: the environment's are read from them, and docs/vllm.md's list is
+    checked against them (tests/test_vllm_options.py)."""
 
     index_paths: tuple[str, ...] = ()
     tree_nodes: int | None = None  # None: num_speculative_tokens (at least 8)
     draft_cost: float | None = None  # a fixed price of a drafted token; None: priced by the batch each step
-    token_cost: float = DEFAULT_TOKEN_COST  # one more verified token / a step's fixed time (refdec.vllm.token_price)
+    token_cost: float = 0.05  # one more verified token / a step's fixed time (refdec.vllm.token_price)
     draft_by_default: bool = True
-    max_reference_chars: int = DEFAULT_MAX_REFERENCE_CHARS
+    max_reference_chars: int = 1_000_000
     draft_threads: int = 1  # threads drafting a step's batch (refdec.Proposer.propose_batch's num_threads)
 
     @classmethod
@@ -63,10 +62,11 @@ class ServerOptions:
         """Reads and validates the ``REFDEC_VLLM_*`` variables; an unknown one (a typo) or a bad
         value is a ValueError naming the variable and the value."""
         environ = os.environ if environ is None else environ
+        default = cls()
         unknown = sorted(k for k in environ if k.startswith(ENV_PREFIX) and k not in ENV_NAMES)
         if unknown:
             raise ValueError(f"unknown refdec vLLM option(s) {unknown}; known: {list(ENV_NAMES)}")
-        index_paths: tuple[str, ...] = ()
+        index_paths = default.index_paths
         raw = environ.get(ENV_INDEX, "").strip()
         if raw:
             index_paths = tuple(p for p in raw.split(os.pathsep) if p)
@@ -74,15 +74,16 @@ class ServerOptions:
                 if not os.path.isfile(path):
                     raise ValueError(f"{ENV_INDEX}: {path!r} is not a file (give one index path, or several "
                                      f"separated by {os.pathsep!r})")
-        tree_nodes = _env_int(environ, ENV_TREE_NODES, None, lowest=1)
-        draft_cost = _env_float(environ, ENV_DRAFT_COST, None)
-        token_cost = _env_float(environ, ENV_TOKEN_COST, DEFAULT_TOKEN_COST)
-        max_chars = _env_int(environ, ENV_MAX_REFERENCE_CHARS, DEFAULT_MAX_REFERENCE_CHARS, lowest=1)
-        draft = environ.get(ENV_DRAFT, "on").strip().lower()
-        if draft not in _ON + _OFF:
+        tree_nodes = _env_int(environ, ENV_TREE_NODES, default.tree_nodes, lowest=1)
+        draft_cost = _env_float(environ, ENV_DRAFT_COST, default.draft_cost)
+        token_cost = _env_float(environ, ENV_TOKEN_COST, default.token_cost)
+        max_chars = _env_int(environ, ENV_MAX_REFERENCE_CHARS, default.max_reference_chars, lowest=1)
+        draft = environ.get(ENV_DRAFT, "").strip().lower()
+        if draft and draft not in _ON + _OFF:
             raise ValueError(f"{ENV_DRAFT} must be 'on' or 'off', got {environ.get(ENV_DRAFT)!r}")
-        threads = _env_int(environ, ENV_THREADS, 1, lowest=1)
-        return cls(index_paths, tree_nodes, draft_cost, token_cost, draft in _ON, max_chars, threads)
+        draft_by_default = draft in _ON if draft else default.draft_by_default
+        threads = _env_int(environ, ENV_THREADS, default.draft_threads, lowest=1)
+        return cls(index_paths, tree_nodes, draft_cost, token_cost, draft_by_default, max_chars, threads)
 
 
 def _env_int(environ, name: str, default, *, lowest: int):
@@ -119,8 +120,9 @@ class RequestOptions:
     draft: bool = True
 
 
-def parse_request_options(extra_args: Mapping | None, *, max_reference_chars: int = DEFAULT_MAX_REFERENCE_CHARS,
-                          draft_by_default: bool = True) -> RequestOptions:
+def parse_request_options(extra_args: Mapping | None, *,
+                          max_reference_chars: int = ServerOptions.max_reference_chars,
+                          draft_by_default: bool = ServerOptions.draft_by_default) -> RequestOptions:
     """Validates the ``refdec_*`` keys of a request's ``extra_args`` (other keys belong to others
     and are left alone). Raises ValueError naming the key and the bad value: references that are
     not a string or a list of strings, an empty one, more than ``max_reference_chars`` characters

@@ -170,7 +170,7 @@ def test_tiny_models_are_the_test_suites_tiny_models_and_prompts(family):
 # ---------------------------------------------------------------- the package's import rules
 
 # refdec modules whose public names the benchmarks may use (the engine's modules move)
-PUBLIC_REFDEC_MODULES = {"refdec", "refdec.vllm", "refdec.vllm.proposer", "refdec.proposer", "refdec.budget", "refdec.calibration", "refdec.models",
+PUBLIC_REFDEC_MODULES = {"refdec", "refdec.vllm", "refdec.vllm.proposer", "refdec.proposer", "refdec.budget", "refdec.transformers.calibration", "refdec.models",
                          "refdec.edit_prompt", "refdec.index", "refdec.retrieval", "refdec.acceptance",
                          "refdec.gguf_files", "refdec.llama_cpp.plain", "refdec.llama_cpp.api"}
 PUBLIC_FROM_SUBMODULES = {"refdec.proposer": {"CursorParams", "SourceParams"},

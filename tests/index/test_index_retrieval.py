@@ -1,7 +1,7 @@
 """Specifies refdec.index's side of retrieval (refdec.retrieval wired into the corpus index):
 ``CorpusIndex.build(dedup_threshold=...)`` drops near-duplicates, keeps MinHash signatures one row
 per kept document, ``save`` stores them in the index file and ``load`` reads them from it;
-``add_documents`` extends them. ``generate(..., retrieve=k)``: tests/test_decode_decoder.py;
+``add_documents`` extends them. ``generate(..., retrieve=k)``: tests/test_engine_decoder.py;
 ``refdec index build --dedup`` and ``refdec generate --retrieve``: tests/test_cli_index.py and
 tests/test_cli_generate.py.
 """

@@ -1,0 +1,278 @@
+"""``refdec.generate`` and ``SpeculativeDecoder``: the front end of the decoding engine.
+
+It checks the call's arguments (refdec.engine.arguments), makes one
+:class:`~refdec.engine.requests.Request` per prompt — its drafter, budget, sampler
+and stop state — runs the loop (refdec.engine.engine) and lays the output out as
+``model.generate`` does. A single prompt is a batch of one; it may stream.
+
+Outputs: ``sequences`` is ``[1, prompt_len + new]`` for one prompt; for a batch
+``[B, max_len]``, the left-padded prompt as given (a list of prompts is left-padded
+with ``pad_token_id``) followed by each row's new tokens, right-padded with
+``pad_token_id`` after the row's end. ``stats`` is the call's (forward passes are
+batched passes, tokens/s counts every row's tokens); ``stats.rows[b]`` holds row b's
+own counts for a batch. A row's ``prefill_seconds`` is its group's, its
+``wall_seconds`` runs from the call's start to its last token.
+
+Sampling: the Gumbel noise is keyed by ``(seed, absolute output position)``; row ``b``
+uses ``seed + b`` when ``seed`` is an int (or ``seeds[b]`` for a list), so row ``b``
+equals a single-prompt ``generate`` of that prompt with seed ``seed + b``.
+``seed=None`` draws one base seed (``stats.seed``).
+
+The prompt must hold at least one token: refdec adds no BOS token of its own
+(tokenize with the tokenizer's special tokens, as for ``model.generate``).
+"""
+
+from __future__ import annotations
+
+import copy
+import time
+
+import numpy as np
+import torch
+
+from refdec.budget import AutoBudget, Budget
+from refdec.engine import engine
+from refdec.engine.arguments import GenerateArguments, parse_arguments
+from refdec.engine.interface import Backend
+from refdec.engine.requests import Request
+from refdec.engine.results import DecodingStats, GenerateOutput
+from refdec.engine.sampling import TargetSampler
+from refdec.engine.stops import StopChecker
+from refdec.proposer import Drafter, Proposer
+from refdec.tokens import check_int, is_int
+from refdec.tree import MAX_NODES
+
+__all__ = ["SpeculativeDecoder", "generate", "make_backend"]
+
+
+def make_backend(model, *, cuda_graphs: bool = False) -> Backend:
+    """The engine backend for ``model`` (each imported only when used): a ``llama_cpp.Llama``
+    runs on llama.cpp (refdec.llama_cpp.backend), anything else must be a transformers causal LM
+    (refdec.transformers.backend). ``cuda_graphs``: the transformers backend's fixed-shape
+    forwards replayed as CUDA graphs."""
+    if any(cls.__module__.split(".")[0] == "llama_cpp" for cls in type(model).__mro__):  # a Llama or a subclass
+        if cuda_graphs:
+            raise ValueError("cuda_graphs=True is for transformers models; llama.cpp runs its own graphs")
+        from refdec.llama_cpp.backend import LlamaCppBackend
+
+        return LlamaCppBackend(model)
+    from refdec.transformers.backend import TransformersBackend
+
+    return TransformersBackend(model, cuda_graphs=cuda_graphs)
+
+
+def default_proposer_factory(index, references: list[np.ndarray], max_depth: int) -> Drafter:
+    """refdec's :class:`~refdec.proposer.Proposer`; with references (editing) the copy cursor
+    follows the output through them (what it gains: benchmarks/RESULTS.md §3)."""
+    return Proposer(index=index, references=references or None, max_depth=max_depth, cursor=bool(references))
+
+
+class SpeculativeDecoder:
+    """Reusable state for speculative decoding with one model.
+
+    ``proposer_factory(index, references, max_depth) -> Drafter`` builds each request's
+    drafter (default: ``refdec.proposer.Proposer``); ``max_depth`` caps the draft tree depth.
+
+    Drafts are never fed to the model when they hold a token id >= the model's
+    vocabulary size (a reference or an index built for a larger vocabulary):
+    such nodes and their subtrees are dropped from the tree. References only
+    draft (they are never fed to the model), so they may be longer than its
+    context window.
+
+    ``retrieve=k`` (``generate``): the k documents of the corpus index most
+    similar to the prompt (``refdec.retrieval.Retriever.top_k``, containment
+    score: how much of the prompt a document covers) are added to the
+    per-request references, so they draft with the reference source's weight
+    next to the live context and the whole-corpus index
+    (``stats.retrieved_documents``). Needs an index with MinHash signatures
+    (``refdec index build`` writes them). Default 0: see
+    benchmarks/retrieval_sim.py for when it helps.
+
+    ``prefill_chunk``: the prompt is prefilled in forwards of at most this many
+    tokens (None: one forward; refdec.transformers.prefill): on a CPU a long prompt prefills
+    faster in chunks (benchmarks/RESULTS.md; measured on a CPU only).
+    The same computation up to floating-point rounding (GEMM shapes differ): identical
+    tokens in the tests (float64) and in the benchmarks (float32).
+
+    ``cuda_graphs`` (a transformers model on a CUDA device only): verification forwards at
+    fixed shapes (query rows in buckets, a static KV cache), each captured once as a CUDA graph
+    and replayed (refdec.transformers.static_step). The transformers backend's own settings are
+    on ``decoder.backend`` (refdec.transformers.backend.TransformersBackend: ``lazy_head``,
+    ``static_shapes``).
+    ``decoder.joint_batch_budget`` (default True): batches with
+    ``max_draft_tokens="auto"`` choose the rows' verified prefixes together, priced as
+    one padded batched forward (refdec.budget.batch_prefix_sizes); False prices each
+    row alone on the single-row curve.
+    """
+
+    def __init__(self, model, tokenizer=None, index=None, *, max_depth: int = MAX_NODES, proposer_factory=None,
+                 prefill_chunk: int | None = 512, cuda_graphs: bool = False) -> None:
+        self.max_depth = check_int("max_depth", max_depth, 1)  # the engine's depth limit too, whatever the drafter
+        if prefill_chunk is not None and (not is_int(prefill_chunk) or prefill_chunk < 1):
+            raise ValueError(f"prefill_chunk must be an int >= 1 or None, got {prefill_chunk!r}")
+        self.prefill_chunk = None if prefill_chunk is None else int(prefill_chunk)
+        self.model = model
+        self.index = index
+        self.proposer_factory = proposer_factory or default_proposer_factory
+        self.backend = make_backend(model, cuda_graphs=cuda_graphs)
+        # a llama.cpp model brings its own tokenizer (refdec.llama_cpp.tokenizer)
+        self.tokenizer = tokenizer if tokenizer is not None else self.backend.tokenizer
+        self.joint_batch_budget = True
+        self._auto_budget = None  # single prompts: the "auto" policy persists across calls (its feedback carries over)
+
+    @property
+    def vocab_size(self) -> int:
+        return self.backend.vocab_size
+
+    @property
+    def max_positions(self) -> int | None:
+        return self.backend.max_positions
+
+    @property
+    def device(self) -> torch.device:
+        return self.backend.device
+
+    @torch.inference_mode()
+    def generate(self, input_ids, *, tokenizer=None, index=None, references=None, max_new_tokens: int = 256,
+                 do_sample: bool = False, temperature: float = 1.0, top_k: int | None = None,
+                 top_p: float | None = None, seed: int | None = None, eos_token_id=None, stop_strings=None,
+                 streamer=None, max_draft_tokens="auto", attention_mask=None, pad_token_id=None,
+                 retrieve: int = 0, max_batch_size: int | None = None, min_p: float | None = None,
+                 on_row_done=None, **logits_settings) -> GenerateOutput:
+        """Speculative generation of one prompt, or of a batch.
+
+        ``logits_settings``: ``model.generate``'s sequence-dependent logits settings
+        (``repetition_penalty``, ``no_repeat_ngram_size``, ``sequence_bias``, ``bad_words_ids``,
+        ``suppress_tokens``, ``begin_suppress_tokens``, ``min_length``, ``min_new_tokens``,
+        ``forced_eos_token_id``, ``exponential_decay_length_penalty``), each overriding the
+        model's ``generation_config`` (None switches it off) and applied to every tree path as
+        ``model.generate`` applies it (refdec.engine.processors).
+
+        Batched input: a left-padded LongTensor [B, L] with ``attention_mask`` (as
+        ``model.generate`` takes it) or a list of prompts of different lengths;
+        ``references`` shared by all rows or one list per row; ``seed`` an int (row
+        ``b`` uses ``seed + b``) or a list of per-row seeds; ``streamer`` unsupported.
+        ``max_batch_size`` (int >= 1, None = all rows at once): at most that many rows
+        decode together; the others wait in order and join as rows finish
+        (continuous batching, refdec.engine.scheduler). ``on_row_done(batch_row,
+        new_tokens, row_stats)`` (batches only): called as each row finishes, with its index
+        in the batch, its new tokens (list of int) and its DecodingStats.
+
+        Returns the sequences (int64 [1, L] or [B, L], on the model's device) and the stats.
+        """
+        args = parse_arguments(
+            self.backend, input_ids, tokenizer=tokenizer if tokenizer is not None else self.tokenizer,
+            index=index if index is not None else self.index, references=references, max_new_tokens=max_new_tokens,
+            do_sample=do_sample, temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p, seed=seed,
+            eos_token_id=eos_token_id, stop_strings=stop_strings, streamer=streamer, max_draft_tokens=max_draft_tokens,
+            attention_mask=attention_mask, pad_token_id=pad_token_id, retrieve=retrieve, max_batch_size=max_batch_size,
+            on_row_done=on_row_done, logits_settings=logits_settings)
+        calibrating = time.perf_counter()
+        budgets = self._budgets(args.max_draft_tokens, args.single, len(args.prompts))  # "auto": measured once
+        started = time.perf_counter()  # the call's clock runs from here: calibration is not decoding
+        calibration_seconds = started - calibrating
+
+        drafting = args.max_new_tokens > 0 and budgets[0].max_nodes > 0
+        stopper = StopChecker(args.eos, args.stop_strings, args.tokenizer)
+        streamer = args.streamer
+        on_tokens = None
+        if streamer is not None:
+            streamer.put(torch.from_numpy(args.prompts[0]).unsqueeze(0))
+            on_tokens = lambda batch_row, tokens: streamer.put(torch.tensor(tokens, dtype=torch.long))  # noqa: E731
+        requests = []
+        for b, prompt in enumerate(args.prompts):
+            row_stats = DecodingStats(seed=args.seeds[b])
+            refs = args.references[b]
+            if args.retrieve and drafting:  # the row's own k most similar index documents join its references
+                t0 = time.perf_counter()
+                hits = args.index.retriever().top_k(prompt, args.retrieve, score="containment")
+                row_stats.retrieved_documents = [doc_idx for doc_idx, _ in hits]
+                refs = list(refs) + [args.index.document(doc_idx) for doc_idx in row_stats.retrieved_documents]
+                row_stats.retrieve_seconds = time.perf_counter() - t0
+            drafter = None
+            if drafting:
+                drafter = self.proposer_factory(args.index, refs, self.max_depth)
+                drafter.start(prompt.astype(np.int32))
+            sampler = TargetSampler(self.vocab_size, do_sample=args.do_sample, temperature=args.temperature,
+                                    top_k=args.top_k, top_p=args.top_p, seed=args.seeds[b], device=self.device,
+                                    min_p=args.min_p)
+            requests.append(Request(b, prompt, args.max_new_tokens, self.max_positions, stats=row_stats,
+                                    sampler=sampler, stopper=stopper, drafter=drafter,
+                                    budget=budgets[b] if drafting else None, started=started, on_tokens=on_tokens,
+                                    on_done=args.on_row_done))
+        if args.max_new_tokens == 0:
+            for request in requests:
+                request.finish("max_new_tokens")
+        stats = engine.run(self.backend, requests, capacity=args.max_batch_size, prefill_chunk=self.prefill_chunk,
+                           max_depth=self.max_depth, processor=args.processor, do_sample=args.do_sample,
+                           joint_budget=self.joint_batch_budget)
+        if streamer is not None:
+            streamer.end()
+        stats.calibration_seconds = calibration_seconds
+        output = self._output(requests, stats, args, started)
+        output.sequences = output.sequences.to(self.device)  # as model.generate's: on the model's device
+        return output
+
+    def _budgets(self, max_draft_tokens: Budget | str, single: bool, n_rows: int) -> list[Budget]:
+        """One budget per row. A single prompt uses the decoder's own "auto" policy (its feedback
+        carries over between calls) or the given budget; a batch gives each row a copy of an
+        AutoBudget (each row learns its own acceptance) and shares any other budget."""
+        auto = isinstance(max_draft_tokens, str)  # "auto" (refdec.engine.arguments checked it)
+        if single and auto:
+            if self._auto_budget is None:
+                self._auto_budget = AutoBudget(self.backend.auto_cost_curve())  # measured once (cached)
+            return [self._auto_budget]
+        template = AutoBudget(self.backend.auto_cost_curve()) if auto else max_draft_tokens
+        if single:
+            return [template]
+        if isinstance(template, AutoBudget):
+            return [copy.deepcopy(template) for _ in range(n_rows)]
+        return [template] * n_rows
+
+    @staticmethod
+    def _output(requests: list[Request], stats: DecodingStats, args: GenerateArguments,
+                started: float) -> GenerateOutput:
+        """``model.generate``'s layout (module docstring) and the call's stats."""
+        padded, pad_token_id = args.padded, args.pad_token_id
+        stats.new_tokens = sum(len(r.seq) - r.prompt_len for r in requests)
+        reasons = {r.stats.stop_reason for r in requests}
+        stats.stop_reason = reasons.pop() if len(reasons) == 1 else "mixed"
+        stats.seed = requests[0].stats.seed
+        if args.single:
+            request = requests[0]
+            stats.retrieved_documents = request.stats.retrieved_documents
+            stats.retrieve_seconds = request.stats.retrieve_seconds
+            stats.wall_seconds = time.perf_counter() - started
+            return GenerateOutput(torch.tensor([request.seq], dtype=torch.long), stats)
+        if padded is None:
+            width = max(r.prompt_len for r in requests)
+            heads = [[pad_token_id] * (width - r.prompt_len) + r.seq[: r.prompt_len] for r in requests]
+        else:
+            heads = [padded[b].tolist() for b in range(len(requests))]
+        tails = [r.seq[r.prompt_len:] for r in requests]
+        sequences = torch.full((len(requests), len(heads[0]) + max(len(t) for t in tails)), pad_token_id,
+                               dtype=torch.long)
+        for b, (head, tail) in enumerate(zip(heads, tails)):
+            sequences[b, : len(head) + len(tail)] = torch.tensor(head + tail, dtype=torch.long)
+        stats.rows = [r.stats for r in requests]
+        stats.wall_seconds = time.perf_counter() - started
+        return GenerateOutput(sequences, stats)
+
+
+def generate(model, input_ids, *, tokenizer=None, index=None, references=None, max_new_tokens: int = 256,
+             do_sample: bool = False, temperature: float = 1.0, top_k: int | None = None,
+             top_p: float | None = None, seed: int | None = None, eos_token_id=None, stop_strings=None,
+             streamer=None, max_draft_tokens="auto", proposer_factory=None, attention_mask=None,
+             pad_token_id=None, retrieve: int = 0, max_batch_size: int | None = None, min_p: float | None = None,
+             on_row_done=None, **logits_settings) -> GenerateOutput:
+    """One-shot speculative generation (a fresh ``SpeculativeDecoder``); see that class for details.
+    Batches: a left-padded [B, L] ``input_ids`` with ``attention_mask``, or a list of prompts;
+    ``max_batch_size`` rows at most decode together, the others join as rows finish.
+    ``logits_settings``: ``repetition_penalty=1.2`` etc., as SpeculativeDecoder.generate takes them."""
+    decoder = SpeculativeDecoder(model, tokenizer=tokenizer, index=index, proposer_factory=proposer_factory)
+    return decoder.generate(input_ids, references=references, max_new_tokens=max_new_tokens,
+                            do_sample=do_sample, temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p,
+                            seed=seed, eos_token_id=eos_token_id, stop_strings=stop_strings, streamer=streamer,
+                            max_draft_tokens=max_draft_tokens, attention_mask=attention_mask,
+                            pad_token_id=pad_token_id, retrieve=retrieve, max_batch_size=max_batch_size,
+                            on_row_done=on_row_done, **logits_settings)

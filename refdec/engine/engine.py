@@ -1,0 +1,142 @@
+"""The decoding loop: propose → verify → accept, for a batch of requests (one request is a
+batch of one), on any engine: a backend (refdec.engine.interface; transformers in
+refdec.transformers.backend, llama.cpp in refdec.llama_cpp.backend) verifies the trees and
+keeps the cache; drafting, budgets, walks and stops are the same for all.
+
+Invariant between steps, per row: the KV cache holds every token of the row's
+sequence but the last one, the *root*; the root's position equals the row's cache
+length. A step:
+
+1. **propose** — each row's drafter drafts a tree of the size its budget chooses
+   (refdec.engine.drafts), cut to what the backend verifies at once (``fit_tree``); the
+   budgets pick the prefixes to verify, the rows of a batch together
+   (refdec.budget.Budget.select_batch);
+2. **prepare** — the backend lays the trees out as one forward's inputs: ``[root] + nodes``
+   per row at positions ``root_pos + depth``, each node seeing its ancestors (a tree mask,
+   refdec.transformers.masks; llama.cpp: sequence ids);
+3. **verify** — ONE forward for all rows, then each row's acceptance walk picks the
+   target token of the rows it visits (its target rule, refdec.engine.interface);
+4. **accept** — each row emits its accepted tokens plus the bonus token (stops and
+   limits honoured, refdec.engine.requests), its budget and drafter learn what was accepted, the cache
+   keeps the root and accepted nodes of each row (``keep_accepted``) and finished rows leave.
+
+Before its first step a request is prefilled with the group it joins in
+(``backend.prefill``, refdec.engine.scheduler); the prefill yields its first token.
+Times (``DecodingStats``): ``prefill``, ``propose`` (1), ``prepare`` (2), ``forward``
+(the forward and the LM head of the visited rows), ``accept`` (the walks, step 4,
+joining the batch).
+"""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import torch
+
+from refdec.budget import Budget
+from refdec.engine.drafts import draft_for_step
+from refdec.engine.interface import Backend, RunningBatch, target_rule
+from refdec.engine.processors import PathLogitsProcessor
+from refdec.engine.requests import Request
+from refdec.engine.results import DecodingStats
+from refdec.engine.scheduler import Scheduler
+from refdec.tree import DraftTree
+
+__all__ = ["run"]
+
+
+def run(backend: Backend, requests: list[Request], *, capacity: int, prefill_chunk: int | None,
+        max_depth: int, processor: PathLogitsProcessor, do_sample: bool, joint_budget: bool = True) -> DecodingStats:
+    """Decodes ``requests`` (those not already done) to the end, at most ``capacity`` rows at a
+    time. ``processor``: the logits settings applied per tree path (may be inactive);
+    ``joint_budget``: the rows' verified prefixes are chosen together (else each row's
+    budget selects alone). ``backend``: the engine that verifies the trees and keeps the cache
+    (refdec.engine.interface.Backend). Returns the batch's stats (each request fills its own)."""
+    stats = DecodingStats()
+    scheduler = Scheduler([request for request in requests if not request.done], capacity)
+    batch = backend.new_batch()
+    while len(batch) or scheduler:
+        group = scheduler.next_group(len(batch))
+        if group:
+            joining = _start(backend, group, stats, prefill_chunk, processor, do_sample)
+            t0 = time.perf_counter()
+            joining.drop_finished()
+            batch.join(joining)
+            stats.accept_seconds += time.perf_counter() - t0  # joining is bookkeeping
+            continue
+        _step(backend, batch, stats, max_depth, processor, do_sample, joint_budget, capacity)
+    return stats
+
+
+def _start(backend: Backend, group: list[Request], stats: DecodingStats, prefill_chunk: int | None,
+           processor: PathLogitsProcessor, do_sample: bool):
+    """Prefills ``group`` and emits each request's first token; returns the group's batch."""
+    t0 = time.perf_counter()
+    joining, last = backend.prefill(group, prefill_chunk)  # last: [G, V]
+    if processor.active:
+        last = torch.stack([processor(last[i], request.seq, request.prompt_len) for i, request in enumerate(group)])
+    if do_sample:
+        firsts = [request.sampler.sample(last[i], request.prompt_len) for i, request in enumerate(group)]
+    else:
+        firsts = last.argmax(dim=-1).tolist()
+    t1 = time.perf_counter()
+    stats.prefill_seconds += t1 - t0
+    stats.count_pass(0)
+    for request, first in zip(group, firsts):
+        request.stats.prefill_seconds = t1 - t0  # its group's prefill
+        request.stats.count_pass(0)
+        request.emit([int(first)])
+    stats.accept_seconds += time.perf_counter() - t1
+    return joining
+
+
+def _select(budgets: list[Budget], trees: list[DraftTree], joint: bool) -> list[DraftTree]:
+    """The prefixes to verify: chosen together by the budgets' policy, or each row alone."""
+    if joint:
+        return type(budgets[0]).select_batch(budgets, trees)
+    return [budget.select(tree) for budget, tree in zip(budgets, trees)]
+
+
+def _step(backend: Backend, batch: RunningBatch, stats: DecodingStats, max_depth: int, processor: PathLogitsProcessor,
+          do_sample: bool, joint_budget: bool, capacity: int) -> None:
+    requests = batch.requests
+    # -- 1. propose
+    t0 = time.perf_counter()
+    trees = [DraftTree.empty() if request.drafter is None else
+             backend.fit_tree(draft_for_step(request.drafter, request.budget, request.room - 1, max_depth,
+                                             backend.vocab_size), capacity)
+             for request in requests]
+    drafted = [b for b, request in enumerate(requests) if request.drafter is not None]
+    if drafted:
+        selected = _select([requests[b].budget for b in drafted], [trees[b] for b in drafted], joint_budget)
+        for b, tree in zip(drafted, selected):
+            trees[b] = tree
+    t1 = time.perf_counter()
+    # -- 2. prepare and 3. verify (the backend lays the trees out as its forward's inputs)
+    root_pos = np.array([request.root_pos for request in requests], dtype=np.int64)
+    roots = np.array([request.seq[-1] for request in requests], dtype=np.int64)
+    rules = [target_rule(request, tree, processor, do_sample) for request, tree in zip(requests, trees)]
+    verified = backend.verify(batch, trees, roots, root_pos, rules)
+    t2 = t1 + verified.prepare_seconds
+    # -- 4. accept
+    accepted_rows = []
+    for request, tree, (accepted, bonus), head_rows in zip(requests, trees, verified.walks, verified.head_rows):
+        emitted = tree.token_ids[accepted].tolist() + [bonus]
+        accepted_rows.append(accepted)
+        request.stats.head_rows += head_rows
+        stats.head_rows += head_rows
+        request.stats.count_pass(int(accepted.shape[0]))
+        request.stats.count_draft(tree, accepted)
+        stats.count_draft(tree, accepted)
+        if request.drafter is not None and len(tree):
+            request.budget.observe(tree, accepted)
+        request.emit(emitted)
+    stats.count_pass(int(max(accepted.shape[0] for accepted, _ in verified.walks)))
+    batch.keep_accepted(root_pos, accepted_rows)
+    batch.drop_finished()
+    t4 = time.perf_counter()
+    stats.propose_seconds += t1 - t0
+    stats.prepare_seconds += t2 - t1
+    stats.forward_seconds += verified.forward_seconds
+    stats.accept_seconds += t4 - t2 - verified.forward_seconds
