@@ -185,10 +185,9 @@ class ArcticSuffix:
 
     ``max_tree_depth`` bounds match + draft length (the context passed to
     ``speculate`` is cut to it): 64 caps drafts near 32 tokens; 128 (the default
-    here) lets k = 64 drafts through. On the edits workload, 128 / factor 1.0
-    gave 9.4 / 21.6 / 30.7 tokens per step at k = 10 / 32 / 64 (DESIGN.md: 8.9 /
-    22.5 / 30.8); max_spec_factor 1e9 (draft length uncapped by the match) was
-    worse: 6.0 / 13.5 / 21.6.
+    here) lets k = 64 drafts through. Depth 128 with ``max_spec_factor`` 1.0 drafted
+    best on the edits workload (benchmarks/RESULTS.md section 3; the settings
+    compared: CHANGELOG.md, "Benchmark history").
     ``global_docs`` (token arrays) are added to the global tree as finished
     responses (how Arctic learns from other requests)."""
 

@@ -32,47 +32,8 @@ refdec with the first of ``--heads``.
 (the rows' prefixes chosen together, priced as one padded batched forward) or
 ``auto-rowwise`` (each row priced alone on the single-row curve, the earlier policy).
 
-Writes benchmarks/out/e2e_batch.json.
-
-Measured 2026-11-29 (2 threads, quiet 2-core box, --max-draft 8, prompts of
-634/31/491/56/656/65/612/48 tokens; every row of both equal to single-row HF):
-
-    B   HF tok/s   refdec tok/s   ratio   refdec passes
-    1     11.0        35.2        3.19x         9
-    4     21.2        35.1        1.66x        16
-    8     32.7        36.2        1.11x        29
-
-Lazy vs full LM head, measured 2026-11-29 in one run each (2 threads, machine shared with
-other work, so compare within a run; same prompts; every row of every run equal to
-single-row HF; decoding.SpeculativeDecoder.lazy_head on / off):
-
-    --max-draft 8      B   HF tok/s   lazy tok/s (ratio)   full tok/s (ratio)   head rows lazy / full
-                       1     10.8      36.9 (3.41x)         38.4 (3.55x)            66 / 71
-                       4     22.0      40.6 (1.84x)         34.5 (1.56x)           257 / 432
-                       8     30.3      37.5 (1.24x)         34.9 (1.15x)           517 / 888
-    --max-draft 32     1     11.7      46.6 (3.99x)         46.9 (4.02x)            64 / 73
-                       4     22.0      38.7 (1.76x)         32.8 (1.49x)           269 / 918
-                       8     32.7      36.1 (1.11x)         31.8 (0.98x)           525 / 1846
-
-Batch-aware "auto" (the rows' prefixes chosen together) against the per-row policy and fixed
-sizes, one run each, quiet machine, lazy head, every row equal to single-row HF:
-
-    --new 64  --max-draft auto auto-rowwise 8       B=4: 1.80x / 1.81x / 1.89x   B=8: 1.20x / 1.05x / 1.24x
-    --new 256 --max-draft auto auto-rowwise 8 16    B=4: 2.35x / 2.28x / 2.43x / 2.37x
-                                                    B=8: 1.50x / 1.26x / 1.55x / 1.51x
-
-The lazy head's rows follow the accepted tokens (~ sum of 1 + accepted per row and step),
-the full head's the padded trees (n_act * T per step). At B = 8 the prefill of the
-left-padded prompts (~7.5 s of ~13 s) is the same for both and dominates the total.
-
-On this CPU a verification forward costs ~ B * (1 + nodes) rows, so refdec's
-throughput stays flat with B while HF's batched greedy grows: batching stops
-paying for refdec around B = 4 and HF catches up near B = 8-10 with 8-node
-trees. Passes are set by the slowest row (8 rows: 29 passes, the chat row at
-2.2 tokens/pass). With a flat (GPU) cost curve a step costs the same as HF's,
-so the decode ratio would be about 64 / passes (B=8: ~2.2x, B=4: 4x), and
-refilling finished rows (continuous batching) would lift it towards the mean
-tokens per pass (~5).
+Writes benchmarks/out/e2e_batch.json. The current figures, with their commands:
+benchmarks/RESULTS.md (section 5); earlier ones: CHANGELOG.md ("Benchmark history").
 """
 
 from __future__ import annotations

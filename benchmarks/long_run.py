@@ -8,10 +8,7 @@ growth (tracemalloc) over the measured calls when ``--tracemalloc`` is given.
 
     python -m benchmarks.long_run [--calls 10000] [--warmup 200] [--tracemalloc] [--json OUT]
 
-Measured (2026-11-29, 2 shared cores, --tracemalloc): 10,000 calls in 296 s;
-RSS 266.7 MiB at start, 447.2 MiB after 200 warm-up calls (torch, model,
-index), 448.2 MiB at the end (+0.96 MiB; flat at 448.0-448.2 MiB from call
-2,000 on); Python heap +143 KiB over the 10,000 calls.
+The figures: benchmarks/RESULTS.md (section 2).
 """
 
 from __future__ import annotations

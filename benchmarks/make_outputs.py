@@ -12,7 +12,7 @@ already cached are skipped, so the script can be interrupted and rerun.
 Category ``edits-model``: the edit prompts from pair ``workloads.EDITS_MODEL_FIRST`` on (original
 file as reference), up to ``--max-new-tokens`` (use 512, as e2e.py's edits) by refdec's
 ``SpeculativeDecoder`` in editing mode: the same tokens as ``model.generate`` greedy (refdec's
-tests and every e2e run assert it), ~8x faster on this CPU. The first 3 decoded in a run are
+tests and every e2e run assert it), several times faster on a CPU. The first 3 decoded in a run are
 also decoded by ``model.generate`` and compared; a difference stops the script.
 
     python -m benchmarks.make_outputs --categories edits-model --limit 30 --max-new-tokens 512

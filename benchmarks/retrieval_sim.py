@@ -19,24 +19,10 @@ Workloads: simulate.py's (humaneval: HumanEval prompts, canonical solutions;
 rag: Spec-Bench RAG prompts, Gemma 3 270M's greedy outputs), plus
 ``stdlib-tail``: a stdlib file's first 256 tokens as the prompt, its next 256
 as the output. The file itself is in the index, so this is a sanity check
-(retrieval finds the right document among 836: ``r1-only`` reaches what the
+(retrieval should find the right document: ``r1-only`` should reach what the
 whole corpus reaches), not a measure of gain.
 
-Measured (2026-11-29, stdlib index of 836 files / 3.8M tokens, containment,
-tokens/step at 32 / 64 nodes; 164 HumanEval cases; the 8 RAG cases with cached
-outputs; 71 stdlib-tail cases):
-
-    workload   nocorpus     corpus       corpus+r1    corpus+r3    r3-only
-    humaneval  1.417/1.426  1.815/1.860  1.783/1.817  1.783/1.814  1.648/1.675
-    rag        5.919/6.440  5.851/6.282  5.689/6.095  5.721/6.132  5.657/6.132
-    (--reference-params 0.5:4: humaneval corpus+r3 1.822/1.853, rag 5.818/6.244)
-
-Retrieval does not help on either: HumanEval solutions are not in the stdlib
-(mean top-1 containment 0.20: generic Python), RAG passages are unrelated to
-it (0.02), and the retrieved documents take budget from better branches. Hence
-``retrieve=0`` by default. Retrieval costs 6 ms (HumanEval) to 14 ms (RAG) per
-prompt. stdlib-tail (the document is in the index): corpus 31.72/63.33,
-corpus+r1 31.89/63.55, corpus+r3 32.00/64.00, r1-only 30.60/58.26.
+The figures: benchmarks/RESULTS.md (section 3, "Retrieval").
 """
 
 from __future__ import annotations

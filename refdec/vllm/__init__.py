@@ -20,27 +20,10 @@ accepted (:class:`refdec.acceptance.AcceptanceTable`, one per worker), and the p
 step from the whole batch (:func:`token_price`), so a draft that will not pay is cut short or
 not sent.
 
-Options (read from the environment in every vLLM process, validated at start-up):
-
-==================================== ========================================================
-``REFDEC_VLLM_INDEX``                a corpus index file, or several separated by ``:``
-                                     (a :class:`refdec.ShardedIndex`); mmap, once per worker
-``REFDEC_VLLM_TREE_NODES``           refdec's tree size before the chain is chosen
-                                     (default num_speculative_tokens, at least 8)
-``REFDEC_VLLM_TOKEN_COST``           the time of verifying one more token, as a fraction of a
-                                     step's fixed time (default 0.05, the default model on this
-                                     project's CPU, benchmarks/RESULTS.md section 6): prices
-                                     each step's drafted tokens from the batch (:func:`token_price`)
-``REFDEC_VLLM_DRAFT_COST``           a fixed price instead (accepted tokens a drafted token
-                                     must be worth): the chain ends where a token's estimated
-                                     acceptance probability is below it
-``REFDEC_VLLM_DRAFT``                ``on`` (default) or ``off``: drafting for requests that
-                                     do not say (``refdec_draft``)
-``REFDEC_VLLM_MAX_REFERENCE_CHARS``  the most characters of references one request may bring
-                                     (default 1,000,000)
-``REFDEC_VLLM_DRAFT_THREADS``        threads drafting a step's batch (default 1; more where
-                                     cores are idle while vLLM drafts, e.g. a GPU server)
-==================================== ========================================================
+Server options are ``REFDEC_VLLM_*`` environment variables (a corpus index, the tree size, the
+price of a drafted token, drafting on or off, threads), read in every vLLM process and validated
+at start-up (an unknown name is an error): the names and defaults are in :mod:`refdec.vllm.options`
+(``ENV_*``, :class:`~refdec.vllm.options.ServerOptions`), what each does in docs/vllm.md.
 
 Per request (``SamplingParams(extra_args={...})``; over HTTP ``vllm_xargs``; on the OpenAI
 server also Predicted Outputs' ``prediction={"type": "content", "content": "..."}``):
