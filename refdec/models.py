@@ -45,8 +45,13 @@ def default_model_dir() -> Path:
     return cache_dir() / DEFAULT_MODEL_NAME
 
 
+# transformers' GGUF reader: the packages converting a GGUF file needs (import names, which are also
+# the distributions' names), in refdec's [demo] and [editor] extras
+GGUF_READER = ("gguf", "accelerate")
+
+
 def _require_gguf_reader(hint: str) -> None:
-    for needed in ("gguf", "accelerate"):
+    for needed in GGUF_READER:
         if importlib.util.find_spec(needed) is None:
             raise ImportError(f"converting a GGUF model needs '{needed}': {hint}")
 

@@ -2,11 +2,15 @@
 
 Tiers (pyproject.toml markers):
 
-* fast: everything unmarked, ``python -m pytest -m "not slow"`` (the README's command);
+* fast: everything unmarked, ``python -m pytest -m "not slow"`` (the README's command: under two
+  minutes on 2 cores);
 * ``full``: the heavy equivalence matrix (every model family x draft shape, chi-square runs,
-  long loops). Deselected unless the ``-m`` expression names ``full`` (``python -m pytest -m
-  full`` runs them) or a test is named by node id (``tests/x.py::test_y``);
+  long loops, the cases of a second or more);
+* ``llama``: refdec on llama.cpp (needs llama-cpp-python; CI's llama step);
 * ``slow``: the real default model (``python -m pytest -m slow``).
+
+``full`` and ``llama`` are deselected unless the ``-m`` expression names them (``python -m pytest -m
+full``, ``-m llama``, ``-m "llama and full"``) or a test is named by node id (``tests/x.py::test_y``).
 """
 
 from __future__ import annotations
@@ -16,20 +20,25 @@ import re
 import pytest
 import torch
 
-from tiny_models import cached_model, char_tokenizer, family_params, tiny_llama
+from tiny_models import MASK_FAMILIES, cached_model, char_tokenizer, family_params, tiny_llama
 
 torch.set_num_threads(1)
 
 
+OPT_IN_TIERS = ("full", "llama")
+
+
 def pytest_collection_modifyitems(config, items):
-    """Deselects the ``full`` tier unless ``-m`` names it or node ids were given."""
-    if re.search(r"\bfull\b", config.getoption("markexpr") or "") or any("::" in arg for arg in config.args):
+    """Deselects the ``full`` and ``llama`` tiers, each unless ``-m`` names it, unless node ids were given."""
+    if any("::" in arg for arg in config.args):
         return
-    keep, full = [], []
+    markexpr = config.getoption("markexpr") or ""
+    left_out = [tier for tier in OPT_IN_TIERS if not re.search(rf"\b{tier}\b", markexpr)]
+    keep, deselected = [], []
     for item in items:
-        (full if item.get_closest_marker("full") else keep).append(item)
-    if full:
-        config.hook.pytest_deselected(items=full)
+        (deselected if any(item.get_closest_marker(tier) for tier in left_out) else keep).append(item)
+    if deselected:
+        config.hook.pytest_deselected(items=deselected)
         items[:] = keep
 
 
@@ -40,15 +49,24 @@ def tiny_model_cache():
 
 @pytest.fixture(params=family_params())
 def family_model(request, tiny_model_cache):
-    """(family name, model) for every tiny model family, built once per session (GPT-2 and
-    Qwen2 in the full tier)."""
+    """(family name, model) for every tiny model family, built once per session (Llama in the
+    fast tier, the others in the full tier)."""
+    return request.param, cached_model(tiny_model_cache, request.param)
+
+
+@pytest.fixture(params=family_params(fast=MASK_FAMILIES))
+def mask_family_model(request, tiny_model_cache):
+    """family_model for the tests of masks and caches: Gemma 3 (sliding window 8, a dict of
+    masks) in the fast tier too."""
     return request.param, cached_model(tiny_model_cache, request.param)
 
 
 @pytest.fixture(params=family_params(("gemma3", "gpt2", "llama")))
 def batch_family_model(request, tiny_model_cache):
     """(family name, model) for the batch tests, whose masks differ: Gemma 3 (a dict of masks,
-    sliding window 8), GPT-2 (absolute position embeddings; full tier) and Llama (rotary, one mask)."""
+    sliding window 8; full tier, a batch across its window in the fast tier:
+    tests/test_decode_prefill.py), GPT-2 (absolute position embeddings; full tier) and Llama
+    (rotary, one mask)."""
     return request.param, cached_model(tiny_model_cache, request.param)
 
 

@@ -120,9 +120,12 @@ def test_edit_defaults_to_the_editor_model_through_its_chat_template(capsys, tmp
 
 
 def test_in_place_replaces_the_file_only_with_a_complete_reply(capsys, tmp_path, tiny_model_dir_3, monkeypatch):
-    """--in-place: a reply that closes the fence replaces FILE (atomically, its other links and mode
-    as a new file's); one cut before the fence leaves FILE as it was and exits 1. The decode is a
-    stand-in that replies with a given text (a tiny random model never closes the fence)."""
+    """--in-place: a reply that closes the fence replaces FILE (atomically, its other links as a new
+    file's, its mode kept: an executable script stays executable); one cut before the fence leaves
+    FILE as it was and exits 1. The decode is a stand-in that replies with a given text (a tiny
+    random model never closes the fence)."""
+    import os
+    import stat
     from types import SimpleNamespace
 
     import torch
@@ -131,6 +134,7 @@ def test_in_place_replaces_the_file_only_with_a_complete_reply(capsys, tmp_path,
 
     src = tmp_path / "m.py"
     src.write_text(ORIGINAL_TEXT)
+    src.chmod(0o755)
     edited = ORIGINAL_TEXT.replace("def g(y)", "def h(y)")
 
     def reply_with(text):
@@ -147,6 +151,7 @@ def test_in_place_replaces_the_file_only_with_a_complete_reply(capsys, tmp_path,
                                    "--in-place", "--prompt-template", "rewrite", "--max-new-tokens", 500)
     assert code == 0, stderr
     assert src.read_text() == edited and stdout == ""
+    assert stat.S_IMODE(os.stat(src).st_mode) == 0o755
     assert [p.name for p in tmp_path.iterdir()] == ["m.py"]  # no temporary left beside it
     monkeypatch.setattr(refdec.SpeculativeDecoder, "generate", reply_with(ORIGINAL_TEXT))  # the fence never comes
     code, _, stderr = run_cli(capsys, "edit", src, "--instruction", "rename h to k", "--model", tiny_model_dir_3,

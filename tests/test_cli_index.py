@@ -302,6 +302,7 @@ def _cli(*argv, timeout=300):
                           env=_env(), timeout=timeout)
 
 
+@pytest.mark.full  # a CLI process (the build's files read in-process: the tests above)
 def test_build_in_a_child_process_skips_and_counts_non_utf8_files(tmp_path, module_tokenizer_dir):
     src = tmp_path / "src"
     src.mkdir()
@@ -316,6 +317,7 @@ def test_build_in_a_child_process_skips_and_counts_non_utf8_files(tmp_path, modu
     assert CorpusIndex.load(out).num_documents == 1
 
 
+@pytest.mark.full  # two CLI processes
 def test_build_reads_a_file_named_twice_once_and_refuses_a_corpus_without_tokens(tmp_path, module_tokenizer_dir):
     src = tmp_path / "src"
     src.mkdir()
@@ -332,6 +334,7 @@ def test_build_reads_a_file_named_twice_once_and_refuses_a_corpus_without_tokens
     assert not (tmp_path / "e.refdec").exists()
 
 
+@pytest.mark.full  # a CLI process
 def test_build_with_only_non_utf8_files_is_a_clear_error_and_writes_nothing(tmp_path, module_tokenizer_dir):
     src = tmp_path / "src"
     src.mkdir()
@@ -373,6 +376,7 @@ def big_corpus(tmp_path_factory, module_tokenizer_dir):
     return root / "src", seconds
 
 
+@pytest.mark.full  # four builds of a 200-file corpus, each killed; atomic saves: tests/test_atomic.py
 @pytest.mark.parametrize("fraction", [0.5, 0.8, 0.95, "during_save"])
 def test_a_build_killed_mid_way_leaves_the_previous_index_intact(tmp_path, module_tokenizer_dir, big_corpus, fraction):
     src, clean_seconds = big_corpus

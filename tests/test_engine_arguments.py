@@ -424,6 +424,7 @@ def test_a_logits_setting_in_the_generation_config_is_an_error_naming_it(field):
         refdec.generate(model, prompt, max_new_tokens=12, eos_token_id=[], **{field: value})
 
 
+@pytest.mark.full  # every logits setting, single and batched (one: test_min_new_tokens_overrides_min_length_...)
 def test_logits_settings_as_arguments_override_the_generation_config_like_model_generate():
     """repetition_penalty=..., sequence_bias=... etc. as generate's keyword arguments: the same tokens as
     model.generate with the same arguments, over the model's generation_config, single and batched;

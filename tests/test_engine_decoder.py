@@ -87,7 +87,7 @@ class _FailingStreamer:
             raise RuntimeError("streamer broke at end")
 
 
-@pytest.mark.parametrize("max_draft", ["auto", 16])
+@pytest.mark.parametrize("max_draft", [pytest.param("auto", marks=pytest.mark.full), 16])
 @pytest.mark.parametrize("fail", [(1, False), (2, False), (4, False), (0, True)], ids=["prompt", "first", "mid", "end"])
 def test_a_raising_streamer_propagates_and_leaves_the_decoder_usable(llama4, max_draft, fail):
     model = llama4

@@ -147,7 +147,7 @@ def test_references_longer_than_the_window_only_draft_and_are_never_fed(builder)
 
 
 @pytest.mark.parametrize("family, kind", tiers([(family, kind) for family in FAMILIES for kind in ("cxx", "tree")],
-                                               fast=[("gemma3", "cxx"), ("llama", "tree")]))
+                                               fast=[("llama", "cxx"), ("llama", "tree")]))
 def test_references_holding_the_continuation_are_accepted_in_long_runs(tiny_model_cache, family, kind):
     """A reference that contains the true greedy continuation (a few tokens corrupted) gives long
     accepted runs from the reference source; the output is still exactly generate's."""
@@ -189,7 +189,7 @@ def _editing_factory(index, references, max_depth):
     return Proposer(index=index, references=references or None, max_depth=max_depth, cursor=True)
 
 
-@pytest.mark.parametrize("family", ["llama", "gemma3"])
+@pytest.mark.parametrize("family", ["llama", pytest.param("gemma3", marks=pytest.mark.full)])
 def test_greedy_with_an_edited_reference_equals_plain_greedy(family, tiny_model_cache):
     """The reference is the true greedy continuation with edits (a substitution,
     an insertion, a deletion): drafts are accepted in long runs and rejected at

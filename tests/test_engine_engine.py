@@ -56,13 +56,12 @@ def set_head(decoder, head: str) -> None:
         decoder.backend.runner.head = None
 
 
-# fast: the first 4 of the 20 prompts on Gemma 3 (sliding window) and Llama, with the lazy and the
-# full head; full: all 20 prompts on every family, each head
+# fast: the first 4 of the 20 prompts on Llama with the lazy head (the full head: the test below);
+# full: Gemma 3's 4 and all 20 prompts on every family, each head
 @pytest.mark.parametrize("name, n_prompts, head", tiers(
     [(name, n, head) for name, n in [("gemma3", 4), ("llama", 4)] + [(name, 20) for name in FAMILIES]
      for head in ("lazy", "full", "model")],
-    fast=[("gemma3", 4, "lazy"), ("llama", 4, "lazy"), ("gemma3", 4, "full"), ("llama", 4, "full"),
-          ("llama", 4, "model")]))
+    fast=[("llama", 4, "lazy")]))
 def test_greedy_matches_generate_for_all_prompts_and_tree_shapes(tiny_model_cache, name, n_prompts, head):
     model = cached_model(tiny_model_cache, name)
     prompts = repetitive_prompts(20, seed=11)[:n_prompts]
@@ -96,8 +95,7 @@ def test_greedy_short_generations_match(family_model, max_new_tokens):
 @pytest.mark.parametrize("family, kind, head", tiers(
     [(family, kind, head) for family in ("gemma3", "gpt2", "llama") for kind in ("cxx", "tree")
      for head in ("lazy", "full")],
-    fast=[("gemma3", "cxx", "lazy"), ("llama", "tree", "lazy"), ("gemma3", "tree", "full"),
-          ("llama", "cxx", "full")]))
+    fast=[("llama", "tree", "lazy"), ("llama", "cxx", "full")]))
 def test_each_row_equals_generate_on_that_row_alone(tiny_model_cache, family, kind, head):
     model = cached_model(tiny_model_cache, family)
     prompts = mixed_batch()

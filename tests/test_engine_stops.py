@@ -76,6 +76,7 @@ def test_max_new_tokens_cuts_an_accepted_run(llama, max_new_tokens):
     assert out.stats.forward_passes <= 2
 
 
+@pytest.mark.full  # many stop strings, each against transformers' generate (one row's: the tests below)
 def test_stop_strings_match_transformers_stop_string_criteria(tiny_tokenizer, tiny_model_cache):
     """Stop strings completed inside an accepted run stop exactly where model.generate stops."""
     for model in (cached_model(tiny_model_cache, "llama"), cached_model(tiny_model_cache, "gemma3")):

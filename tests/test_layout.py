@@ -160,6 +160,8 @@ def test_importing_the_package_or_its_cli_loads_neither_torch_nor_transformers(m
 CROSS_CUTTING = {
     "test_layout.py": "the package as a whole: its import graph, and this layout of its tests",
     "test_readme.py": "README.md and docs/: every code block runs as a reader would run it",
+    "test_install_hints.py": "every install hint in refdec/ against pyproject.toml's extras: the hints live in "
+                             "several modules (refdec.gguf_files, refdec.cli.common, refdec.llama_cpp.api, docstrings)",
     "test_binding_api.py": "refdec._C, the compiled C++ core (csrc/bindings.cc): no .py file to name it after",
     "test_step_syncs.py": "the engine's step as a whole (engine, verify, masks, accept, sampling, transfer): the "
                             "host syncs one step makes",

@@ -273,7 +273,9 @@ class ReadmeRun:
 def readme_model_dir(tmp_path_factory):
     directory = tmp_path_factory.mktemp("tiny-default-model")
     model = tiny_llama(seed=3)
-    model.config.max_position_embeddings = 4096  # the README's edit prompt, one token a character
+    # the README's edit prompt (.ci/run, one token a character) and a few hundred tokens of reply (the random
+    # model never closes the fence: the reply ends at the last position)
+    model.config.max_position_embeddings = len((REPO / ".ci" / "run").read_text()) + 1024
     model.save_pretrained(directory)
     tokenizer = char_tokenizer()
     tokenizer.chat_template = "{% for m in messages %}{{ m['content'] }}\n{% endfor %}"  # for the chat snippet

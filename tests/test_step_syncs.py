@@ -65,9 +65,11 @@ def step_syncs(monkeypatch, model, batch: int, max_draft: int, do_sample: bool, 
     return steps
 
 
-@pytest.mark.parametrize("mode", list(SETTINGS))
-@pytest.mark.parametrize("batch", [1, 8])
-@pytest.mark.parametrize("max_draft", [4, 64])
+# fast: 8 rows, drafts of 4, greedy and every logits setting at once; full: the rest
+@pytest.mark.parametrize("mode", [pytest.param(mode, marks=() if mode in ("greedy", "top-k-top-p") else pytest.mark.full)
+                                  for mode in SETTINGS])
+@pytest.mark.parametrize("batch", [pytest.param(1, marks=pytest.mark.full), 8])
+@pytest.mark.parametrize("max_draft", [4, pytest.param(64, marks=pytest.mark.full)])
 def test_a_step_syncs_at_most_the_budget(monkeypatch, llama, batch, max_draft, mode):
     # top-p ranks the top 8 tokens of the 96, then the whole row: both on the device
     monkeypatch.setattr(sampling, "_TOP_P_CANDIDATES", 8)
@@ -77,7 +79,7 @@ def test_a_step_syncs_at_most_the_budget(monkeypatch, llama, batch, max_draft, m
 
 
 @pytest.mark.parametrize("mode", ["greedy", "top-k-top-p"])
-@pytest.mark.parametrize("batch", [1, 8])
+@pytest.mark.parametrize("batch", [1, pytest.param(8, marks=pytest.mark.full)])
 def test_a_fixed_shape_step_syncs_no_more(monkeypatch, llama, batch, mode):
     """The fixed-shape step (refdec.transformers.static_step) sets its write slots and refills its buffers
     on the device: as many syncs as the other step, B = 8 including rows that finish."""

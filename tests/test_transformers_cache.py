@@ -23,12 +23,12 @@ from tiny_models import one_tree_inputs
 
 
 @pytest.mark.parametrize("preallocate, prefix_len", [(True, 14), (True, 254), (False, 14)])
-def test_a_steps_kept_path_equals_the_cache_of_a_plain_prefill(family_model, preallocate, prefix_len):
+def test_a_steps_kept_path_equals_the_cache_of_a_plain_prefill(mask_family_model, preallocate, prefix_len):
     """After a fork's forward, the root and the accepted nodes gathered right after the prefix (as a
     step keeps them, refdec.transformers.batch.RunningBatch.keep_accepted) leave the cache of a plain
     prefill of that sequence (254: the tree step overflows the preallocated buffer's first capacity
     of 256)."""
-    name, model = family_model
+    name, model = mask_family_model
     prefix = [3 + (7 * i) % 90 for i in range(prefix_len)]
     tree = DraftTree(np.array([30, 31, 32, 33, 34]), np.array(FORK_PARENTS), np.ones(5))
     accepted = np.array([1, 3, 4])  # b ─ d ─ e

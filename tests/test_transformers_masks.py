@@ -97,9 +97,9 @@ def _plain_logits(model, ids):
 
 
 @pytest.mark.parametrize("shape, seed", [("fork", 1), ("wide", 2), ("long_chain", 3)])
-def test_tree_forward_logits_equal_plain_forward_per_branch(family_model, shape, seed):
+def test_tree_forward_logits_equal_plain_forward_per_branch(mask_family_model, shape, seed):
     """Every tree row's logits equal the logits of a plain forward over its branch (prefix cached)."""
-    name, model = family_model
+    name, model = mask_family_model
     rng = np.random.default_rng([seed, FAMILIES.index(name)])  # fixed per case (was hash(): other every run)
     prefix = rng.integers(3, 90, size=13).tolist()  # 12 cached + root; crosses gemma3's window of 8
     if shape == "fork":

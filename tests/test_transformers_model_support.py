@@ -9,8 +9,8 @@ import pytest
 from refdec.transformers.model_support import mask_spec_for
 
 
-def test_mask_spec_of_tiny_models(family_model):
-    name, model = family_model
+def test_mask_spec_of_tiny_models(mask_family_model):
+    name, model = mask_family_model
     spec = mask_spec_for(model)
     if name == "gemma3":
         assert spec.kind == "dict" and spec.window == model.config.sliding_window

@@ -63,7 +63,7 @@ def test_chunked_prefill_matches_generate(tiny_model_cache, family, chunk):
 
 @pytest.mark.parametrize("family, lazy_head", tiers(
     [(family, lazy) for family in ("gemma3", "gpt2", "llama") for lazy in (True, False)],
-    fast=[("gemma3", True), ("llama", False)]))
+    fast=[("llama", True), ("llama", False)]))
 def test_chunked_batch_prefill_keeps_every_row_exact(tiny_model_cache, family, lazy_head):
     """The left-padded batch prefilled 5 columns at a time (padding, sliding window and
     positions cut across chunks) still gives each row its own generate output, with the

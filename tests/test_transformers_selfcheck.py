@@ -36,7 +36,7 @@ def one_plain_mask_for_every_model(monkeypatch) -> None:
                         lambda model: MaskSpec(kind="single", window=None, additive=False, dtype=model.dtype))
 
 
-@pytest.mark.parametrize("name", tiny_models.family_params())
+@pytest.mark.parametrize("name", tiny_models.family_params(fast=tiny_models.MASK_FAMILIES))
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
 @pytest.mark.parametrize("lazy_head", [True, False])
 def test_the_check_passes_models_whose_trees_are_lossless(name, dtype, lazy_head):

@@ -39,7 +39,7 @@ def test_query_rows_are_padded_to_the_smallest_bucket_that_holds_them():
     assert all(query_bucket(b) == b for b in QUERY_BUCKETS)
 
 
-@pytest.mark.parametrize("family, do_sample", tiers(CASES, fast=[("gemma3", True), ("llama", False)]))
+@pytest.mark.parametrize("family, do_sample", tiers(CASES, fast=[("llama", True), ("llama", False)]))
 def test_fixed_shape_steps_give_the_engines_tokens(tiny_model_cache, family, do_sample):
     model = tiny_models.cached_model(tiny_model_cache, family)
     static, dynamic = static_decoder(model), refdec.SpeculativeDecoder(model)

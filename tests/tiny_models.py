@@ -6,10 +6,11 @@ so the output projection is scaled up (``_sharpen``) to make greedy decoding
 fall into loops on repetitive prompts: then drafts copied from the context are
 partly accepted and partly rejected, and the tests check both happen.
 
-Tiers: a property checked on every model family runs on ``FAST_FAMILIES`` (Gemma 3:
-sliding-window layers and a dict of masks; Llama: rotary positions and one mask) in the
-fast tier and on the others (GPT-2: absolute position embeddings; Qwen2) in the ``full``
-tier (``family_params``; tests/conftest.py deselects ``full`` unless ``-m`` names it).
+Tiers: a property checked on every model family runs on ``FAST_FAMILIES`` (Llama: rotary
+positions and one mask, the cheapest to run) in the fast tier, and where the masks or the cache
+are the point on ``MASK_FAMILIES`` (Gemma 3 too: sliding-window layers and a dict of masks); on
+the others (GPT-2: absolute position embeddings; Qwen2) in the ``full`` tier (``family_params``;
+tests/conftest.py deselects ``full`` unless ``-m`` names it).
 """
 
 from __future__ import annotations
@@ -87,12 +88,13 @@ def tiny_gpt2(seed: int = 0, scale: float = 3.0):
 
 MODEL_BUILDERS = {"llama": tiny_llama, "qwen2": tiny_qwen2, "gemma3": tiny_gemma3, "gpt2": tiny_gpt2}
 FAMILIES = sorted(MODEL_BUILDERS)
-FAST_FAMILIES = ("gemma3", "llama")
+FAST_FAMILIES = ("llama",)
+MASK_FAMILIES = ("gemma3", "llama")
 
 
-def family_params(families=FAMILIES) -> list:
-    """pytest parameters over model family names: those outside FAST_FAMILIES marked ``full``."""
-    return [name if name in FAST_FAMILIES else pytest.param(name, marks=pytest.mark.full) for name in families]
+def family_params(families=FAMILIES, fast=FAST_FAMILIES) -> list:
+    """pytest parameters over model family names: those outside ``fast`` marked ``full``."""
+    return [name if name in fast else pytest.param(name, marks=pytest.mark.full) for name in families]
 
 
 def cached_model(cache: dict, name: str):

@@ -11,9 +11,9 @@ it has one; generation stops at the closing code fence. The original file is pas
 the proposer runs in editing mode (a copy cursor follows the output through the
 original), so unchanged stretches are verified many tokens per forward pass.
 
-Output: the rewritten file goes to ``--out`` (or replaces FILE, ``--in-place``), written
-atomically and only when the reply closed the file's fence; else it is streamed to stdout (unless
-``--diff`` without ``--out``: then only the diff is printed). ``--diff`` prints the
+Output: the rewritten file goes to ``--out`` (or replaces FILE, ``--in-place``, keeping its mode),
+written atomically and only when the reply closed the file's fence; else it is streamed to stdout
+(unless ``--diff`` without ``--out``: then only the diff is printed). ``--diff`` prints the
 unified diff of the result against the original to stdout. Stats (tokens/pass,
 accepted fraction, wall time) go to stderr; ``--compare`` also decodes plainly
 (one token per pass) and reports the speed-up, failing if the outputs differ.
@@ -50,7 +50,8 @@ def register(subparsers) -> None:
     where.add_argument("--out", metavar="FILE", default=None,
                        help="write the rewritten file here, only once it is complete (default: stdout)")
     where.add_argument("--in-place", action="store_true",
-                       help="replace FILE with the rewritten file, atomically and only once it is complete")
+                       help="replace FILE with the rewritten file (its mode kept), atomically and only once it is "
+                            "complete")
     p.add_argument("--prompt-template", metavar="NAME|F", default=None,
                    help="a template name ('chat': through the model's chat template, the default for a model that "
                         "has one; original-change (the default for a base model), commit, rewrite) or a file holding "

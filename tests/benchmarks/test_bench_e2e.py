@@ -60,6 +60,7 @@ def _case():
     return workloads.Case(prompt=prompt, output=np.zeros(0, dtype=np.int32), references=[], name="tiny")
 
 
+@pytest.mark.full  # several sampled decodes, refdec's and transformers'
 def test_sampling_runner_gives_refdec_0_tokens_with_drafts_and_hf_samples_at_the_temperature(tiny):
     sampling = dict(temperature=0.7, top_k=None, top_p=0.9, seed=5)
     runner = e2e.Runner(tiny, SimpleNamespace(pad_token_id=0), max_new_tokens=24, sampling=sampling)

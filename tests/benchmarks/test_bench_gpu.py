@@ -15,6 +15,7 @@ import torch
 from benchmarks import gpu, tiny_model
 
 
+@pytest.mark.full  # every section of the benchmark, measured
 def test_a_cpu_quick_run_writes_every_section(tmp_path, capsys):
     path = tmp_path / "gpu.json"
     assert gpu.main(["--device", "cpu", "--quick", "--threads", "1", "--json", str(path)]) == 0
@@ -71,6 +72,7 @@ def test_unknown_sections_and_a_missing_device_are_refused(capsys):
         assert "no CUDA device" in capsys.readouterr().err
 
 
+@pytest.mark.full  # measured decodes of the benchmark's tiny model
 def test_sync_counts_split_prefill_steps_and_the_models_own():
     model = tiny_model.tiny_llama(dtype=torch.float32)
     ids = torch.tensor([[1, 5, 6, 7]])

@@ -587,6 +587,7 @@ _CRASH_SCRIPT = textwrap.dedent(
 )
 
 
+@pytest.mark.full  # many corrupted files queried in a child process (the fuzz tier: tests/index/test_index_fuzz.py)
 def test_queries_on_corrupted_files_without_verify_never_crash_or_hang(tmp_path):
     # A smaller corpus keeps the number of corruptions (5 per 4-byte word) manageable.
     source = tmp_path / "small.refdec"
@@ -630,6 +631,7 @@ def tokenizers(tmp_path_factory):
     return make_tiny_tokenizer(root), make_tiny_tokenizer(root, extra_text=("zzz qqq zzz qqq xyzzy " * 5,))
 
 
+@pytest.mark.full  # trains two tokenizers
 def test_tokenizer_fingerprint_is_stable_and_tells_tokenizers_apart(tokenizers, tmp_path):
     first, second = tokenizers
     fp = tokenizer_fingerprint(first)
