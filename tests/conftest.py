@@ -65,7 +65,7 @@ def mask_family_model(request, tiny_model_cache):
 def batch_family_model(request, tiny_model_cache):
     """(family name, model) for the batch tests, whose masks differ: Gemma 3 (a dict of masks,
     sliding window 8; full tier, a batch across its window in the fast tier:
-    tests/test_decode_prefill.py), GPT-2 (absolute position embeddings; full tier) and Llama
+    tests/test_transformers_prefill.py), GPT-2 (absolute position embeddings; full tier) and Llama
     (rotary, one mask)."""
     return request.param, cached_model(tiny_model_cache, request.param)
 
