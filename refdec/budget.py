@@ -69,6 +69,9 @@ class FixedBudget(_VerifyAsProposed):
         return f"FixedBudget({self.max_nodes})"
 
 
+CHOSEN_KEPT = 100_000  # AutoBudget.chosen keeps at least this many of the latest steps, at most twice as many
+
+
 class AutoBudget:
     """Hardware-aware draft size: the tree prefix that maximises expected tokens per second.
 
@@ -113,7 +116,7 @@ class AutoBudget:
         self._accepted_whole = 0  # verified prefixes accepted whole
         self._grow_next = False  # the next verified prefix is doubled (deep cells explored)
         self.steps = 0
-        self.chosen: list[int] = []  # verified nodes per step (diagnostics)
+        self.chosen: list[int] = []  # verified nodes per step, the last CHOSEN_KEPT..2*CHOSEN_KEPT (diagnostics)
 
     # ---- policy protocol
 
@@ -181,6 +184,8 @@ class AutoBudget:
         self._grow_next = False
         if size:
             self.chosen.append(n)
+            if len(self.chosen) > 2 * CHOSEN_KEPT:  # a policy may live for weeks (a server's decoder)
+                del self.chosen[:-CHOSEN_KEPT]
         if n == 0:
             self._cells = None
             return DraftTree.empty() if size else tree

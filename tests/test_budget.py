@@ -261,3 +261,13 @@ def test_take_prefix_counts_skips_and_explores():
     assert budget.steps == 3
     budget.observe(verified, np.array([0], dtype=np.int64))  # observed once: a second call changes nothing
     assert np.array_equal(np.diff(budget.expected_accepted(tree)), after)
+
+
+def test_the_diagnostic_of_chosen_sizes_is_bounded(monkeypatch):
+    import refdec.budget
+
+    monkeypatch.setattr(refdec.budget, "CHOSEN_KEPT", 3)
+    budget = AutoBudget(flat_curve(), max_nodes=4)
+    for n in range(10):
+        budget.select(sure_chain(1 + n % 4))
+    assert 3 <= len(budget.chosen) <= 6 and budget.chosen[-1] == 2  # the latest kept, the oldest gone

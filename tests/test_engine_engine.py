@@ -216,3 +216,40 @@ def test_the_stats_give_each_phase_its_own_time(monkeypatch, llama, lazy_head):
     assert stats.prepare_seconds == 0
     assert stats.wall_seconds == clock.now and max(r.wall_seconds for r in stats.rows) == clock.now
     assert lazy_head == (len(head_calls) > 0)
+
+
+def test_requests_join_a_running_engine_and_a_finished_one_leaves_at_the_next_step(monkeypatch, llama):
+    """An Engine serves requests as they come: rows added after it has stepped join the running
+    batch, a row finished from outside (cancelled) leaves it at the next step, and every other row
+    still equals model.generate on its own."""
+    import refdec.engine.engine as engine_module
+
+    prompts = repetitive_prompts(3, seed=21)
+    log = []
+
+    def staggered(backend, requests, **settings):
+        engine = engine_module.Engine(backend, **settings)
+        engine.add(requests[:1])
+        for _ in range(3):
+            engine.step()
+        log.append(len(engine.batch))  # the first row alone, decoding
+        engine.add(requests[1:])
+        engine.step()  # the others join
+        log.append(len(engine.batch))
+        engine.step()
+        requests[1].finish("cancelled")
+        engine.step()
+        log.append(len(engine.batch))  # the cancelled row has left
+        while engine:
+            engine.step()
+        return engine.stats
+
+    monkeypatch.setattr(engine_module, "run", staggered)
+    decoder = refdec.SpeculativeDecoder(llama)
+    out = decoder.generate(prompts, max_new_tokens=NEW, max_draft_tokens=8, pad_token_id=0)
+    assert log == [1, 3, 2]
+    for b in (0, 2):
+        assert batch_row(out, b, len(prompts[b])) == hf_greedy(llama, prompts[b]), b
+    assert out.stats.rows[1].stop_reason == "cancelled"
+    cut = batch_row(out, 1, len(prompts[1]))
+    assert len(cut) < len(prompts[1]) + NEW and cut == hf_greedy(llama, prompts[1])[:len(cut)]

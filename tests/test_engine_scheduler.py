@@ -28,6 +28,25 @@ def test_waiting_requests_join_in_order_as_far_as_capacity_allows():
     assert one.next_group(0) == ["a"] and one.next_group(1) == [] and one.next_group(0) == ["b"]
 
 
+def test_requests_queued_later_wait_behind_the_others_and_finished_ones_never_join():
+    class Waiting:
+        def __init__(self, name):
+            self.name, self.done = name, False
+
+        def __repr__(self):
+            return self.name
+
+    a, b, c = Waiting("a"), Waiting("b"), Waiting("c")
+    scheduler = Scheduler([a], capacity=2)
+    scheduler.extend([b, c])
+    b.done = True  # cancelled while waiting
+    assert scheduler.next_group(0) == [a, c] and not scheduler
+    c2 = Waiting("c2")
+    scheduler.extend([c2])
+    c2.done = True
+    assert not scheduler and scheduler.next_group(0) == []
+
+
 # fast: two rows at a time on Llama without the lazy head; full: every family x setting
 @pytest.mark.parametrize("family, max_batch_size, lazy_head", tiers(
     [(family, *setting) for family in ("gemma3", "gpt2", "llama") for setting in [(1, True), (2, True), (2, False),

@@ -43,30 +43,67 @@ from refdec.engine.results import DecodingStats
 from refdec.engine.scheduler import Scheduler
 from refdec.tree import DraftTree
 
-__all__ = ["run"]
+__all__ = ["Engine", "run"]
 
 
-def run(backend: Backend, requests: list[Request], *, capacity: int, prefill_chunk: int | None,
-        max_depth: int, processor: PathLogitsProcessor, do_sample: bool, joint_budget: bool = True) -> DecodingStats:
-    """Decodes ``requests`` (those not already done) to the end, at most ``capacity`` rows at a
-    time. ``processor``: the logits settings applied per tree path (may be inactive);
-    ``joint_budget``: the rows' verified prefixes are chosen together (else each row's
-    budget selects alone). ``backend``: the engine that verifies the trees and keeps the cache
-    (refdec.engine.interface.Backend). Returns the batch's stats (each request fills its own)."""
-    stats = DecodingStats()
-    scheduler = Scheduler([request for request in requests if not request.done], capacity)
-    batch = backend.new_batch()
-    while len(batch) or scheduler:
-        group = scheduler.next_group(len(batch))
+class Engine:
+    """The loop's state between steps: the backend's running batch, the waiting requests and the
+    batch's stats. Requests may be added while it runs (:meth:`add`: they join the running batch
+    at the next step, as rows leave room) and finished from outside (``request.finish(reason)``,
+    a cancelled request: it leaves the batch, with its cache entries, at the next step), so one
+    engine can serve requests as they come.
+
+    ``capacity``: the most rows decoding together; ``processor``: the logits settings applied per
+    tree path (may be inactive); ``joint_budget``: the rows' verified prefixes are chosen
+    together (else each row's budget selects alone). ``backend``: what verifies the trees and
+    keeps the cache (refdec.engine.interface.Backend)."""
+
+    def __init__(self, backend: Backend, *, capacity: int, prefill_chunk: int | None, max_depth: int,
+                 processor: PathLogitsProcessor, do_sample: bool, joint_budget: bool = True) -> None:
+        self.backend = backend
+        self.capacity = capacity
+        self.prefill_chunk = prefill_chunk
+        self.max_depth = max_depth
+        self.processor = processor
+        self.do_sample = do_sample
+        self.joint_budget = joint_budget
+        self.stats = DecodingStats()
+        self.scheduler = Scheduler([], capacity)
+        self.batch = backend.new_batch()
+
+    def add(self, requests: list[Request]) -> None:
+        """Queues ``requests`` (those not already done), in order, after the waiting ones."""
+        self.scheduler.extend(request for request in requests if not request.done)
+
+    def __bool__(self) -> bool:
+        """Whether rows decode or requests wait."""
+        return bool(len(self.batch) or self.scheduler)
+
+    def step(self) -> None:
+        """One step: rows finished from outside leave; then a waiting group joins (its prefill
+        yields each request's first token) if there is room, else the running rows make one
+        propose -> verify -> accept step."""
+        self.batch.drop_finished()
+        group = self.scheduler.next_group(len(self.batch))
         if group:
-            joining = _start(backend, group, stats, prefill_chunk, processor, do_sample)
+            joining = _start(self.backend, group, self.stats, self.prefill_chunk, self.processor, self.do_sample)
             t0 = time.perf_counter()
             joining.drop_finished()
-            batch.join(joining)
-            stats.accept_seconds += time.perf_counter() - t0  # joining is bookkeeping
-            continue
-        _step(backend, batch, stats, max_depth, processor, do_sample, joint_budget, capacity)
-    return stats
+            self.batch.join(joining)
+            self.stats.accept_seconds += time.perf_counter() - t0  # joining is bookkeeping
+        elif len(self.batch):
+            _step(self.backend, self.batch, self.stats, self.max_depth, self.processor, self.do_sample,
+                  self.joint_budget, self.capacity)
+
+
+def run(backend: Backend, requests: list[Request], **settings) -> DecodingStats:
+    """Decodes ``requests`` (those not already done) to the end with an :class:`Engine` made with
+    ``settings``; returns the batch's stats (each request fills its own)."""
+    engine = Engine(backend, **settings)
+    engine.add(requests)
+    while engine:
+        engine.step()
+    return engine.stats
 
 
 def _start(backend: Backend, group: list[Request], stats: DecodingStats, prefill_chunk: int | None,

@@ -26,10 +26,20 @@ class Scheduler:
         self.capacity = int(capacity)
 
     def __bool__(self) -> bool:
-        """Whether requests are still waiting."""
+        """Whether requests are still waiting (one finished while waiting, cancelled, is not)."""
+        self._forget_finished()
         return bool(self.pending)
+
+    def extend(self, requests) -> None:
+        """Queues ``requests`` after the waiting ones (a running engine takes them as rows leave room)."""
+        self.pending.extend(requests)
 
     def next_group(self, active_rows: int) -> list[Request]:
         """The requests that join now, while ``active_rows`` rows decode (may be none)."""
+        self._forget_finished()
         room = min(self.capacity - active_rows, len(self.pending))
         return [self.pending.popleft() for _ in range(max(0, room))]
+
+    def _forget_finished(self) -> None:
+        if any(getattr(request, "done", False) for request in self.pending):
+            self.pending = deque(request for request in self.pending if not getattr(request, "done", False))
