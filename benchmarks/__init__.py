@@ -1,5 +1,6 @@
 """refdec's benchmarks, one package: run each from the repository root as a module,
 
+    python -m benchmarks                        # lists every benchmark, one line each
     python -m benchmarks.simulate --quick       # model-free drafting replay (needs the data)
     python -m benchmarks.e2e --quick            # the real model against HF greedy / prompt lookup
     python -m benchmarks.gpu                    # on a lent GPU, < 8 min (--device cpu --quick: a check)
@@ -20,11 +21,7 @@ Shared modules, one job each:
     baselines   peer drafters (prompt lookup, oracle chain, ArcticInference, draftretriever)
     tiny_model  tiny random Llama / Qwen2 / Gemma 3 models from transformers configs (long_run, gpu)
 
-Benchmarks: simulate, retrieval_sim (model-free); e2e, e2e_batch, prefill, profile_loop,
-make_outputs (the real model); index_bench, memory_bench, retrieval_bench, step_cost,
-long_run (the index, retrieval, proposer and decoder alone); gpu (one prepared run for a lent
-GPU: equivalence, syncs, forward cost against tree size, the loop's time, replayed tokens/s; no
-weights or data needed); plot (figures).
+The benchmarks themselves: ``python -m benchmarks`` lists them (benchmarks/__main__.py).
 
 The benchmarks import refdec's public names only (a few ablations set a private attribute,
 each marked where it does).

@@ -209,3 +209,17 @@ def test_benchmark_imports_the_package_and_refdecs_public_names_without_touching
     for node in ast.walk(tree):
         if isinstance(node, ast.Constant) and isinstance(node.value, str) and "import" in node.value:
             assert "refdec.index import CorpusIndex" not in node.value, path.name
+
+
+# ---------------------------------------------------------------- python -m benchmarks
+
+def test_python_m_benchmarks_lists_every_runnable_benchmark_once(capsys):
+    from benchmarks import __main__ as listing
+
+    assert listing.main() == 0
+    lines = capsys.readouterr().out.splitlines()[1:]
+    with_main = sorted(p.stem for p in BENCH_DIR.glob("*.py") if not p.stem.startswith("_")
+                       and "\ndef main(" in p.read_text())
+    assert [line.split()[0] for line in lines] == with_main
+    assert all(len(line.split(None, 1)) == 2 for line in lines), "a benchmark without a docstring"
+    assert listing.summary("Does X. Then Y.\n\nMore.") == "Does X."
