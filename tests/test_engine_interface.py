@@ -69,23 +69,23 @@ def test_the_transformers_backend_has_every_member_of_the_protocol(llama):
     assert backend.tokenizer is None  # a transformers model brings none
 
 
-def _request(seed: int | None = None, do_sample: bool = False) -> Request:
+def _request(seed: int | None = None, do_sample: bool = False, processor=None) -> Request:
     sampler = TargetSampler(8, do_sample=do_sample, temperature=1.0, top_k=None, top_p=None, seed=seed,
                             device=torch.device("cpu"))
     request = Request(0, np.array([1, 2, 3]), 10, None, stats=DecodingStats(), sampler=sampler,
-                      stopper=StopChecker(set(), [], None), drafter=None, budget=None, started=time.perf_counter())
+                      stopper=StopChecker(set(), [], None), drafter=None, budget=None, started=time.perf_counter(),
+                      processor=processor)
     request.emit([4])
     return request
 
 
 def test_plain_greedy_rows_have_no_rule():
-    inactive = PathLogitsProcessor()
-    assert target_rule(_request(), DraftTree.chain([5, 6]), inactive, do_sample=False) is None
+    assert target_rule(_request(), DraftTree.chain([5, 6])) is None
 
 
 def test_a_sampled_rows_rule_draws_the_samplers_token_at_the_rows_absolute_position():
     request = _request(seed=11, do_sample=True)
-    rule = target_rule(request, DraftTree.chain([5, 6]), PathLogitsProcessor(), do_sample=True)
+    rule = target_rule(request, DraftTree.chain([5, 6]))
     assert isinstance(rule, SampledRule) and rule.root_pos == request.root_pos
     logits = torch.randn(8, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
     for depth in range(3):
@@ -102,9 +102,9 @@ def test_a_rule_with_logits_settings_sees_the_sequence_on_the_rows_path():
             seen.append((list(sequence), prompt_len, position))
             return 0
 
-    request = _request()
+    request = _request(processor=Recording())
     tree = DraftTree(np.array([5, 6, 7]), np.array([-1, 0, -1]), np.ones(3, np.float32))
-    rule = target_rule(request, tree, Recording(), do_sample=False)
+    rule = target_rule(request, tree)
     rule(torch.zeros(8), 2, 2)  # row 2 = node 1, below node 0
     assert seen == [([1, 2, 3, 4, 5, 6], 3, request.root_pos + 3)]
 

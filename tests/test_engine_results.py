@@ -33,6 +33,7 @@ def test_count_draft_counts_proposed_and_accepted_tokens_per_source():
     stats.count_draft(tree, np.zeros(0, dtype=np.int64))  # nothing accepted
     assert (stats.proposed_tokens, stats.accepted_tokens) == (12, 4)
     assert stats.accepted_by_source == {"corpus": 2, "reference": 2}
+    assert stats.proposed_by_source == {"corpus": 6, "reference": 6}  # every verified node, accepted or not
     unnamed = DraftTree(np.array([5]), np.array([-1]), np.ones(1), np.array([3]), ("corpus",))
     stats.count_draft(unnamed, np.array([0], dtype=np.int64))
     assert stats.accepted_by_source["3"] == 1  # a source id without a name is counted under its number
@@ -62,5 +63,7 @@ def test_an_engine_runs_stats_add_up(llama, batched):
         assert sum(stats.accepted_per_pass) == stats.forward_passes
         assert sum(k * n for k, n in enumerate(stats.accepted_per_pass)) == stats.accepted_tokens > 0
         assert sum(stats.accepted_by_source.values()) == stats.accepted_tokens <= stats.proposed_tokens
+        assert sum(stats.proposed_by_source.values()) == stats.proposed_tokens
+        assert all(stats.accepted_by_source[name] <= stats.proposed_by_source[name] for name in stats.accepted_by_source)
         # a pass gives its accepted draft tokens and one more (the last pass may be cut at max_new_tokens)
         assert stats.forward_passes + stats.accepted_tokens >= stats.new_tokens

@@ -34,7 +34,7 @@ def test_the_backend_knows_its_model(llama):
     assert backend.device == torch.device("cpu") and backend.generation_config is llama.generation_config
     assert len(backend.new_batch()) == 0
     tree = DraftTree.chain(np.array([5, 6, 7]))
-    assert backend.fit_tree(tree, capacity=3) is tree
+    assert backend.fit_tree(tree, rows=3) is tree
 
 
 def test_prefill_then_a_verification_step_follow_the_models_greedy_tokens(llama):

@@ -172,40 +172,15 @@ class SpeculativeDecoder:
         started = time.perf_counter()  # the call's clock runs from here: calibration is not decoding
         calibration_seconds = started - calibrating
 
-        drafting = args.max_new_tokens > 0 and budgets[0].max_nodes > 0
-        stopper = StopChecker(args.eos, args.stop_strings, args.tokenizer)
         streamer = args.streamer
         on_tokens = None
         if streamer is not None:
             streamer.put(torch.from_numpy(args.prompts[0]).unsqueeze(0))
             on_tokens = lambda batch_row, tokens: streamer.put(torch.tensor(tokens, dtype=torch.long))  # noqa: E731
-        requests = []
-        for b, prompt in enumerate(args.prompts):
-            row_stats = DecodingStats(seed=args.seeds[b])
-            refs = args.references[b]
-            if args.retrieve and drafting:  # the row's own k most similar index documents join its references
-                t0 = time.perf_counter()
-                hits = args.index.retriever().top_k(prompt, args.retrieve, score="containment")
-                row_stats.retrieved_documents = [doc_idx for doc_idx, _ in hits]
-                refs = list(refs) + [args.index.document(doc_idx) for doc_idx in row_stats.retrieved_documents]
-                row_stats.retrieve_seconds = time.perf_counter() - t0
-            drafter = None
-            if drafting:
-                drafter = self.proposer_factory(args.index, refs, self.max_depth)
-                drafter.start(prompt.astype(np.int32))
-            sampler = TargetSampler(self.vocab_size, do_sample=args.do_sample, temperature=args.temperature,
-                                    top_k=args.top_k, top_p=args.top_p, seed=args.seeds[b], device=self.device,
-                                    min_p=args.min_p)
-            requests.append(Request(b, prompt, args.max_new_tokens, self.max_positions, stats=row_stats,
-                                    sampler=sampler, stopper=stopper, drafter=drafter,
-                                    budget=budgets[b] if drafting else None, started=started, on_tokens=on_tokens,
-                                    on_done=args.on_row_done))
-        if args.max_new_tokens == 0:
-            for request in requests:
-                request.finish("max_new_tokens")
+        requests = [self.make_request(args, b, budgets[b], started, on_tokens=on_tokens, on_done=args.on_row_done)
+                    for b in range(len(args.prompts))]
         stats = engine.run(self.backend, requests, capacity=args.max_batch_size, prefill_chunk=self.prefill_chunk,
-                           max_depth=self.max_depth, processor=args.processor, do_sample=args.do_sample,
-                           joint_budget=self.joint_batch_budget)
+                           max_depth=self.max_depth, joint_budget=self.joint_batch_budget)
         if streamer is not None:
             streamer.end()
         stats.calibration_seconds = calibration_seconds
@@ -213,16 +188,53 @@ class SpeculativeDecoder:
         output.sequences = output.sequences.to(self.device)  # as model.generate's: on the model's device
         return output
 
+    def make_request(self, args: GenerateArguments, b: int, budget: Budget, started: float, *,
+                     on_tokens=None, on_done=None) -> Request:
+        """Row ``b`` of the checked call ``args`` as an engine request: its drafter (with the
+        row's references and, ``retrieve=k``, the index documents most like its prompt), sampler,
+        logits settings and stops; ``budget`` chooses its trees; ``started`` (perf_counter) starts
+        its clock. A request with nothing to emit (``max_new_tokens=0``) is finished already."""
+        prompt = args.prompts[b]
+        row_stats = DecodingStats(seed=args.seeds[b])
+        drafting = args.max_new_tokens > 0 and budget.max_nodes > 0
+        refs = args.references[b]
+        if args.retrieve and drafting:  # the row's own k most similar index documents join its references
+            t0 = time.perf_counter()
+            hits = args.index.retriever().top_k(prompt, args.retrieve, score="containment")
+            row_stats.retrieved_documents = [doc_idx for doc_idx, _ in hits]
+            refs = list(refs) + [args.index.document(doc_idx) for doc_idx in row_stats.retrieved_documents]
+            row_stats.retrieve_seconds = time.perf_counter() - t0
+        drafter = None
+        if drafting:
+            drafter = self.proposer_factory(args.index, refs, self.max_depth)
+            drafter.start(prompt.astype(np.int32))
+        sampler = TargetSampler(self.vocab_size, do_sample=args.do_sample, temperature=args.temperature,
+                                top_k=args.top_k, top_p=args.top_p, seed=args.seeds[b], device=self.device,
+                                min_p=args.min_p)
+        request = Request(b, prompt, args.max_new_tokens, self.max_positions, stats=row_stats, sampler=sampler,
+                          stopper=StopChecker(args.eos, args.stop_strings, args.tokenizer), drafter=drafter,
+                          budget=budget if drafting else None, started=started, on_tokens=on_tokens,
+                          on_done=on_done, processor=args.processor)
+        if args.max_new_tokens == 0:
+            request.finish("max_new_tokens")
+        return request
+
+    def new_budget(self, max_draft_tokens: Budget | str) -> Budget:
+        """A budget for one request of its own: a fresh AutoBudget on the backend's cost curve for
+        ``"auto"`` (measured once per model and machine), else ``max_draft_tokens`` itself."""
+        if isinstance(max_draft_tokens, str):  # "auto" (refdec.engine.arguments checked it)
+            return AutoBudget(self.backend.auto_cost_curve())
+        return max_draft_tokens
+
     def _budgets(self, max_draft_tokens: Budget | str, single: bool, n_rows: int) -> list[Budget]:
         """One budget per row. A single prompt uses the decoder's own "auto" policy (its feedback
         carries over between calls) or the given budget; a batch gives each row a copy of an
         AutoBudget (each row learns its own acceptance) and shares any other budget."""
-        auto = isinstance(max_draft_tokens, str)  # "auto" (refdec.engine.arguments checked it)
-        if single and auto:
+        if single and isinstance(max_draft_tokens, str):
             if self._auto_budget is None:
-                self._auto_budget = AutoBudget(self.backend.auto_cost_curve())  # measured once (cached)
+                self._auto_budget = self.new_budget(max_draft_tokens)
             return [self._auto_budget]
-        template = AutoBudget(self.backend.auto_cost_curve()) if auto else max_draft_tokens
+        template = self.new_budget(max_draft_tokens)
         if single:
             return [template]
         if isinstance(template, AutoBudget):

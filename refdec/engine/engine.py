@@ -32,12 +32,10 @@ from __future__ import annotations
 import time
 
 import numpy as np
-import torch
 
 from refdec.budget import Budget
 from refdec.engine.drafts import draft_for_step
 from refdec.engine.interface import Backend, RunningBatch, target_rule
-from refdec.engine.processors import PathLogitsProcessor
 from refdec.engine.requests import Request
 from refdec.engine.results import DecodingStats
 from refdec.engine.scheduler import Scheduler
@@ -53,19 +51,19 @@ class Engine:
     a cancelled request: it leaves the batch, with its cache entries, at the next step), so one
     engine can serve requests as they come.
 
-    ``capacity``: the most rows decoding together; ``processor``: the logits settings applied per
-    tree path (may be inactive); ``joint_budget``: the rows' verified prefixes are chosen
-    together (else each row's budget selects alone). ``backend``: what verifies the trees and
-    keeps the cache (refdec.engine.interface.Backend)."""
+    Each request brings its own settings (sampling, logits settings, stops, limits: its
+    ``sampler``, ``processor`` and ``stopper``), so rows of one batch may differ in all of them.
+
+    ``capacity``: the most rows decoding together; ``joint_budget``: the rows' verified prefixes
+    are chosen together (else each row's budget selects alone). ``backend``: what verifies the
+    trees and keeps the cache (refdec.engine.interface.Backend)."""
 
     def __init__(self, backend: Backend, *, capacity: int, prefill_chunk: int | None, max_depth: int,
-                 processor: PathLogitsProcessor, do_sample: bool, joint_budget: bool = True) -> None:
+                 joint_budget: bool = True) -> None:
         self.backend = backend
         self.capacity = capacity
         self.prefill_chunk = prefill_chunk
         self.max_depth = max_depth
-        self.processor = processor
-        self.do_sample = do_sample
         self.joint_budget = joint_budget
         self.stats = DecodingStats()
         self.scheduler = Scheduler([], capacity)
@@ -86,14 +84,13 @@ class Engine:
         self.batch.drop_finished()
         group = self.scheduler.next_group(len(self.batch))
         if group:
-            joining = _start(self.backend, group, self.stats, self.prefill_chunk, self.processor, self.do_sample)
+            joining = _start(self.backend, group, self.stats, self.prefill_chunk)
             t0 = time.perf_counter()
             joining.drop_finished()
             self.batch.join(joining)
             self.stats.accept_seconds += time.perf_counter() - t0  # joining is bookkeeping
         elif len(self.batch):
-            _step(self.backend, self.batch, self.stats, self.max_depth, self.processor, self.do_sample,
-                  self.joint_budget, self.capacity)
+            _step(self.backend, self.batch, self.stats, self.max_depth, self.joint_budget)
 
 
 def run(backend: Backend, requests: list[Request], **settings) -> DecodingStats:
@@ -106,17 +103,18 @@ def run(backend: Backend, requests: list[Request], **settings) -> DecodingStats:
     return engine.stats
 
 
-def _start(backend: Backend, group: list[Request], stats: DecodingStats, prefill_chunk: int | None,
-           processor: PathLogitsProcessor, do_sample: bool):
-    """Prefills ``group`` and emits each request's first token; returns the group's batch."""
+def _start(backend: Backend, group: list[Request], stats: DecodingStats, prefill_chunk: int | None):
+    """Prefills ``group`` and emits each request's first token (by its own logits settings and
+    sampler); returns the group's batch."""
     t0 = time.perf_counter()
     joining, last = backend.prefill(group, prefill_chunk)  # last: [G, V]
-    if processor.active:
-        last = torch.stack([processor(last[i], request.seq, request.prompt_len) for i, request in enumerate(group)])
-    if do_sample:
-        firsts = [request.sampler.sample(last[i], request.prompt_len) for i, request in enumerate(group)]
-    else:
-        firsts = last.argmax(dim=-1).tolist()
+    firsts = []
+    for i, request in enumerate(group):
+        logits = last[i]
+        if request.processor.active:
+            logits = request.processor(logits, request.seq, request.prompt_len)
+        firsts.append(request.sampler.sample(logits, request.prompt_len) if request.sampler.do_sample
+                      else int(logits.argmax()))
     t1 = time.perf_counter()
     stats.prefill_seconds += t1 - t0
     stats.count_pass(0)
@@ -135,14 +133,14 @@ def _select(budgets: list[Budget], trees: list[DraftTree], joint: bool) -> list[
     return [budget.select(tree) for budget, tree in zip(budgets, trees)]
 
 
-def _step(backend: Backend, batch: RunningBatch, stats: DecodingStats, max_depth: int, processor: PathLogitsProcessor,
-          do_sample: bool, joint_budget: bool, capacity: int) -> None:
+def _step(backend: Backend, batch: RunningBatch, stats: DecodingStats, max_depth: int, joint_budget: bool) -> None:
     requests = batch.requests
+    rows = len(requests)  # the trees share the step: each row's is fitted to the rows decoding now
     # -- 1. propose
     t0 = time.perf_counter()
     trees = [DraftTree.empty() if request.drafter is None else
              backend.fit_tree(draft_for_step(request.drafter, request.budget, request.room - 1, max_depth,
-                                             backend.vocab_size), capacity)
+                                             backend.vocab_size), rows)
              for request in requests]
     drafted = [b for b, request in enumerate(requests) if request.drafter is not None]
     if drafted:
@@ -153,7 +151,7 @@ def _step(backend: Backend, batch: RunningBatch, stats: DecodingStats, max_depth
     # -- 2. prepare and 3. verify (the backend lays the trees out as its forward's inputs)
     root_pos = np.array([request.root_pos for request in requests], dtype=np.int64)
     roots = np.array([request.seq[-1] for request in requests], dtype=np.int64)
-    rules = [target_rule(request, tree, processor, do_sample) for request, tree in zip(requests, trees)]
+    rules = [target_rule(request, tree) for request, tree in zip(requests, trees)]
     verified = backend.verify(batch, trees, roots, root_pos, rules)
     t2 = t1 + verified.prepare_seconds
     # -- 4. accept

@@ -22,7 +22,7 @@ import numpy as np
 import torch
 
 from refdec.cost_curve import CostCurve
-from refdec.engine.processors import PathLogitsProcessor, path_tokens
+from refdec.engine.processors import path_tokens
 from refdec.engine.requests import Request
 from refdec.engine.sampling import TargetSampler
 from refdec.tree import DraftTree
@@ -64,18 +64,18 @@ class SampledRule:
         return self.sampler.sample(logits_row, self.root_pos + 1 + depth)
 
 
-def target_rule(request: Request, tree: DraftTree, processor: PathLogitsProcessor,
-                do_sample: bool) -> TargetRule | None:
+def target_rule(request: Request, tree: DraftTree) -> TargetRule | None:
     """The target rule of one row this step: None for plain greedy (the backend takes the argmax
     of every row at once); a :class:`SampledRule` for plain sampling; with logits settings
-    (``processor.active``) a rule that applies them to each row's logits with the sequence on
-    the row's path, then picks greedily or samples."""
+    (``request.processor.active``) a rule that applies them to each row's logits with the sequence
+    on the row's path, then picks greedily or samples (``request.sampler``)."""
     root_pos = request.root_pos
+    processor = request.processor
     if processor.active:
         return lambda logits_row, row, depth: processor.target(
             logits_row, request.seq + path_tokens(tree, row), request.prompt_len, request.sampler,
             root_pos + 1 + depth)
-    if do_sample:
+    if request.sampler.do_sample:
         return SampledRule(request.sampler, root_pos)
     return None
 
@@ -114,8 +114,8 @@ class Backend(Protocol):
         """The group's prompts into a new running batch (in forwards of at most ``chunk`` tokens;
         None: one), and float [G, V] the logits after each prompt's last token."""
 
-    def fit_tree(self, tree: DraftTree, capacity: int) -> DraftTree:
-        """The prefix of ``tree`` this backend verifies in one step when ``capacity`` rows decode
+    def fit_tree(self, tree: DraftTree, rows: int) -> DraftTree:
+        """The prefix of ``tree`` this backend verifies in one step when ``rows`` rows decode
         together (the tree itself where it has no limit)."""
 
     def verify(self, batch: RunningBatch, trees: list[DraftTree], roots: np.ndarray, root_pos: np.ndarray,

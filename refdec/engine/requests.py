@@ -8,6 +8,7 @@ from typing import Callable
 import numpy as np
 
 from refdec.budget import Budget
+from refdec.engine.processors import PathLogitsProcessor
 from refdec.engine.results import DecodingStats
 from refdec.engine.sampling import TargetSampler
 from refdec.engine.stops import StopChecker
@@ -21,7 +22,8 @@ class Request:
 
     ``seq``: the prompt's token ids followed by the tokens emitted so far; decoding ends at
     ``max_total`` tokens (the prompt's plus ``max_new_tokens``, capped by the model's
-    positions), at an eos or a stop string (``stopper``). ``drafter`` / ``budget`` are None
+    positions), at an eos or a stop string (``stopper``). ``sampler`` picks its tokens (greedy or
+    sampled) after ``processor`` (its logits settings, may be inactive). ``drafter`` / ``budget`` are None
     when nothing is drafted (``max_draft_tokens=0``). ``on_tokens(batch_row, tokens)``
     receives each run of kept tokens (streaming), ``on_done(batch_row, new_tokens, stats)``
     the row's result once it is finished."""
@@ -30,7 +32,8 @@ class Request:
                  stats: DecodingStats, sampler: TargetSampler, stopper: StopChecker, drafter: Drafter | None,
                  budget: Budget | None, started: float,
                  on_tokens: Callable[[int, list[int]], None] | None = None,
-                 on_done: Callable[[int, list[int], DecodingStats], None] | None = None) -> None:
+                 on_done: Callable[[int, list[int], DecodingStats], None] | None = None,
+                 processor: PathLogitsProcessor | None = None) -> None:
         self.batch_row = batch_row
         self.prompt = prompt  # int64 [prompt_len]
         self.prompt_len = int(prompt.shape[0])
@@ -41,6 +44,7 @@ class Request:
             self.max_total = min(self.max_total, max_positions + 1)  # the last token is emitted, never fed
         self.stats = stats
         self.sampler = sampler
+        self.processor = processor if processor is not None else PathLogitsProcessor()
         self.stopper = stopper
         self.drafter = drafter
         self.budget = budget

@@ -37,6 +37,7 @@ class DecodingStats:
     proposed_tokens: int = 0
     accepted_tokens: int = 0
     accepted_by_source: dict[str, int] = field(default_factory=dict)
+    proposed_by_source: dict[str, int] = field(default_factory=dict)  # verified draft tokens per draft source
     prefill_seconds: float = 0.0
     propose_seconds: float = 0.0
     prepare_seconds: float = 0.0
@@ -75,14 +76,21 @@ class DecodingStats:
         self.accepted_per_pass[accepted] += 1
 
     def count_draft(self, tree: DraftTree, accepted_nodes: np.ndarray) -> None:
-        """Proposed and accepted draft tokens of one verified ``tree``, accepted ones per source
+        """Proposed and accepted draft tokens of one verified ``tree``, both per source too
         (``accepted_nodes``: int64 [k], the accepted node indices)."""
         self.proposed_tokens += len(tree)
         self.accepted_tokens += int(accepted_nodes.shape[0])
-        if accepted_nodes.shape[0]:
-            for src, count in zip(*np.unique(tree.source_ids[accepted_nodes], return_counts=True)):
-                name = tree.source_names[src] if src < len(tree.source_names) else str(int(src))
-                self.accepted_by_source[name] = self.accepted_by_source.get(name, 0) + int(count)
+        _count_sources(self.proposed_by_source, tree, tree.source_ids)
+        _count_sources(self.accepted_by_source, tree, tree.source_ids[accepted_nodes])
+
+
+def _count_sources(counts: dict[str, int], tree: DraftTree, source_ids: np.ndarray) -> None:
+    """Adds to ``counts`` (source name -> tokens) the nodes of ``tree`` whose sources are ``source_ids``
+    (int32 [k], indices into ``tree.source_names``)."""
+    if source_ids.shape[0]:
+        for src, count in zip(*np.unique(source_ids, return_counts=True)):
+            name = tree.source_names[src] if src < len(tree.source_names) else str(int(src))
+            counts[name] = counts.get(name, 0) + int(count)
 
 
 @dataclass

@@ -170,14 +170,14 @@ class LlamaCppBackend:
         self._free_all_seqs()
         return LlamaRunningBatch(self, [], [])
 
-    def fit_tree(self, tree: DraftTree, capacity: int) -> DraftTree:
-        """This row's share of one decode when ``capacity`` rows decode together: at most
-        ``n_batch / capacity - 1`` nodes (and ``max_tree``), and no more leaves than its share of
+    def fit_tree(self, tree: DraftTree, rows: int) -> DraftTree:
+        """This row's share of one decode when ``rows`` rows decode together: at most
+        ``n_batch / rows - 1`` nodes (and ``max_tree``), and no more leaves than its share of
         the branch sequences (what the rows' base sequences leave)."""
-        most = min(self.max_tree, self.ctx.n_batch // max(1, capacity) - 1)
+        most = min(self.max_tree, self.ctx.n_batch // max(1, rows) - 1)
         if len(tree) > most:
             tree = keep_nodes(tree, np.arange(max(0, most)))
-        share = (self.ctx.n_seq_max - capacity) // max(1, capacity)
+        share = (self.ctx.n_seq_max - rows) // max(1, rows)
         return prefix_with_leaves(tree, share) if len(tree) > share else tree
 
     def prefill(self, group: list, chunk: int | None):

@@ -86,7 +86,7 @@ class TransformersBackend:
     def prefill(self, group: list, chunk: int | None):
         return prefill(self.runner, group, chunk)
 
-    def fit_tree(self, tree: DraftTree, capacity: int) -> DraftTree:
+    def fit_tree(self, tree: DraftTree, rows: int) -> DraftTree:
         return tree
 
     def verify(self, batch: RunningBatch, trees: list[DraftTree], roots: np.ndarray, root_pos: np.ndarray,
