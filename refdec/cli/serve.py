@@ -1,0 +1,108 @@
+"""``refdec serve``: a local OpenAI-compatible server that takes Predicted Outputs.
+
+    refdec serve [--model NAME|DIR|F.gguf] [--engine llama.cpp|transformers] [--index CORPUS.refdec]
+                 [--host 127.0.0.1] [--port 8000] [--served-model-name NAME ...] [--api-key KEY]
+                 [--max-concurrent N] [--max-waiting N] [--ctx N] [--threads N]
+
+The editor model on llama.cpp by default. Every request decodes as one row of one running batch
+(refdec.engine.service) with its own settings; its ``prediction`` drafts as its reference. The
+API key may come from the environment (``REFDEC_API_KEY``) rather than the command line, where
+other users of the machine could read it. docs/serve.md shows clients.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+from pathlib import Path
+
+from refdec import gguf_files
+from refdec.cli.common import add_model_arguments, check_input_file, is_gguf, load_model_arg, set_threads
+from refdec.tree import MAX_NODES
+
+SERVE_INSTALL_HINT = "pip install 'refdec[serve]'"
+API_KEY_ENV = "REFDEC_API_KEY"
+DEFAULT_CONTEXT = 8192  # tokens per request: prompt + completion
+
+
+def register(subparsers) -> None:
+    """Add the ``serve`` command to the ``refdec`` parser."""
+    p = subparsers.add_parser(
+        "serve", help="an OpenAI-compatible server that accepts Predicted Outputs (`prediction`)",
+        description="Serve a model over OpenAI's HTTP API (/v1/chat/completions, /v1/completions, /v1/models, "
+                    "/health). A request's `prediction` is drafted from, so edits come out many tokens per pass; "
+                    "the output is what plain decoding gives. Concurrent requests decode in one batch.")
+    add_model_arguments(p, f"{gguf_files.EDITOR_MODEL_NAME}, the editor model (refdec[editor]), on llama.cpp when "
+                           f"installed")
+    p.add_argument("--index", metavar="CORPUS.refdec", default=None,
+                   help="a corpus index (refdec index build) that drafts for every request")
+    p.add_argument("--host", default="127.0.0.1", help="the address to bind (default: 127.0.0.1, this machine only)")
+    p.add_argument("--port", type=int, default=8000, help="the port (default: 8000)")
+    p.add_argument("--served-model-name", nargs="+", default=None, metavar="NAME",
+                   help="the model ids the server answers to (default: the model's name); some clients send "
+                        "`prediction` only for ids they allow-list")
+    p.add_argument("--api-key", default=None, metavar="KEY",
+                   help=f"require 'Authorization: Bearer KEY' (default: ${API_KEY_ENV} when set, else none)")
+    p.add_argument("--max-concurrent", type=int, default=4, metavar="N",
+                   help="requests decoding together in one batch (default: 4)")
+    p.add_argument("--max-waiting", type=int, default=64, metavar="N",
+                   help="requests queued behind them before the server answers 503 (default: 64)")
+    p.add_argument("--ctx", type=int, default=DEFAULT_CONTEXT, metavar="N",
+                   help=f"tokens per request, prompt and completion together (default: {DEFAULT_CONTEXT})")
+    p.add_argument("--threads", type=int, default=None, metavar="N",
+                   help="CPU threads, llama.cpp's or torch's (default: one per core)")
+    p.set_defaults(handler=run)
+
+
+def _check(args) -> None:
+    for flag, value, least in (("--max-concurrent", args.max_concurrent, 1), ("--max-waiting", args.max_waiting, 0),
+                               ("--ctx", args.ctx, 16)):
+        if value < least:
+            raise ValueError(f"{flag} must be >= {least}, got {value}")
+    if not 0 <= args.port <= 65535:
+        raise ValueError(f"--port must be in 0..65535, got {args.port}")
+    if args.index is not None:
+        check_input_file(args.index, "--index")
+    if args.served_model_name is not None and any(not name.strip() for name in args.served_model_name):
+        raise ValueError("--served-model-name: a name must not be empty")
+
+
+def run(args) -> int:
+    _check(args)
+    try:
+        import uvicorn
+
+        from refdec.serve.app import create_app
+    except ImportError as error:
+        raise ImportError(f"refdec serve needs {error.name}: {SERVE_INSTALL_HINT}") from None
+    import refdec
+    from refdec.engine.service import DecodingService
+
+    set_threads(args.threads)
+    model_name = args.model or gguf_files.EDITOR_MODEL_NAME
+    # every request's row has a slot of --ctx cells and room for its draft tree
+    cells = args.max_concurrent * (args.ctx + MAX_NODES + 1)
+    print(f"refdec serve: loading {model_name}", file=sys.stderr)
+    model, tokenizer, engine = load_model_arg(model_name, args.threads, args.engine, n_ctx=cells)
+    index = None
+    if args.index:
+        from refdec.index import CorpusIndex
+
+        index = CorpusIndex.load(args.index, tokenizer)
+    decoder = refdec.SpeculativeDecoder(model, tokenizer=tokenizer, index=index)
+    limit = decoder.max_positions
+    context = args.ctx if limit is None else min(args.ctx, limit + 1)
+    service = DecodingService(decoder, max_concurrent=args.max_concurrent, max_waiting=args.max_waiting)
+    names = args.served_model_name or [Path(model_name).stem if is_gguf(model_name) else model_name]
+    api_key = args.api_key or os.environ.get(API_KEY_ENV) or None
+    app = create_app(service, model_names=names, context_length=context, api_key=api_key)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s", stream=sys.stderr)
+    print(f"refdec serve: {names[0]} on {engine}, {args.max_concurrent} concurrent requests of up to {context} "
+          f"tokens, at http://{args.host}:{args.port}/v1 (models: {', '.join(names)}; API key: "
+          f"{'required' if api_key else 'none'})", file=sys.stderr)
+    try:
+        uvicorn.run(app, host=args.host, port=args.port, log_level="warning")
+    finally:
+        service.close()
+    return 0
