@@ -30,7 +30,7 @@ import string
 from dataclasses import dataclass
 
 __all__ = ["CHAT_TEMPLATE", "TEMPLATES", "DEFAULT_TEMPLATE", "EDITOR_SYSTEM_MESSAGE", "EditPrompt", "build_chat_edit_prompt",
-           "build_edit_prompt", "fence_for"]
+           "build_edit_prompt", "chat_edit_messages", "fence_for", "reply_code_block"]
 
 CHAT_TEMPLATE = "chat"  # the template name that asks for the model's own chat template (instruct models)
 
@@ -142,6 +142,24 @@ def _chat_text(tokenizer, messages: list[dict]) -> str:
         raise ValueError(f"--prompt-template {CHAT_TEMPLATE}: the model has no chat template ({exc})") from exc
 
 
+def chat_edit_messages(original: str, instruction: str) -> tuple[list[dict], str]:
+    """``(messages, fence)``: the edit as chat messages (a system message asking for an exact copy
+    apart from the change, :data:`EDITOR_SYSTEM_MESSAGE`; the user message: the file fenced, the
+    instruction, the whole file asked for in one block) and the fence around the file."""
+    body = _file_body(original, instruction)
+    fence = fence_for(original + instruction)
+    message = (f"{fence}\n{body}{fence}\n\n{instruction.strip()}\n\n"
+               f"Reply with the whole updated file in one code block.")
+    return [{"role": "system", "content": EDITOR_SYSTEM_MESSAGE}, {"role": "user", "content": message}], fence
+
+
+def reply_code_block(reply: str) -> str | None:
+    """The file in a chat reply: the body of its first fenced code block (```` ```lang ```` ...
+    the same fence), None when the reply closes no code block."""
+    match = re.search(r"^(`{3,})[^\n`]*\n(.*?)^\1[ \t]*$", reply, re.S | re.M)
+    return None if match is None else match.group(2)
+
+
 def build_chat_edit_prompt(original: str, instruction: str, tokenizer) -> EditPrompt:
     """The edit through ``tokenizer.apply_chat_template``: a system message asking for an exact copy
     apart from the change (:data:`EDITOR_SYSTEM_MESSAGE`; folded into the user message for a
@@ -150,15 +168,12 @@ def build_chat_edit_prompt(original: str, instruction: str, tokenizer) -> EditPr
     writes the file next and closes it with the fence, as with the base-model templates (the
     text is tokenized without adding special tokens: the template wrote them). ValueError when the
     tokenizer has no chat template or ``instruction`` is empty."""
-    body = _file_body(original, instruction)
-    fence = fence_for(original + instruction)
-    message = (f"{fence}\n{body}{fence}\n\n{instruction.strip()}\n\n"
-               f"Reply with the whole updated file in one code block.")
+    messages, fence = chat_edit_messages(original, instruction)
     try:
-        text = _chat_text(tokenizer, [{"role": "system", "content": EDITOR_SYSTEM_MESSAGE},
-                                      {"role": "user", "content": message}])
+        text = _chat_text(tokenizer, messages)
     except ValueError:
         raise
     except Exception:  # noqa: BLE001 - a template that refuses a system role (jinja2's TemplateError)
-        text = _chat_text(tokenizer, [{"role": "user", "content": f"{EDITOR_SYSTEM_MESSAGE}\n\n{message}"}])
+        folded = f"{EDITOR_SYSTEM_MESSAGE}\n\n{messages[1]['content']}"
+        text = _chat_text(tokenizer, [{"role": "user", "content": folded}])
     return EditPrompt(text=f"{text}{fence}\n", stop=fence)

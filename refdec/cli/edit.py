@@ -3,6 +3,7 @@
     refdec edit FILE --instruction TEXT [--model NAME|DIR|F.gguf] [--engine llama.cpp|transformers]
                 [--out FILE | --in-place] [--prompt-template NAME|F]
                 [--max-new-tokens N] [--max-draft-tokens N|auto] [--compare] [--diff] [--threads N]
+    refdec edit FILE --instruction TEXT --server URL [--api-key KEY] [--model ID] [--out FILE | --in-place] [--diff]
 
 The model is the editor model (Qwen2.5-Coder-1.5B-Instruct, ``refdec[editor]``) unless
 ``--model`` names another; it runs on llama.cpp when llama-cpp-python is installed. The prompt
@@ -17,6 +18,8 @@ written atomically and only when the reply closed the file's fence; else it is s
 unified diff of the result against the original to stdout. Stats (tokens/pass,
 accepted fraction, wall time) go to stderr; ``--compare`` also decodes plainly
 (one token per pass) and reports the speed-up, failing if the outputs differ.
+
+``--server URL``: a running OpenAI-compatible server decodes instead (refdec.cli.edit_remote).
 """
 
 from __future__ import annotations
@@ -69,6 +72,12 @@ def register(subparsers) -> None:
     p.add_argument("--threads", type=int, default=None, metavar="N",
                    help="CPU threads, torch's or llama.cpp's (default: the engine's; on a busy machine fewer is "
                         "faster)")
+    p.add_argument("--server", metavar="URL", default=None,
+                   help="send the edit, the file as its `prediction`, to a running OpenAI-compatible server "
+                        "(refdec serve, or vLLM with refdec's proposer: many edits share one loaded model); --model "
+                        "is then the server's model id (default: its first)")
+    p.add_argument("--api-key", metavar="KEY", default=None,
+                   help="with --server: the server's API key (default: $REFDEC_API_KEY or $OPENAI_API_KEY)")
     p.set_defaults(handler=run)
 
 
@@ -122,6 +131,20 @@ class _FenceStreamer:
             self.written = upto
 
 
+def _write_diff(path: str, original: str, result: str) -> None:
+    """``--diff``: the unified diff of ``result`` against ``original`` on stdout (a last line
+    without a newline marked as ``diff -u`` marks it)."""
+    name = Path(path).name
+    changed = False
+    for line in difflib.unified_diff(original.splitlines(keepends=True), result.splitlines(keepends=True),
+                                     fromfile=f"a/{name}", tofile=f"b/{name}"):
+        sys.stdout.write(line if line.endswith("\n") else line + "\n\\ No newline at end of file\n")
+        changed = True
+    sys.stdout.flush()
+    if not changed:
+        print("[refdec edit] --diff: no changes (the result equals the original)", file=sys.stderr)
+
+
 def _plain(decoder, on_llama: bool, tokenizer, input_ids, common: dict) -> tuple[list[int], float]:
     """``--compare``'s baseline, what a user would run instead: the new tokens and the seconds of
     plain greedy decoding, ending at the model's eos or the stop string as refdec's decode ends.
@@ -168,6 +191,12 @@ def run(args) -> int:
     elif args.out is not None:
         check_output_path(args.out)
     original = _read(args.file)
+    if args.server is not None:
+        from refdec.cli import edit_remote
+
+        return edit_remote.run(args, original, lambda before, after: _write_diff(args.file, before, after))
+    if args.api_key is not None:
+        raise ValueError("--api-key goes with --server")
     template = _template(args.prompt_template)
     model, tokenizer, engine = load_model_arg(args.model or EDITOR_MODEL, args.threads, args.engine)
     on_llama = engine == "llama.cpp"
@@ -219,16 +248,7 @@ def run(args) -> int:
     elif args.out is None and not args.diff:
         sys.stdout.write(result if result.endswith("\n") else result + "\n")
     if args.diff:
-        name = Path(args.file).name
-        changed = False
-        for line in difflib.unified_diff(original.splitlines(keepends=True), result.splitlines(keepends=True),
-                                         fromfile=f"a/{name}", tofile=f"b/{name}"):
-            # A last line without a newline is marked as `diff -u` does.
-            sys.stdout.write(line if line.endswith("\n") else line + "\n\\ No newline at end of file\n")
-            changed = True
-        sys.stdout.flush()
-        if not changed:
-            print("[refdec edit] --diff: no changes (the result equals the original)", file=sys.stderr)
+        _write_diff(args.file, original, result)
 
     frac = s.accepted_tokens / s.proposed_tokens if s.proposed_tokens else 0.0
     # verification accepts drafted tokens past the closing fence too; the output stops at the fence
