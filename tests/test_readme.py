@@ -16,7 +16,8 @@ may use what the README's decode example defines (``model``, ``tok``, ``ids``): 
 defines them, with the README's own lines, before the page's first Python block. Install lines,
 the test command itself and CI scripts are not run (``NOT_RUN`` says why). The llama.cpp blocks
 run in tests/test_llama_cpp_backend.py, the vLLM snippets in tests/test_vllm.py (the pages
-in ``VLLM_PAGES``). A block the test does not know fails it: add it to the plan.
+in ``VLLM_PAGES``), docs/serve.md's against a live server in tests/test_serve_app.py. A block the test does not
+know fails it: add it to the plan.
 """
 
 from __future__ import annotations
@@ -53,7 +54,9 @@ def pages() -> list[Path]:
     return [README, *sorted(DOCS.glob("*.md"))]
 
 
-PAGES = [str(path.relative_to(REPO)) for path in pages()]
+# The page whose blocks talk to a running `refdec serve`: tests/test_serve_app.py runs them against a live server.
+SERVE_PAGE = "docs/serve.md"
+PAGES = [page for page in (str(path.relative_to(REPO)) for path in pages()) if page != SERVE_PAGE]
 # The pages holding the vLLM snippets tests/test_vllm.py runs (in this order, one namespace).
 VLLM_PAGES = ("README.md", "docs/vllm.md")
 
@@ -126,6 +129,8 @@ NOT_RUN = {
     "REFDEC_NATIVE=1": "an install",
     "python -m pytest": "the test command (this is its run)",
     "bash .ci/sanitize": "a CI step of its own",
+    "refdec serve": "starts a server (tests/test_cli_serve.py starts it; tests/test_serve_app.py runs docs/serve.md "
+                    "against a live one)",
 }
 
 # The README's placeholders in command lines, and what stands in for them (made in the run's folder).
@@ -365,7 +370,8 @@ def test_the_stand_ins_still_match_the_readme():
                    for line in block.text.splitlines()}
     for line in DOCS_PREAMBLE.splitlines():
         assert line in readme_code, f"DOCS_PREAMBLE's {line!r} is no longer in the README's decode example"
-    vllm_pages = {block.page for block in blocks if block.language == "python" and needs_vllm(block)}
+    vllm_pages = {block.page for block in blocks if block.language == "python" and needs_vllm(block)
+                  and block.page != SERVE_PAGE}
     assert vllm_pages == set(VLLM_PAGES), f"the vLLM snippets are in {sorted(vllm_pages)}, VLLM_PAGES says {VLLM_PAGES}"
 
 

@@ -32,7 +32,7 @@ from refdec.serve.text import TextStream  # noqa: E402
 
 pytestmark = pytest.mark.llama
 
-CONTEXT = 384  # tokens per request
+CONTEXT = 768  # tokens per request
 SLOTS = 4
 MODEL = "tiny"
 PROMPTS = ["hello world, hello world", "def f(x):\n    return x", "the cat sat on the mat; the cat",
@@ -336,3 +336,51 @@ def test_models_lists_the_served_names(server):
     reply = server.client().chat.completions.create(model="gpt-4o", messages=[{"role": "user", "content": "x"}],
                                                     max_tokens=3, temperature=0)
     assert reply.model == "gpt-4o"
+
+
+def test_the_serve_page_runs_against_a_live_server(decoder, tmp_path, monkeypatch, capsys):
+    """docs/serve.md's client blocks, as a reader pastes them, against a server on the tiny model
+    (the URL the page names stands for the live one; installs and `refdec serve` itself are not run)."""
+    import re
+    import shlex
+    import shutil
+    import subprocess
+    from pathlib import Path
+
+    from refdec import gguf_files
+    from refdec.cli.main import main
+
+    page = Path(__file__).resolve().parents[1] / "docs" / "serve.md"
+    blocks = re.findall(r"^```(\w*)\n(.*?)^```", page.read_text(), re.S | re.M)
+    live = LiveServer(decoder, model_names=[gguf_files.EDITOR_MODEL_NAME])
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "app.py").write_text("total = 1\nprint(total)\n")
+    ran = []
+    try:
+        for language, text in blocks:
+            text = text.replace("http://127.0.0.1:8000", live.url)
+            if language == "python":
+                exec(compile(text, "docs/serve.md", "exec"), {})
+                ran.append("python")
+                continue
+            for line in text.replace("\\\n", " ").splitlines():
+                command = line.split("  #", 1)[0].strip()
+                if not command or command.startswith(("pip install", "refdec serve")):
+                    continue
+                args = shlex.split(command)
+                if args[0] == "curl":
+                    if shutil.which("curl") is None:
+                        continue
+                    answer = json.loads(subprocess.run(args + ["-s"], capture_output=True, text=True,
+                                                       check=True).stdout)
+                    assert answer["object"] == "text_completion", answer
+                elif args[:2] == ["refdec", "edit"]:
+                    code = main(args[1:])
+                    err = capsys.readouterr().err
+                    assert "tokens from" in err and code in (0, 1), err  # the tiny model writes no code block
+                else:
+                    raise AssertionError(f"docs/serve.md: no way to run {command!r}")
+                ran.append(args[0] + " " + args[1])
+    finally:
+        live.close()
+    assert "python" in ran and "refdec edit" in ran
