@@ -32,29 +32,14 @@ import sys
 import time
 
 from benchmarks import report, workloads
-
-
-def _load(backend: str, threads: int):
-    """The default model (Gemma 3 270M) on ``backend``: transformers (converted from its GGUF) or
-    llama.cpp (the GGUF itself; the same vocabulary, so the workloads' token ids serve both)."""
-    if backend == "llama.cpp":
-        import llama_cpp
-
-        from refdec.gguf_files import default_model_gguf
-
-        llm = llama_cpp.Llama(str(default_model_gguf()), n_ctx=4096, n_threads=threads, n_threads_batch=threads,
-                              verbose=False)
-        return llm, None
-    from refdec.models import load_default
-
-    return load_default()
+from benchmarks.backends import load_model
 
 
 def decode(names: list[str], limit: int, max_new_tokens: int, backend: str = "transformers",
            threads: int = 2) -> list[dict]:
     import refdec
 
-    model, tok = _load(backend, threads)
+    model, tok = load_model("default", backend, threads=threads)  # the same vocabulary on both backends
     refdec.SpeculativeDecoder(model, tok).backend.auto_cost_curve()  # measured (or read) before any timing
     cases = [(name, case) for name in names for case in workloads.load_workload(name, limit, require_output=False).cases]
     first = cases[0][1]

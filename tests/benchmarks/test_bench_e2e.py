@@ -1,5 +1,6 @@
 """benchmarks.e2e's bookkeeping: the ratios, the identity column and the sampling mode's
-plumbing, on hand-made records and a tiny model (no data, no real model)."""
+plumbing (benchmarks.methods runs the methods), on hand-made records and a tiny model (no data,
+no real model)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ import pytest
 import torch
 from tiny_models import repetitive_prompts, tiny_llama
 
-from benchmarks import e2e, workloads
+from benchmarks import e2e, methods, workloads
 
 
 def _rec(method, case, seconds, new_tokens, identical, prefill=None):
@@ -63,13 +64,13 @@ def _case():
 @pytest.mark.full  # several sampled decodes, refdec's and transformers'
 def test_sampling_runner_gives_refdec_0_tokens_with_drafts_and_hf_samples_at_the_temperature(tiny):
     sampling = dict(temperature=0.7, top_k=None, top_p=0.9, seed=5)
-    runner = e2e.Runner(tiny, SimpleNamespace(pad_token_id=0), max_new_tokens=24, sampling=sampling)
+    runner = methods.Runner(tiny, SimpleNamespace(pad_token_id=0), max_new_tokens=24, sampling=sampling)
     case = _case()
     plain = runner.run("refdec-0", "w", case, None, editing=False)
     drafted = runner.run("refdec-8", "w", case, None, editing=False)
     assert plain["passes"] == 24 and drafted["passes"] < 24  # the drafts were verified, several per pass
     assert drafted["tokens"] == plain["tokens"]
-    greedy = e2e.Runner(tiny, SimpleNamespace(pad_token_id=0), max_new_tokens=24).run(
+    greedy = methods.Runner(tiny, SimpleNamespace(pad_token_id=0), max_new_tokens=24).run(
         "refdec-0", "w", case, None, editing=False)
     assert greedy["tokens"] != plain["tokens"]  # it did sample
     hf = runner.run("hf-sample", "w", case, None, editing=False)
