@@ -16,6 +16,9 @@
                    refdec's verifier, "auto" budget: the proposer's share
     M+stdlib       refdec method M with the stdlib CorpusIndex whatever the workload's own
                    index (e.g. refdec-auto+stdlib on edits: the corpus drafts new code)
+
+Batched runs (``e2e.py --batch``, benchmarks/batching.py) take ``refdec-auto``, ``refdec-N`` and
+``refdec-auto-rowwise`` ("auto" with each row priced alone).
 """
 
 from __future__ import annotations
@@ -26,7 +29,7 @@ import numpy as np
 
 from benchmarks import baselines, corpora
 
-AUTO_METHODS = ("refdec-auto", "refdec-auto-nostart", "refdec-chain", "peer-arctic")
+AUTO_METHODS = ("refdec-auto", "refdec-auto-nostart", "refdec-auto-rowwise", "refdec-chain", "peer-arctic")
 
 
 def draft_budget(base: str):
