@@ -1,4 +1,4 @@
-"""End-to-end speed on the real model against plain decoding and prompt lookup, batched or not.
+"""End-to-end runs against plain decoding and prompt lookup: transformers or llama.cpp, batched or not.
 
     python -m benchmarks.e2e [--workloads edits,summarization,rag,humaneval,mtbench] [--limit N]
         [--max-new-tokens 128] [--methods hf-greedy,hf-pld,refdec-auto,...] [--threads 2]
@@ -8,9 +8,10 @@
     python -m benchmarks.e2e --model editor --workloads edits --methods hf-greedy,hf-pld,refdec-auto ...
     python -m benchmarks.e2e --batch 1 4 8 [--max-new-tokens 64] [--methods refdec-auto,refdec-8]
         [--heads lazy full] [--repeats 1] [--continuous N]
+    python -m benchmarks.e2e --backend llama.cpp [--workloads gemma-edits,coder-edits,chat] [--transformers]
 
 One run per call, picked by its flags (a flag of another run is refused); results (JSON) go to
-``--json``, else benchmarks/out/e2e[-batch|-continuous]-<time>.json.
+``--json``, else benchmarks/out/e2e[-batch|-continuous|-llama.cpp]-<time>.json.
 
 One prompt at a time on transformers (the default; benchmarks/per_prompt.py): every method of
 ``--methods`` (listed below) on every prompt, the order rotating; the ratio to hf-greedy (with
@@ -34,6 +35,10 @@ Batched (``--batch B ...``, benchmarks/batching.py): the workloads' prompts in t
 edits and mtbench), refdec's batches against HF's batched greedy, each row compared with HF
 greedy on the row alone; ``--continuous N`` serves N prompts B at a time, static groups against
 continuous batching.
+
+On llama.cpp (``--backend llama.cpp``, benchmarks/llama_runs.py): llama.cpp's plain greedy, its
+prompt lookup and refdec on each workload's GGUF model (``--transformers``: refdec on the same
+model in transformers too).
 """
 
 from __future__ import annotations
@@ -43,14 +48,15 @@ import sys
 import time
 from pathlib import Path
 
-from benchmarks import backends, batching, per_prompt, report, workloads
+from benchmarks import backends, batching, llama_runs, per_prompt, report, workloads
 from benchmarks.methods import __doc__ as METHODS_HELP
 from benchmarks.per_prompt import DEFAULT_METHODS, DEFAULT_WORKLOADS, SAMPLE_METHODS
 
-SINGLE, BATCH = "one-prompt", "batch"
+SINGLE, BATCH, LLAMA = "one-prompt", "batch", "llama.cpp"
 # per run: what the flags left unset mean
 DEFAULTS = {SINGLE: dict(workloads=",".join(DEFAULT_WORKLOADS), max_new_tokens=128),
-            BATCH: dict(workloads="edits,mtbench", methods="refdec-8", max_new_tokens=64)}
+            BATCH: dict(workloads="edits,mtbench", methods="refdec-8", max_new_tokens=64),
+            LLAMA: dict(workloads=",".join(llama_runs.WORKLOADS), limit=6, max_new_tokens=256)}
 
 
 def parser():
@@ -66,10 +72,15 @@ def parser():
             owners[g.add_argument(*flags, **kwargs).dest] = runs
         return add
 
-    add = group("every run", SINGLE, BATCH)
+    add = group("every run", SINGLE, BATCH, LLAMA)
+    add("--backend", choices=backends.BACKENDS, default="transformers")
     add("--workloads", default=None, help="comma-separated (default per run: see above)")
-    add("--max-new-tokens", type=int, default=None, help="default 128; batched 64")
-    add("--threads", type=int, default=2, help="torch threads (default 2)")
+    add("--max-new-tokens", type=int, default=None, help="default 128; batched 64; llama.cpp 256")
+    add("--threads", type=int, default=2, help="torch's (and llama.cpp's) threads (default 2)")
+    add = group("one prompt at a time, or on llama.cpp", SINGLE, LLAMA)
+    add("--limit", type=int, default=None, help="prompts per workload (default: 6 edits, 4 others; llama.cpp 6)")
+    add("--quick", action="store_true", help="2 prompts per workload, at most 64 tokens")
+    add = group("on transformers, one prompt at a time or batched", SINGLE, BATCH)
     add("--methods", default=None, help="comma-separated (below; default "
         f"{','.join(DEFAULT_METHODS)}; --sample {','.join(SAMPLE_METHODS)}; batched refdec-8)")
     add("--model", choices=backends.MODELS, default="default",
@@ -78,8 +89,6 @@ def parser():
              "'.[editor]'; the edits workload only)")
     add("--dtype", default="float32")
     add = group("one prompt at a time", SINGLE)
-    add("--limit", type=int, default=None, help="prompts per workload (default: 6 edits, 4 others)")
-    add("--quick", action="store_true", help="2 prompts per workload, at most 64 tokens")
     add("--edits-limit", type=int, default=None, help="prompts for edits (default: --limit)")
     add("--edits-max-new-tokens", type=int, default=None,
         help="max new tokens for the edits workload (default: --max-new-tokens)")
@@ -100,14 +109,19 @@ def parser():
         help="refdec's LM head: lazy (visited rows only) and/or full (every tree row)")
     add("--repeats", type=int, default=1, help="time each run this many times, keep the minimum")
     add("--max-prompt-tokens", type=int, default=700, help="skip longer prompts (keeps it small)")
+    add = group("on llama.cpp (benchmarks/llama_runs.py)", LLAMA)
+    add("--transformers", action="store_true",
+        help="also refdec on transformers (float32; the models converted once, minutes the first time)")
+    add("--n-ctx", type=int, default=4096)
+    add("--max-file-chars", type=int, default=5000)
     ap.add_argument("--json", default=None, help="results JSON path (default benchmarks/out/e2e...-<time>.json)")
     return ap, owners
 
 
 def resolve(ap, owners: dict, args):
-    """(the run the flags ask for, what it compares: a per_prompt.Plan or the batched methods);
-    refuses another run's flags and what the run cannot do, fills the run's defaults."""
-    run = BATCH if args.batch else SINGLE
+    """(the run the flags ask for, what it compares: a per_prompt.Plan, the batched methods, or
+    None); refuses another run's flags and what the run cannot do, fills the run's defaults."""
+    run = LLAMA if args.backend == "llama.cpp" else BATCH if args.batch else SINGLE
     for dest, runs in owners.items():
         if run not in runs and getattr(args, dest) != ap.get_default(dest):
             flag = "--" + dest.replace("_", "-")
@@ -121,17 +135,24 @@ def resolve(ap, owners: dict, args):
         args.max_new_tokens = min(args.max_new_tokens, 64)
     if args.continuous < 0:
         ap.error("--continuous takes a count >= 1")
-    names = [w for w in args.workloads.split(",") if w]
-    if args.model == "chat" and any(w not in workloads.GENERATED_WORKLOADS for w in names):
-        ap.error(f"--model chat runs the chat workloads {workloads.GENERATED_WORKLOADS} only, not {names}")
-    if args.model.startswith("editor") and names != ["edits"]:
-        ap.error(f"--model {args.model} runs the edits workload only, not {names}")
+    if run == LLAMA:
+        unknown = [w for w in args.workloads.split(",") if w and w not in llama_runs.WORKLOADS]
+        if unknown:
+            ap.error(f"--workloads: unknown {unknown}; choose from {', '.join(llama_runs.WORKLOADS)}")
+    if run in (SINGLE, BATCH):
+        names = [w for w in args.workloads.split(",") if w]
+        if args.model == "chat" and any(w not in workloads.GENERATED_WORKLOADS for w in names):
+            ap.error(f"--model chat runs the chat workloads {workloads.GENERATED_WORKLOADS} only, not {names}")
+        if args.model.startswith("editor") and names != ["edits"]:
+            ap.error(f"--model {args.model} runs the edits workload only, not {names}")
     try:
         if run == SINGLE:
             return run, per_prompt.plan(args.methods, args.sample, args.temperature, args.top_k, args.top_p, args.seed)
-        return run, batching.batch_methods([m for m in args.methods.split(",") if m])
+        if run == BATCH:
+            return run, batching.batch_methods([m for m in args.methods.split(",") if m])
     except ValueError as exc:
         ap.error(str(exc))
+    return run, None
 
 
 def model_workload(model: str, name: str, tokenizer, limit: int | None):
@@ -192,6 +213,18 @@ def run_batched(args, model, tok, refdec_methods: list) -> tuple[str, dict, int]
     return "e2e-batch", dict(rows=described, single_hf_tps=single_tps, results=results, table=table), 0
 
 
+def run_llama(args) -> tuple[str, dict, int]:
+    """On llama.cpp: (result name, payload, exit status)."""
+    t0 = time.perf_counter()
+    records = []
+    for workload in [w for w in args.workloads.split(",") if w]:
+        records += llama_runs.run_workload(workload, args)
+    table = llama_runs.markdown(records)
+    print(table)
+    print(f"\n({time.perf_counter() - t0:.0f} s)")
+    return "e2e-llama.cpp", dict(records=records, table=table), 0
+
+
 def main(argv=None) -> int:
     ap, owners = parser()
     args = ap.parse_args(argv)
@@ -201,14 +234,17 @@ def main(argv=None) -> int:
     import torch
 
     torch.set_num_threads(args.threads)
-    try:
-        model, tok = backends.load_model(args.model, dtype=args.dtype)
-    except ImportError as exc:  # the chat or editor model's wheel is not installed
-        if args.model == "default":
-            raise
-        print(f"--model {args.model}: {exc}", file=sys.stderr)
-        return 0
-    name, payload, status = (run_batched if run == BATCH else run_single)(args, model, tok, compared)
+    if run == LLAMA:
+        name, payload, status = run_llama(args)
+    else:
+        try:
+            model, tok = backends.load_model(args.model, dtype=args.dtype)
+        except ImportError as exc:  # the chat or editor model's wheel is not installed
+            if args.model == "default":
+                raise
+            print(f"--model {args.model}: {exc}", file=sys.stderr)
+            return 0
+        name, payload, status = (run_batched if run == BATCH else run_single)(args, model, tok, compared)
     path = report.write_result(report.result_path(args.json, name), {"args": vars(args), **payload}, argv=argv)
     print(f"\nwrote {path}")
     return status

@@ -81,9 +81,12 @@ def test_sampling_runner_gives_refdec_0_tokens_with_drafts_and_hf_samples_at_the
 # ---------------------------------------------------------------- the driver's runs
 
 @pytest.mark.parametrize("argv, refused", [
+    (["--batch", "2", "--backend", "llama.cpp"], "--batch is not for a llama.cpp run"),
     (["--continuous", "4"], "--continuous is not for a one-prompt run"),
     (["--batch", "2", "--sample"], "--sample is not for a batch run"),
+    (["--backend", "llama.cpp", "--methods", "refdec-auto"], "--methods is not for a llama.cpp run"),
     (["--batch", "2", "--methods", "refdec-chain"], "batched runs take"),
+    (["--backend", "llama.cpp", "--workloads", "edits"], "unknown ['edits']"),
     (["--sample", "--methods", "hf-greedy,refdec-auto"], "decode greedily"),
 ])
 def test_a_flag_of_another_run_is_refused_before_anything_loads(argv, refused, capsys):
@@ -98,6 +101,9 @@ def test_each_run_fills_its_own_defaults():
     args = ap.parse_args(["--batch", "1", "4"])
     assert e2e.resolve(ap, owners, args) == ("batch", [("refdec-8", 8, True)])
     assert (args.workloads, args.max_new_tokens) == ("edits,mtbench", 64)
+    args = ap.parse_args(["--backend", "llama.cpp", "--quick"])
+    assert e2e.resolve(ap, owners, args) == ("llama.cpp", None)
+    assert (args.limit, args.max_new_tokens) == (2, 64)
     args = ap.parse_args(["--sample"])
     run, plan = e2e.resolve(ap, owners, args)
     assert run == "one-prompt" and plan.methods == list(per_prompt.SAMPLE_METHODS)
