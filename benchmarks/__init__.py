@@ -19,7 +19,7 @@ Shared modules, one job each:
     corpora     the stdlib corpus index (and the draftretriever datastore), built once, cached
     report      the one result writer (write_result), markdown tables
     baselines   peer drafters (prompt lookup, oracle chain, ArcticInference, draftretriever)
-    tiny_model  tiny random Llama / Qwen2 / Gemma 3 models from transformers configs (long_run, gpu)
+    tiny_model  tiny random Llama / Qwen2 / Gemma 3 models from transformers configs (leak_check, gpu)
 
 The benchmarks themselves: ``python -m benchmarks`` lists them (benchmarks/__main__.py).
 

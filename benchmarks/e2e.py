@@ -9,9 +9,10 @@
     python -m benchmarks.e2e --batch 1 4 8 [--max-new-tokens 64] [--methods refdec-auto,refdec-8]
         [--heads lazy full] [--repeats 1] [--continuous N]
     python -m benchmarks.e2e --backend llama.cpp [--workloads gemma-edits,coder-edits,chat] [--transformers]
+    python -m benchmarks.e2e --long-run 10000 [--warmup 200] [--tracemalloc]
 
 One run per call, picked by its flags (a flag of another run is refused); results (JSON) go to
-``--json``, else benchmarks/out/e2e[-batch|-continuous|-llama.cpp]-<time>.json.
+``--json``, else benchmarks/out/e2e[-batch|-continuous|-llama.cpp|-long-run]-<time>.json.
 
 One prompt at a time on transformers (the default; benchmarks/per_prompt.py): every method of
 ``--methods`` (listed below) on every prompt, the order rotating; the ratio to hf-greedy (with
@@ -39,24 +40,29 @@ continuous batching.
 On llama.cpp (``--backend llama.cpp``, benchmarks/llama_runs.py): llama.cpp's plain greedy, its
 prompt lookup and refdec on each workload's GGUF model (``--transformers``: refdec on the same
 model in transformers too).
+
+Memory (``--long-run CALLS``, benchmarks/leak_check.py): RSS (and with ``--tracemalloc`` the
+Python heap) over many ``generate`` calls on one decoder, a tiny random model.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 import time
 from pathlib import Path
 
-from benchmarks import backends, batching, llama_runs, per_prompt, report, workloads
+from benchmarks import backends, batching, leak_check, llama_runs, per_prompt, report, workloads
 from benchmarks.methods import __doc__ as METHODS_HELP
 from benchmarks.per_prompt import DEFAULT_METHODS, DEFAULT_WORKLOADS, SAMPLE_METHODS
 
-SINGLE, BATCH, LLAMA = "one-prompt", "batch", "llama.cpp"
+SINGLE, BATCH, LLAMA, LONG = "one-prompt", "batch", "llama.cpp", "long-run"
 # per run: what the flags left unset mean
 DEFAULTS = {SINGLE: dict(workloads=",".join(DEFAULT_WORKLOADS), max_new_tokens=128),
             BATCH: dict(workloads="edits,mtbench", methods="refdec-8", max_new_tokens=64),
-            LLAMA: dict(workloads=",".join(llama_runs.WORKLOADS), limit=6, max_new_tokens=256)}
+            LLAMA: dict(workloads=",".join(llama_runs.WORKLOADS), limit=6, max_new_tokens=256),
+            LONG: {}}
 
 
 def parser():
@@ -72,7 +78,7 @@ def parser():
             owners[g.add_argument(*flags, **kwargs).dest] = runs
         return add
 
-    add = group("every run", SINGLE, BATCH, LLAMA)
+    add = group("every run but --long-run", SINGLE, BATCH, LLAMA)
     add("--backend", choices=backends.BACKENDS, default="transformers")
     add("--workloads", default=None, help="comma-separated (default per run: see above)")
     add("--max-new-tokens", type=int, default=None, help="default 128; batched 64; llama.cpp 256")
@@ -114,6 +120,10 @@ def parser():
         help="also refdec on transformers (float32; the models converted once, minutes the first time)")
     add("--n-ctx", type=int, default=4096)
     add("--max-file-chars", type=int, default=5000)
+    add = group("memory over many calls (benchmarks/leak_check.py)", LONG)
+    add("--long-run", type=int, default=0, metavar="CALLS", help="generate calls measured")
+    add("--warmup", type=int, default=200, help="calls before the first measure")
+    add("--tracemalloc", action="store_true", help="trace the Python heap's growth too")
     ap.add_argument("--json", default=None, help="results JSON path (default benchmarks/out/e2e...-<time>.json)")
     return ap, owners
 
@@ -121,7 +131,7 @@ def parser():
 def resolve(ap, owners: dict, args):
     """(the run the flags ask for, what it compares: a per_prompt.Plan, the batched methods, or
     None); refuses another run's flags and what the run cannot do, fills the run's defaults."""
-    run = LLAMA if args.backend == "llama.cpp" else BATCH if args.batch else SINGLE
+    run = LONG if args.long_run else LLAMA if args.backend == "llama.cpp" else BATCH if args.batch else SINGLE
     for dest, runs in owners.items():
         if run not in runs and getattr(args, dest) != ap.get_default(dest):
             flag = "--" + dest.replace("_", "-")
@@ -133,8 +143,8 @@ def resolve(ap, owners: dict, args):
             setattr(args, dest, value)
     if args.quick:
         args.max_new_tokens = min(args.max_new_tokens, 64)
-    if args.continuous < 0:
-        ap.error("--continuous takes a count >= 1")
+    if args.continuous < 0 or args.long_run < 0:
+        ap.error("--continuous and --long-run take a count >= 1")
     if run == LLAMA:
         unknown = [w for w in args.workloads.split(",") if w and w not in llama_runs.WORKLOADS]
         if unknown:
@@ -225,26 +235,39 @@ def run_llama(args) -> tuple[str, dict, int]:
     return "e2e-llama.cpp", dict(records=records, table=table), 0
 
 
+def run_long(args) -> tuple[str, dict, int]:
+    """Memory over many calls: (result name, payload, exit status)."""
+    import torch
+
+    torch.set_num_threads(1)
+    result = leak_check.run(args.long_run, args.warmup, args.tracemalloc)
+    print(json.dumps({k: v for k, v in result.items() if k != "samples"}, indent=1))
+    return "e2e-long-run", result, 0
+
+
 def main(argv=None) -> int:
     ap, owners = parser()
     args = ap.parse_args(argv)
     run, compared = resolve(ap, owners, args)
     if args.resummarize:
         return per_prompt.resummarize(Path(args.resummarize))
-    import torch
-
-    torch.set_num_threads(args.threads)
-    if run == LLAMA:
-        name, payload, status = run_llama(args)
+    if run == LONG:
+        name, payload, status = run_long(args)
     else:
-        try:
-            model, tok = backends.load_model(args.model, dtype=args.dtype)
-        except ImportError as exc:  # the chat or editor model's wheel is not installed
-            if args.model == "default":
-                raise
-            print(f"--model {args.model}: {exc}", file=sys.stderr)
-            return 0
-        name, payload, status = (run_batched if run == BATCH else run_single)(args, model, tok, compared)
+        import torch
+
+        torch.set_num_threads(args.threads)
+        if run == LLAMA:
+            name, payload, status = run_llama(args)
+        else:
+            try:
+                model, tok = backends.load_model(args.model, dtype=args.dtype)
+            except ImportError as exc:  # the chat or editor model's wheel is not installed
+                if args.model == "default":
+                    raise
+                print(f"--model {args.model}: {exc}", file=sys.stderr)
+                return 0
+            name, payload, status = (run_batched if run == BATCH else run_single)(args, model, tok, compared)
     path = report.write_result(report.result_path(args.json, name), {"args": vars(args), **payload}, argv=argv)
     print(f"\nwrote {path}")
     return status

@@ -83,6 +83,7 @@ def test_sampling_runner_gives_refdec_0_tokens_with_drafts_and_hf_samples_at_the
 @pytest.mark.parametrize("argv, refused", [
     (["--batch", "2", "--backend", "llama.cpp"], "--batch is not for a llama.cpp run"),
     (["--continuous", "4"], "--continuous is not for a one-prompt run"),
+    (["--long-run", "3", "--batch", "2"], "--batch is not for a long-run run"),
     (["--batch", "2", "--sample"], "--sample is not for a batch run"),
     (["--backend", "llama.cpp", "--methods", "refdec-auto"], "--methods is not for a llama.cpp run"),
     (["--batch", "2", "--methods", "refdec-chain"], "batched runs take"),
