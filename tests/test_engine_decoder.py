@@ -146,22 +146,22 @@ def test_an_autobudget_instance_serves_each_row_with_its_own_copy():
 
 @pytest.mark.full
 def test_hundreds_of_generate_calls_on_one_decoder_do_not_grow_memory():
-    from benchmarks import long_run
+    from benchmarks import leak_check
 
-    decoder, prompts = long_run.make_setup(seed=1)
-    long_run.run_calls(decoder, prompts, 0, 60)  # warm-up: allocator pools, lazy imports, calibration
+    decoder, prompts = leak_check.make_setup(seed=1)
+    leak_check.run_calls(decoder, prompts, 0, 60)  # warm-up: allocator pools, lazy imports, calibration
     gc.collect()
-    rss_warm = long_run.rss_bytes()
+    rss_warm = leak_check.rss_bytes()
     tracemalloc.start()
     try:
         heap_warm = tracemalloc.get_traced_memory()[0]
-        long_run.run_calls(decoder, prompts, 60, 300)
+        leak_check.run_calls(decoder, prompts, 60, 300)
         gc.collect()
         heap_growth = tracemalloc.get_traced_memory()[0] - heap_warm
     finally:
         tracemalloc.stop()
-    rss_growth = long_run.rss_bytes() - rss_warm
-    # measured: ~0.4 MiB RSS, ~90 KiB Python heap over 300 calls (noise; 10,000 calls: benchmarks/long_run.py)
+    rss_growth = leak_check.rss_bytes() - rss_warm
+    # measured: ~0.4 MiB RSS, ~90 KiB Python heap over 300 calls (noise; 10,000: e2e --long-run)
     assert rss_growth < 24 * 2**20, rss_growth
     assert heap_growth < 2 * 2**20, heap_growth
 

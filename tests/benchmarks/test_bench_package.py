@@ -1,6 +1,6 @@
 """The benchmarks package's shared modules: the data root, the Python-source reader's skip rule,
-the result writer, the tiny model of long_run, and the package's import rules (no data, no
-model, no network; the tests that read the shared data skip without it)."""
+the result writer, the tiny model of the long run (e2e --long-run), and the package's import
+rules (no data, no model, no network; the tests that read the shared data skip without it)."""
 
 from __future__ import annotations
 
@@ -148,11 +148,11 @@ def test_result_path_is_the_json_argument_else_a_file_in_out():
     assert stamped.parent == report.OUT_DIR and stamped.name.startswith("simulate-")
 
 
-# ---------------------------------------------------------------- the tiny models (long_run, gpu)
+# ---------------------------------------------------------------- the tiny models (leak_check, gpu)
 
 @pytest.mark.parametrize("family", ["llama", "qwen2", "gemma3"])
 def test_tiny_models_are_the_test_suites_tiny_models_and_prompts(family):
-    # long_run.py's recorded figures were taken with tests/tiny_models.py's model and prompts;
+    # leak_check.py's recorded figures were taken with tests/tiny_models.py's model and prompts;
     # gpu.py checks on a GPU the models the tests check on a CPU
     from tiny_models import MODEL_BUILDERS, repetitive_prompts
 

@@ -1,6 +1,5 @@
-"""refdec on llama.cpp against what a llama.cpp user runs, side by side in one process.
-
-    python -m benchmarks.llama_bench --workloads gemma-edits,coder-edits,chat --limit 6 --threads 2
+"""End-to-end runs on llama.cpp (``e2e.py --backend llama.cpp``): refdec against what a llama.cpp
+user runs, side by side in one process.
 
 Methods (each prompt runs every method in turn, so machine noise hits them alike):
 
@@ -12,7 +11,7 @@ Methods (each prompt runs every method in turn, so machine noise hits them alike
 * ``refdec-hf`` (``--transformers``) -- refdec on the same model in transformers, float32 (the
   models converted once by refdec.models), fed the same prompt ids.
 
-Workloads (``../shared/data``, read at run time):
+Workloads (``../shared/data``, read at run time), each with its model (benchmarks/backends.py):
 
 * ``gemma-edits``  -- Gemma 3 270M (the README's model), the edits of ``edits-click.jsonl`` through
   refdec's base-model edit prompt;
@@ -26,31 +25,22 @@ Per prompt and method: the speed-up over ``plain`` end to end (the prefill inclu
 sees it, at plain's output length: outputs that part at a near-tie end at different lengths) and
 after the prefill (what drafting changes; plain's prefill is timed by a one-token run of the same
 prompt), tokens/pass (refdec), and the agreement with ``plain`` (identical, or the first
-differing position). Printed as a markdown table; the
-records go to ``benchmarks/out/llama_bench.json``.
+differing position).
 """
 
 from __future__ import annotations
 
-import argparse
-import json
 import statistics
 import sys
-import time
 from pathlib import Path
 
+from benchmarks.backends import load_model
 from benchmarks.data import chat_questions
+from benchmarks.methods import first_difference
 from benchmarks.workloads import edit_outcome, editor_edit_rows
 
-WORKLOADS = ("gemma-edits", "coder-edits", "coder-0.5b-edits", "chat")
-METHODS = ("plain", "lookup", "refdec")
-
-
-def _model_path(workload: str) -> Path:
-    from refdec.gguf_files import chat_model_gguf, default_model_gguf, editor_model_gguf, small_editor_model_gguf
-
-    return {"gemma-edits": default_model_gguf, "coder-edits": editor_model_gguf,
-            "coder-0.5b-edits": small_editor_model_gguf, "chat": chat_model_gguf}[workload]()
+# workload: the model it runs (benchmarks/backends.py)
+WORKLOADS = {"gemma-edits": "default", "coder-edits": "editor", "coder-0.5b-edits": "editor-small", "chat": "chat"}
 
 
 def prompts_for(workload: str, tokenizer, limit: int, max_file_chars: int) -> list[dict]:
@@ -76,34 +66,26 @@ def prompts_for(workload: str, tokenizer, limit: int, max_file_chars: int) -> li
 
 
 def run_workload(workload: str, args) -> list[dict]:
+    """Every prompt of ``workload`` through each method: one record per prompt."""
     import llama_cpp
 
     import refdec
     from refdec.llama_cpp.plain import plain_greedy
 
-    path = str(_model_path(workload))
-    common = dict(n_ctx=args.n_ctx, n_threads=args.threads, n_threads_batch=args.threads, verbose=False)
-    llm = llama_cpp.Llama(path, **common)
-    lookup = llama_cpp.Llama(path, logits_all=True,
-                             draft_model=llama_cpp.llama_speculative.LlamaPromptLookupDecoding(num_pred_tokens=10),
-                             **common)
-    decoder = refdec.SpeculativeDecoder(llm)
-    tokenizer = decoder.tokenizer
-    eos = set(decoder.backend.generation_config.eos_token_id or [])
+    model = WORKLOADS[workload]
+    llm, _ = load_model(model, "llama.cpp", threads=args.threads, n_ctx=args.n_ctx)
+    lookup, _ = load_model(model, "llama.cpp", threads=args.threads, n_ctx=args.n_ctx, logits_all=True,
+                           draft_model=llama_cpp.llama_speculative.LlamaPromptLookupDecoding(num_pred_tokens=10))
+    decoders = {"refdec": refdec.SpeculativeDecoder(llm)}
+    tokenizer = decoders["refdec"].tokenizer
+    eos = set(decoders["refdec"].backend.generation_config.eos_token_id or [])
     prompts = prompts_for(workload, tokenizer, args.limit, args.max_file_chars)
-    decoder.generate(prompts[0]["ids"], max_new_tokens=8)  # the cost curve (once, cached) and first touches
+    if args.transformers:  # refdec on transformers (float32), the same prompt ids: the models share the vocabulary
+        decoders["refdec-hf"] = refdec.SpeculativeDecoder(*load_model(model, "transformers"))
+    for decoder in decoders.values():
+        decoder.generate(prompts[0]["ids"], max_new_tokens=8)  # the cost curve (once, cached) and first touches
     plain_greedy(llm, prompts[0]["ids"], 8)
     plain_greedy(lookup, prompts[0]["ids"], 8)
-    hf = None
-    if args.transformers:  # refdec on transformers (float32), the same prompt ids: the models share the vocabulary
-        import refdec.models
-
-        loader = {"gemma-edits": refdec.models.load_default, "coder-edits": refdec.models.load_editor,
-                  "coder-0.5b-edits": lambda: refdec.models.load_editor(small=True),
-                  "chat": refdec.models.load_chat_model}[workload]
-        hf_model, hf_tokenizer = loader()
-        hf = refdec.SpeculativeDecoder(hf_model, tokenizer=hf_tokenizer)
-        hf.generate(prompts[0]["ids"], max_new_tokens=8)  # its cost curve (once, cached)
     records = []
     for prompt in prompts:
         ids, n = prompt["ids"], args.max_new_tokens
@@ -116,22 +98,14 @@ def run_workload(workload: str, args) -> list[dict]:
                                                 prompt["original"])
         looked, seconds = plain_greedy(lookup, ids, n, eos)
         row["lookup"] = {"tokens": len(looked), "seconds": seconds, "agree": _agreement(looked, plain)}
-        out = decoder.generate(ids, references=prompt["references"] or None, max_new_tokens=n,
-                               eos_token_id=sorted(eos) or None)
-        new = out.sequences[0, len(ids):].tolist()
-        s = out.stats
-        row["refdec"] = {"tokens": len(new), "seconds": s.wall_seconds, "prefill_seconds": s.prefill_seconds,
-                         "passes": s.forward_passes,
-                         "tokens_per_pass": s.tokens_per_pass, "head_rows": s.head_rows,
-                         "accepted_by_source": s.accepted_by_source, "agree": _agreement(new, plain)}
-        if hf is not None:
-            out = hf.generate(ids, references=prompt["references"] or None, max_new_tokens=n,
-                              eos_token_id=sorted(eos) or None)
+        for method, decoder in decoders.items():
+            out = decoder.generate(ids, references=prompt["references"] or None, max_new_tokens=n,
+                                   eos_token_id=sorted(eos) or None)
             new = out.sequences[0, len(ids):].tolist()
             s = out.stats
-            row["refdec-hf"] = {"tokens": len(new), "seconds": s.wall_seconds, "prefill_seconds": s.prefill_seconds,
-                                "passes": s.forward_passes, "tokens_per_pass": s.tokens_per_pass,
-                                "agree": _agreement(new, plain)}
+            row[method] = {"tokens": len(new), "seconds": s.wall_seconds, "prefill_seconds": s.prefill_seconds,
+                           "passes": s.forward_passes, "tokens_per_pass": s.tokens_per_pass, "head_rows": s.head_rows,
+                           "accepted_by_source": s.accepted_by_source, "agree": _agreement(new, plain)}
         records.append(row)
         print(_line(row), file=sys.stderr, flush=True)
     llm.close()
@@ -140,9 +114,7 @@ def run_workload(workload: str, args) -> list[dict]:
 
 
 def _agreement(tokens: list[int], reference: list[int]) -> dict:
-    first = next((i for i, (a, b) in enumerate(zip(tokens, reference)) if a != b), None)
-    if first is None and len(tokens) != len(reference):
-        first = min(len(tokens), len(reference))
+    first = first_difference(tokens, reference)
     return {"identical": first is None, "first_difference": first}
 
 
@@ -216,37 +188,3 @@ def _edits(rows: list[dict]) -> str:
     if not any(kinds):
         return "-"
     return f"{kinds.count('changed')} / {kinds.count('copied')} / {kinds.count('cut')}"
-
-
-def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--workloads", default=",".join(WORKLOADS))
-    parser.add_argument("--limit", type=int, default=6, help="prompts per workload")
-    parser.add_argument("--max-new-tokens", type=int, default=256)
-    parser.add_argument("--max-file-chars", type=int, default=5000)
-    parser.add_argument("--threads", type=int, default=2)
-    parser.add_argument("--n-ctx", type=int, default=4096)
-    parser.add_argument("--out", default="benchmarks/out/llama_bench.json")
-    parser.add_argument("--transformers", action="store_true",
-                        help="also refdec on transformers (float32; the models converted once, minutes the first time)")
-    args = parser.parse_args(argv)
-    import torch
-
-    torch.set_num_threads(args.threads)
-    workloads = [w for w in args.workloads.split(",") if w]
-    unknown = [w for w in workloads if w not in WORKLOADS]
-    if unknown:
-        parser.error(f"--workloads: unknown {unknown}; choose from {', '.join(WORKLOADS)}")
-    records = []
-    t0 = time.perf_counter()
-    for workload in workloads:
-        records += run_workload(workload, args)
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps({"args": vars(args), "records": records}, indent=1))
-    print(markdown(records))
-    print(f"\n({time.perf_counter() - t0:.0f} s; records: {args.out})")
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

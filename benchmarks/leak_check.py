@@ -1,30 +1,22 @@
-"""Long-run memory check: many consecutive ``generate`` calls on ONE SpeculativeDecoder.
+"""Memory over many consecutive ``generate`` calls on ONE SpeculativeDecoder (``e2e.py --long-run``).
 
-A tiny random float64 model (``tiny_model.py``, built as the tests build theirs), short repetitive prompts,
-a small corpus index with signatures (so ``retrieve`` runs too, every 4th call),
-max_new_tokens 4, draft budgets cycling over "auto", 0, 8, 64. Reports RSS
-(/proc/self/statm) at start, after warm-up and at the end, and the Python heap
-growth (tracemalloc) over the measured calls when ``--tracemalloc`` is given.
-
-    python -m benchmarks.long_run [--calls 10000] [--warmup 200] [--tracemalloc] [--json OUT]
-
-The figures: benchmarks/RESULTS.md (section 2).
+A tiny random float64 model (``tiny_model.py``, built as the tests build theirs), short repetitive
+prompts, a small corpus index with signatures (so ``retrieve`` runs too, every 4th call),
+max_new_tokens 4, draft budgets cycling over "auto", 0, 8, 64. Reports RSS (/proc/self/statm) at
+start, after the warm-up calls and at the end, and the Python heap growth (tracemalloc) over the
+measured calls when asked.
 """
 
 from __future__ import annotations
 
-import argparse
 import gc
-import json
 import os
 import sys
 import time
 import tracemalloc
 
 import numpy as np
-import torch
 
-from benchmarks import report
 from benchmarks.tiny_model import VOCAB, repetitive_prompts, tiny_llama
 
 BUDGETS = ("auto", 0, 8, 64)
@@ -58,51 +50,36 @@ def run_calls(decoder, prompts, start: int, count: int) -> int:
     return new
 
 
-def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--calls", type=int, default=10_000)
-    ap.add_argument("--warmup", type=int, default=200)
-    ap.add_argument("--tracemalloc", action="store_true")
-    ap.add_argument("--json", default=None)
-    args = ap.parse_args(argv)
-    torch.set_num_threads(1)
-
+def run(calls: int, warmup: int, heap: bool) -> dict:
+    """``warmup`` calls, then ``calls`` more measured in ten steps; ``heap``: trace the Python heap too."""
     rss_start = rss_bytes()
     decoder, prompts = make_setup()
     t0 = time.time()
-    run_calls(decoder, prompts, 0, args.warmup)
+    run_calls(decoder, prompts, 0, warmup)
     gc.collect()
     rss_warm = rss_bytes()
-    if args.tracemalloc:
+    if heap:
         tracemalloc.start()
         heap_warm = tracemalloc.get_traced_memory()[0]
     samples = []
-    done, step = 0, max(1, args.calls // 10)
+    done, step = 0, max(1, calls // 10)
     t1 = time.time()
-    while done < args.calls:
-        n = min(step, args.calls - done)
-        run_calls(decoder, prompts, args.warmup + done, n)
+    while done < calls:
+        n = min(step, calls - done)
+        run_calls(decoder, prompts, warmup + done, n)
         done += n
         gc.collect()
         samples.append((done, rss_bytes()))
         print(f"{done:>6} calls: RSS {samples[-1][1] / 2**20:.1f} MiB ({time.time() - t1:.0f}s)", file=sys.stderr)
     heap_growth = None
-    if args.tracemalloc:
+    if heap:
         heap_growth = tracemalloc.get_traced_memory()[0] - heap_warm
         tracemalloc.stop()
     rss_end = rss_bytes()
-    result = {
-        "calls": args.calls, "warmup": args.warmup,
+    return {
+        "calls": calls, "warmup": warmup,
         "rss_start_mib": rss_start / 2**20, "rss_after_warmup_mib": rss_warm / 2**20, "rss_end_mib": rss_end / 2**20,
         "rss_growth_after_warmup_mib": (rss_end - rss_warm) / 2**20,
         "tracemalloc_heap_growth_kib": None if heap_growth is None else heap_growth / 1024,
         "seconds": time.time() - t0, "samples": [(c, r / 2**20) for c, r in samples],
     }
-    print(json.dumps({k: v for k, v in result.items() if k != "samples"}, indent=1))
-    if args.json:
-        report.write_result(args.json, result, argv=argv)
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())
