@@ -31,6 +31,7 @@ import numpy as np
 import torch
 
 from refdec.budget import AutoBudget, Budget
+from refdec.cost_model import LearntCost
 from refdec.engine import engine
 from refdec.engine.arguments import GenerateArguments, parse_arguments
 from refdec.engine.interface import Backend
@@ -119,6 +120,7 @@ class SpeculativeDecoder:
         self.tokenizer = tokenizer if tokenizer is not None else self.backend.tokenizer
         self.joint_batch_budget = True
         self._auto_budget = None  # single prompts: the "auto" policy persists across calls (its feedback carries over)
+        self._learnt_cost = None  # "auto": the backend's cost curve, refit from the steps (all calls and rows share it)
 
     @property
     def vocab_size(self) -> int:
@@ -220,26 +222,32 @@ class SpeculativeDecoder:
         return request
 
     def new_budget(self, max_draft_tokens: Budget | str) -> Budget:
-        """A budget for one request of its own: a fresh AutoBudget on the backend's cost curve for
-        ``"auto"`` (measured once per model and machine), else ``max_draft_tokens`` itself."""
+        """A budget for one request of its own: a fresh AutoBudget for ``"auto"``, pricing with the
+        backend's cost curve (measured once per model and machine) refit from the steps of every
+        request (one LearntCost per decoder), else ``max_draft_tokens`` itself."""
         if isinstance(max_draft_tokens, str):  # "auto" (refdec.engine.arguments checked it)
-            return AutoBudget(self.backend.auto_cost_curve())
+            if self._learnt_cost is None:
+                self._learnt_cost = LearntCost(self.backend.auto_cost_curve())  # measured once (cached)
+            return AutoBudget(self._learnt_cost)
         return max_draft_tokens
 
     def _budgets(self, max_draft_tokens: Budget | str, single: bool, n_rows: int) -> list[Budget]:
         """One budget per row. A single prompt uses the decoder's own "auto" policy (its feedback
         carries over between calls) or the given budget; a batch gives each row a copy of an
-        AutoBudget (each row learns its own acceptance) and shares any other budget."""
+        AutoBudget (each row learns its own acceptance) and shares any other budget. An
+        AutoBudget's guard starts over with each call's request."""
         if single and isinstance(max_draft_tokens, str):
             if self._auto_budget is None:
                 self._auto_budget = self.new_budget(max_draft_tokens)
-            return [self._auto_budget]
-        template = self.new_budget(max_draft_tokens)
-        if single:
-            return [template]
-        if isinstance(template, AutoBudget):
-            return [copy.deepcopy(template) for _ in range(n_rows)]
-        return [template] * n_rows
+            template = self._auto_budget
+        else:
+            template = self.new_budget(max_draft_tokens)
+        if not isinstance(template, AutoBudget):
+            return [template] * n_rows
+        budgets = [template] if single else [copy.deepcopy(template) for _ in range(n_rows)]
+        for budget in budgets:
+            budget.new_request()
+        return budgets
 
     @staticmethod
     def _output(requests: list[Request], stats: DecodingStats, args: GenerateArguments,
