@@ -19,7 +19,11 @@ The old checkout needs ``SpeculativeDecoder.backend.auto_cost_curve`` (0.1 has i
 Each of the first ``--limit`` prompts of each of ``--workloads`` (default: edit pairs, the pair's
 original file as the reference; and MT-Bench chat prompts, no reference) is decoded by a fresh
 ``SpeculativeDecoder`` (greedy, ``max_draft_tokens="auto"``), after one untimed warm-up. The draft-cost curve is read from the calibration cache (or measured) before any
-timing, so both checkouts use the same curve when its cache key is the same. ``--compare``
+timing, so both checkouts use the same curve when its cache key is the same. The decoders
+price with the calibrated curve as it is (``decoder.timed_budget = False`` where a checkout has
+it): a curve refit from the steps' measured time, and the guard that stops drafting where it does
+not pay, make the pass counts depend on the machine's timings; ``--timed-budget`` keeps them on
+(then only the tokens compare). ``--compare``
 prints whether the tokens and the pass counts are identical and the ratio of the per-prompt
 minimum times over the runs given, per workload (alternate the checkouts over several runs).
 """
@@ -51,7 +55,7 @@ def _load(backend: str, threads: int):
 
 
 def decode(names: list[str], limit: int, max_new_tokens: int, backend: str = "transformers",
-           threads: int = 2) -> list[dict]:
+           threads: int = 2, timed_budget: bool = False) -> list[dict]:
     import refdec
 
     model, tok = _load(backend, threads)
@@ -63,6 +67,8 @@ def decode(names: list[str], limit: int, max_new_tokens: int, backend: str = "tr
     rows = []
     for name, case in cases:
         decoder = refdec.SpeculativeDecoder(model, tok)
+        if hasattr(decoder, "timed_budget"):  # older checkouts price with the calibrated curve anyway
+            decoder.timed_budget = timed_budget
         t0 = time.perf_counter()
         out = decoder.generate(case.prompt.tolist(), references=[r.tolist() for r in case.references],
                                max_new_tokens=max_new_tokens)
@@ -102,6 +108,8 @@ def main(argv=None) -> int:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--backend", choices=("transformers", "llama.cpp"), default="transformers",
                     help="the default model on transformers (default) or its GGUF on llama.cpp")
+    ap.add_argument("--timed-budget", action="store_true",
+                    help="let 'auto' learn from the steps' time (pass counts then vary with the machine's load)")
     ap.add_argument("--json", default=None, help="results JSON path (default benchmarks/out/engine_ab-<time>.json)")
     ap.add_argument("--compare", nargs=2, metavar=("OLD[,OLD...]", "NEW[,NEW...]"),
                     help="compare result files (comma-separated runs of each checkout) and exit")
@@ -115,7 +123,7 @@ def main(argv=None) -> int:
     import refdec
 
     rows = decode([w.strip() for w in args.workloads.split(",") if w.strip()], args.limit, args.max_new_tokens,
-                  args.backend, args.threads)
+                  args.backend, args.threads, args.timed_budget)
     path = report.write_result(report.result_path(args.json, "engine_ab"), {"refdec": refdec.__file__, "rows": rows},
                                argv=argv)
     print(f"wrote {path}")
