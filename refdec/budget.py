@@ -24,6 +24,7 @@ prefix that maximises tokens per second under the model's measured cost curve
 
 from __future__ import annotations
 
+import math
 from collections import deque
 from dataclasses import dataclass
 from typing import Protocol, Sequence, runtime_checkable
@@ -131,6 +132,7 @@ class PlainGuard:
     def reset(self) -> None:
         """A new request: drafting, nothing measured."""
         self._steps: deque = deque(maxlen=self.window)  # (tokens, seconds, plain seconds) of drafted steps
+        self._sums = [0, 0.0, 0.0]  # their sums
         self.paused = False  # drafting stopped (but for probes)
         self._plain_steps = 0  # plain steps since the pause or the last probe
         self._probe_left = 0  # drafted steps left in the current probe
@@ -144,9 +146,7 @@ class PlainGuard:
 
     def pays(self) -> bool:
         """Whether the kept drafted steps decoded at least as fast as plain steps would have."""
-        tokens = sum(t for t, _, _ in self._steps)
-        seconds = sum(s for _, s, _ in self._steps)
-        plain = sum(p for _, _, p in self._steps)
+        tokens, seconds, plain = self._sums
         return tokens * plain >= len(self._steps) * seconds
 
     def step(self, tokens: int, seconds: float, plain_seconds: float) -> None:
@@ -157,20 +157,31 @@ class PlainGuard:
             if self._plain_steps >= self._wait:
                 self._probe_left = self.probe_steps
             return
-        if np.isfinite(seconds) and np.isfinite(plain_seconds) and seconds > 0 and plain_seconds > 0:
-            self._steps.append((int(tokens), float(seconds), float(plain_seconds)))
+        if math.isfinite(seconds) and math.isfinite(plain_seconds) and seconds > 0 and plain_seconds > 0:
+            self._keep((int(tokens), float(seconds), float(plain_seconds)))
         if self.paused:
             self._probe_left -= 1
             if self._probe_left == 0:
                 if self._steps and self.pays():
                     self.paused, self._wait = False, self.probe_every
                 else:
-                    self._steps.clear()
+                    self._forget()
                     self._plain_steps, self._wait = 0, min(2 * self._wait, self.max_probe_every)
         elif len(self._steps) == self.window and not self.pays():
             self.paused, self.pauses = True, self.pauses + 1
-            self._steps.clear()
+            self._forget()
             self._plain_steps, self._wait = 0, self.probe_every
+
+    def _keep(self, measured: tuple) -> None:
+        """One drafted step's (tokens, seconds, plain seconds), the oldest dropped from a full window."""
+        if len(self._steps) == self.window:
+            self._sums = [total - old for total, old in zip(self._sums, self._steps[0])]
+        self._steps.append(measured)
+        self._sums = [total + new for total, new in zip(self._sums, measured)]
+
+    def _forget(self) -> None:
+        self._steps.clear()
+        self._sums = [0, 0.0, 0.0]
 
     def __repr__(self) -> str:
         return f"PlainGuard(window={self.window}, paused={self.paused}, pauses={self.pauses})"
@@ -224,6 +235,7 @@ class AutoBudget:
             raise ValueError(f"cost must be a refdec.cost_curve.CostCurve or a refdec.cost_model.LearntCost, "
                              f"got {type(cost).__name__}")
         self._fixed_cost = cost if self.learnt is None else None
+        self._heads = cost if self.learnt is None else self.learnt.prior  # prices the LM head (learnt or not)
         if guard is True:
             guard = PlainGuard()
         if guard is not None and guard is not False and not isinstance(guard, PlainGuard):
@@ -258,9 +270,13 @@ class AutoBudget:
         """The curve's table up to the largest tree, rebuilt when the refit curve changed."""
         version = 0 if self.learnt is None else self.learnt.version
         if version != self._table_version:
-            self._cost = self.cost.table(self._max_nodes)  # float64 [max_nodes + 1]
+            self._cost = self._table(self._max_nodes)  # float64 [max_nodes + 1]
             self._inv_cost = 1.0 / self._cost
             self._table_version = version
+
+    def _table(self, max_nodes: int) -> np.ndarray:
+        """float64 [max_nodes + 1]: the cost curve's table now (:attr:`cost`'s, without building it)."""
+        return self._fixed_cost.table(max_nodes) if self.learnt is None else self.learnt.table(max_nodes)
 
     def new_request(self) -> None:
         """The budget serves a new request: the guard starts over (the learnt acceptance and cost stay)."""
@@ -292,8 +308,8 @@ class AutoBudget:
         n_max = min(len(expected) - 1, self._max_nodes)
         expected = expected[: n_max + 1]
         self._refresh()
-        if self.cost.lazy_head:  # the head runs on the visited rows only: its cost follows E(n)
-            value = (1.0 + expected) / (self._cost[: n_max + 1] + self.cost.head_seconds(expected))
+        if self._heads.lazy_head:  # the head runs on the visited rows only: its cost follows E(n)
+            value = (1.0 + expected) / (self._cost[: n_max + 1] + self._heads.head_seconds(expected))
         else:
             value = (1.0 + expected) * self._inv_cost[: n_max + 1]
         return int(np.argmax(value))
@@ -368,15 +384,14 @@ class AutoBudget:
             if learnt is None or id(learnt) in seen:
                 continue
             seen.add(id(learnt))
-            head = learnt.prior.head_seconds(np.array([len(a) for a in accepted], dtype=np.float64)).sum()
-            head += (step.rows - len(budgets)) * float(learnt.prior.head_seconds(0.0))  # rows that do not draft
+            accepted_counts = np.array([len(a) for a in accepted] + [0] * (step.rows - len(budgets)), np.float64)
+            head = float(learnt.prior.head_seconds(accepted_counts).sum())  # rows that do not draft accept none
             # the head as priced may exceed a step's measured time (another machine's curve): keep a floor
             learnt.observe(step.forward_nodes, max(step.verify_seconds - head, 0.05 * step.verify_seconds))
         seconds = step.propose_seconds + step.verify_seconds
         for budget, nodes in zip(budgets, accepted):
             if budget.guard is not None:
-                cost = budget.cost
-                plain = cost.table(step.rows - 1)[step.rows - 1] + step.rows * float(cost.head_seconds(0.0))
+                plain = budget._table(step.rows - 1)[step.rows - 1] + step.rows * float(budget._heads.head_seconds(0.0))
                 budget.guard.step(1 + len(nodes), seconds, plain)
 
     def __repr__(self) -> str:

@@ -20,10 +20,24 @@ import numpy as np
 from refdec.tokens import check_int
 from refdec.tree import MAX_NODES
 
-__all__ = ["CALIBRATED_SIZES", "CostCurve", "DEFAULT_CPU_CURVE", "calibration_order", "flat_curve", "median_seconds",
+__all__ = ["CALIBRATED_SIZES", "CostCurve", "DEFAULT_CPU_CURVE", "calibration_order", "curve_table", "flat_curve",
+           "median_seconds",
            "repeats_disagree", "warn_not_cached"]
 
 _FORMAT = 2  # 2: head_chunk_seconds, head_chunk_rows
+
+
+def curve_table(xs: np.ndarray, ys: np.ndarray, max_nodes: int) -> np.ndarray:
+    """float64 [max_nodes + 1]: the curve through the points (``xs`` float64 [k], increasing; ``ys``
+    float64 [k]) at 0 .. max_nodes, linearly interpolated, and past the last point extrapolated along
+    the last segment (never decreasing)."""
+    n = np.arange(max_nodes + 1, dtype=np.float64)
+    out = np.interp(n, xs, ys)
+    if len(xs) >= 2 and max_nodes > xs[-1]:
+        slope = max(0.0, (ys[-1] - ys[-2]) / (xs[-1] - xs[-2]))
+        tail = n > xs[-1]
+        out[tail] = ys[-1] + slope * (n[tail] - xs[-1])
+    return out
 
 
 @dataclass(frozen=True)
@@ -77,15 +91,8 @@ class CostCurve:
 
     def table(self, max_nodes: int) -> np.ndarray:
         """float64 array of shape (max_nodes + 1,): the cost of n = 0 .. max_nodes draft nodes."""
-        n = np.arange(max_nodes + 1, dtype=np.float64)
-        xs = np.asarray(self.nodes, dtype=np.float64)
-        ys = np.asarray(self.seconds, dtype=np.float64)
-        out = np.interp(n, xs, ys)
-        if len(xs) >= 2 and max_nodes > xs[-1]:
-            slope = max(0.0, (ys[-1] - ys[-2]) / (xs[-1] - xs[-2]))
-            tail = n > xs[-1]
-            out[tail] = ys[-1] + slope * (n[tail] - xs[-1])
-        return out
+        return curve_table(np.asarray(self.nodes, dtype=np.float64), np.asarray(self.seconds, dtype=np.float64),
+                           max_nodes)
 
     def __call__(self, n: int, expected_accepted: float = 0.0) -> float:
         """Seconds for a step verifying ``n`` nodes that accepts ``expected_accepted`` of them."""

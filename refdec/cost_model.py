@@ -22,9 +22,11 @@ same object: ``copy.deepcopy`` returns it).
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
-from refdec.cost_curve import CALIBRATED_SIZES, CostCurve
+from refdec.cost_curve import CALIBRATED_SIZES, CostCurve, curve_table
 from refdec.tokens import check_int
 
 __all__ = ["BUCKETS", "LearntCost"]
@@ -50,12 +52,18 @@ class LearntCost:
         self.prior_weight = check_int("prior_weight", prior_weight, 0)
         self._buckets = np.asarray(BUCKETS, dtype=np.int64)
         self._log_buckets = np.log1p(self._buckets.astype(np.float64))
+        sizes = np.log1p(np.arange(BUCKETS[-1] + 1, dtype=np.float64))  # each size's bucket, looked up
+        self._bucket_of = np.abs(sizes[:, None] - self._log_buckets[None, :]).argmin(axis=1).tolist()
         self._log_ratios = np.zeros((len(BUCKETS), self.window))  # float64 [buckets, window], a ring per bucket
         self._counts = np.zeros(len(BUCKETS), dtype=np.int64)  # steps observed per bucket (ever)
+        self._medians = np.full(len(BUCKETS), np.nan)  # float64 [buckets]: log_ratios(), kept up to date
         self._nodes = np.asarray(sorted(set(BUCKETS) | set(prior.nodes)), dtype=np.int64)
+        self._log_nodes = np.log1p(self._nodes.astype(np.float64))
         self._prior_table = prior.table(int(self._nodes[-1]))  # float64 [largest node + 1]
         self._prior_at_nodes = self._prior_table[self._nodes]
         self.version = 0
+        self._seconds = self._prior_at_nodes  # float64 [len(nodes)]: the corrected curve at its nodes
+        self._seconds_version = 0
         self._curve = prior
         self._curve_version = 0
 
@@ -64,7 +72,7 @@ class LearntCost:
 
     def bucket(self, nodes: int) -> int:
         """The index in BUCKETS of the bucket a step of ``nodes`` nodes counts in."""
-        return int(np.argmin(np.abs(self._log_buckets - np.log1p(max(0, nodes)))))
+        return self._bucket_of[min(max(0, nodes), BUCKETS[-1])]
 
     def predicted(self, nodes: int) -> float:
         """The calibrated curve's seconds at ``nodes`` nodes (its table, no head)."""
@@ -75,11 +83,17 @@ class LearntCost:
     def observe(self, nodes: int, seconds: float) -> None:
         """One step's measured seconds for a forward of ``nodes`` nodes, what the curve's table
         prices (the LM head as the curve prices it taken off); not finite or <= 0 is ignored."""
-        if not np.isfinite(seconds) or seconds <= 0:
+        if not math.isfinite(seconds) or seconds <= 0:
             return
-        j = self.bucket(int(nodes))
-        self._log_ratios[j, self._counts[j] % self.window] = np.log(seconds / self.predicted(int(nodes)))
-        self._counts[j] += 1
+        nodes = int(nodes)
+        j = self.bucket(nodes)
+        count = int(self._counts[j])
+        self._log_ratios[j, count % self.window] = math.log(seconds / self.predicted(nodes))
+        self._counts[j] = count + 1
+        kept = min(count + 1, self.window)
+        values = sorted(self._log_ratios[j, :kept].tolist() + [0.0] * self.prior_weight)
+        middle = len(values) // 2
+        self._medians[j] = values[middle] if len(values) % 2 else 0.5 * (values[middle - 1] + values[middle])
         self.version += 1
 
     def observations(self) -> np.ndarray:
@@ -89,28 +103,34 @@ class LearntCost:
     def log_ratios(self) -> np.ndarray:
         """float64 [len(BUCKETS)]: each bucket's log(measured / calibrated) estimate, the median of
         its steps and ``prior_weight`` zeros; NaN for a bucket without steps."""
-        out = np.full(len(BUCKETS), np.nan)
-        kept = self.observations()
-        for j in np.flatnonzero(kept):
-            out[j] = np.median(np.concatenate([self._log_ratios[j, : kept[j]], np.zeros(self.prior_weight)]))
-        return out
+        return self._medians.copy()
+
+    def _corrected(self) -> np.ndarray:
+        """float64 [len(nodes)]: the corrected curve's seconds at its nodes (module docstring)."""
+        if self._seconds_version != self.version:
+            seen = np.flatnonzero(~np.isnan(self._medians))
+            seconds = self._prior_at_nodes * np.exp(np.interp(self._log_nodes, self._log_buckets[seen],
+                                                              self._medians[seen]))
+            smallest = self._buckets[seen[0]]
+            below = self._nodes < smallest
+            seconds[below] = np.minimum(seconds[below], seconds[np.searchsorted(self._nodes, smallest)])
+            self._seconds, self._seconds_version = seconds, self.version
+        return self._seconds
+
+    def table(self, max_nodes: int) -> np.ndarray:
+        """float64 [max_nodes + 1]: the corrected curve's table (as :meth:`CostCurve.table`), without
+        building a CostCurve."""
+        if self.version == 0:
+            return self.prior.table(max_nodes)
+        return curve_table(self._nodes.astype(np.float64), self._corrected(), max_nodes)
 
     def curve(self) -> CostCurve:
         """The corrected curve (the prior itself before any step), with the prior's head terms."""
-        if self._curve_version == self.version:
-            return self._curve
-        ratios = self.log_ratios()
-        seen = np.flatnonzero(~np.isnan(ratios))
-        log_nodes = np.log1p(self._nodes.astype(np.float64))
-        seconds = self._prior_at_nodes * np.exp(np.interp(log_nodes, self._log_buckets[seen], ratios[seen]))
-        smallest = self._buckets[seen[0]]
-        below = self._nodes < smallest
-        ceiling = seconds[np.searchsorted(self._nodes, smallest)]
-        seconds[below] = np.minimum(seconds[below], ceiling)
-        prior = self.prior
-        self._curve = CostCurve(tuple(self._nodes.tolist()), tuple(seconds.tolist()), prior.meta,
-                                prior.head_chunk_seconds, prior.head_chunk_rows)
-        self._curve_version = self.version
+        if self._curve_version != self.version:
+            prior = self.prior
+            self._curve = CostCurve(tuple(self._nodes.tolist()), tuple(self._corrected().tolist()), prior.meta,
+                                    prior.head_chunk_seconds, prior.head_chunk_rows)
+            self._curve_version = self.version
         return self._curve
 
     def __repr__(self) -> str:
