@@ -25,7 +25,11 @@ original file as the reference; and MT-Bench chat prompts, no reference) is deco
 draft-cost curve is read from the calibration cache (or measured) before any timing, so both
 checkouts use the same curve when its cache key is the same. ``--compare`` prints whether the
 tokens and the pass counts are identical and the ratio of the per-prompt minimum times over the
-runs given, per workload (alternate the checkouts over several runs).
+runs given, per workload (alternate the checkouts over several runs). The decoders price with the
+calibrated curve as it is (``decoder.timed_budget = False`` where a checkout has it): a curve
+refit from the steps' measured time, and the guard that stops drafting where it does not pay,
+make the pass counts depend on the machine's timings; ``--timed-budget`` keeps them on (then only
+the tokens compare).
 
 **The drafting step** (``--step``), several builds side by side in one run. Each build is a
 checkout with its extension built in place (``python setup.py build_ext --inplace``; e.g. ``git
@@ -59,7 +63,7 @@ from benchmarks.backends import load_model
 # ---------------------------------------------------------------- decoding
 
 def decode(names: list[str], limit: int, max_new_tokens: int, backend: str = "transformers",
-           threads: int = 2) -> list[dict]:
+           threads: int = 2, timed_budget: bool = False) -> list[dict]:
     """A row per prompt (tokens, passes, seconds) of the first ``limit`` of each workload, decoded by
     the default model (Gemma 3 270M) on ``backend``: transformers (converted from its GGUF) or
     llama.cpp (the GGUF itself; the same vocabulary, so the workloads' token ids serve both)."""
@@ -74,6 +78,8 @@ def decode(names: list[str], limit: int, max_new_tokens: int, backend: str = "tr
     rows = []
     for name, case in cases:
         decoder = refdec.SpeculativeDecoder(model, tok)
+        if hasattr(decoder, "timed_budget"):  # older checkouts price with the calibrated curve anyway
+            decoder.timed_budget = timed_budget
         t0 = time.perf_counter()
         out = decoder.generate(case.prompt.tolist(), references=[r.tolist() for r in case.references],
                                max_new_tokens=max_new_tokens)
@@ -165,6 +171,8 @@ def main(argv=None) -> int:
     dec.add_argument("--threads", type=int, default=2)
     dec.add_argument("--backend", choices=("transformers", "llama.cpp"), default="transformers",
                      help="the default model on transformers (default) or its GGUF on llama.cpp")
+    dec.add_argument("--timed-budget", action="store_true",
+                     help="let 'auto' learn from the steps' time (pass counts then vary with the machine's load)")
     dec.add_argument("--compare", nargs=2, metavar=("OLD[,OLD...]", "NEW[,NEW...]"),
                      help="compare result files (comma-separated runs of each checkout) and exit")
     st = ap.add_argument_group("the drafting step (--step)")
@@ -197,7 +205,7 @@ def main(argv=None) -> int:
     import refdec
 
     rows = decode([w.strip() for w in args.workloads.split(",") if w.strip()], args.limit, args.max_new_tokens,
-                  args.backend, args.threads)
+                  args.backend, args.threads, args.timed_budget)
     path = report.write_result(report.result_path(args.json, "engine_ab"), {"refdec": refdec.__file__, "rows": rows},
                                argv=argv)
     print(f"wrote {path}")

@@ -8,27 +8,52 @@ A policy is a :class:`Budget`, one per request (batch row):
 * ``select_batch(budgets, trees)`` (a classmethod): the prefixes of the rows that
   share one batched forward, chosen together;
 * ``observe(tree, accepted_nodes)``: after verification, the tree that was verified
-  and the indices of its accepted nodes (int64 [k], root-to-leaf).
+  and the indices of its accepted nodes (int64 [k], root-to-leaf);
+* ``observe_step(budgets, trees, accepted, step)`` (a classmethod): after each step, the
+  budgets of its drafting rows, their verified trees and accepted nodes, and the step's
+  measured time (:class:`StepTime`).
 
 ``FixedBudget`` serves an integer ``max_draft_tokens``; ``AutoBudget`` is
 ``"auto"``: it asks for the largest tree, estimates the expected accepted
 length of every prefix of it from the calibrated node scores, and verifies the
 prefix that maximises tokens per second under the model's measured cost curve
-(refdec.transformers.calibration, refdec.llama_cpp.calibration).
+(refdec.transformers.calibration, refdec.llama_cpp.calibration), refit from the steps it times
+(refdec.cost_model.LearntCost), and stops drafting for a request where drafting does not pay
+(:class:`PlainGuard`).
 """
 
 from __future__ import annotations
 
+import math
+from collections import deque
+from dataclasses import dataclass
 from typing import Protocol, Sequence, runtime_checkable
 
 import numpy as np
 
 from refdec.acceptance import AcceptanceTable
 from refdec.cost_curve import DEFAULT_CPU_CURVE, CostCurve
+from refdec.cost_model import LearntCost
 from refdec.tokens import check_int, is_int
 from refdec.tree import MAX_NODES, DraftTree
 
-__all__ = ["AutoBudget", "Budget", "FixedBudget", "batch_prefix_sizes", "make_budget"]
+__all__ = ["AutoBudget", "Budget", "FixedBudget", "PlainGuard", "StepTime", "batch_prefix_sizes", "make_budget"]
+
+
+@dataclass(frozen=True)
+class StepTime:
+    """One step's measured time, as the engine gives it to the budgets (:meth:`Budget.observe_step`).
+
+    ``rows``: the requests decoding in the step (one forward); ``forward_nodes``: that forward's
+    size as the cost curve counts it, ``rows * (1 + longest verified tree) - 1``;
+    ``propose_seconds``: drafting and choosing the prefixes, all rows; ``verify_seconds``: laying
+    the trees out, the forward and the LM head (refdec.engine.interface.Verified's
+    ``prepare_seconds + forward_seconds``; the acceptance walks and bookkeeping not counted)."""
+
+    rows: int
+    forward_nodes: int
+    propose_seconds: float
+    verify_seconds: float
 
 
 @runtime_checkable
@@ -44,6 +69,10 @@ class Budget(Protocol):
 
     def observe(self, tree: DraftTree, accepted_nodes: np.ndarray) -> None: ...
 
+    @classmethod
+    def observe_step(cls, budgets: Sequence["Budget"], trees: Sequence[DraftTree], accepted: Sequence[np.ndarray],
+                     step: StepTime) -> None: ...
+
 
 class _VerifyAsProposed:
     """Verifies the proposed tree as it is; rows of a batch are independent."""
@@ -54,6 +83,11 @@ class _VerifyAsProposed:
     @classmethod
     def select_batch(cls, budgets: Sequence[Budget], trees: Sequence[DraftTree]) -> list[DraftTree]:
         return [budget.select(tree) for budget, tree in zip(budgets, trees)]
+
+    @classmethod
+    def observe_step(cls, budgets: Sequence[Budget], trees: Sequence[DraftTree], accepted: Sequence[np.ndarray],
+                     step: StepTime) -> None:
+        pass  # the step's time changes nothing
 
 
 class FixedBudget(_VerifyAsProposed):
@@ -70,6 +104,87 @@ class FixedBudget(_VerifyAsProposed):
 
 
 CHOSEN_KEPT = 100_000  # AutoBudget.chosen keeps at least this many of the latest steps, at most twice as many
+
+
+class PlainGuard:
+    """Never slower than plain decoding, per request: drafting stops where it does not pay, and
+    probes come back to it.
+
+    Each step of a request reports the tokens it emitted, its measured seconds (proposing,
+    preparing, the forward) and what a plain step would have cost (the cost curve's, refit from
+    the steps). While drafting, the last ``window`` steps are kept; once there are ``window``, if
+    their tokens per second fall below the plain rate (sum tokens / sum seconds < steps / sum
+    plain seconds) drafting stops: :attr:`drafting` is False and the request decodes plainly
+    (no proposal, no tree). After ``probe_every`` plain steps, ``probe_steps`` steps draft again:
+    if they pay, drafting resumes (they start its new window), else the wait doubles, up to
+    ``max_probe_every``. The schedule counts steps, not time: the same timings give the same
+    choices. Memory: ``window`` triples.
+    """
+
+    def __init__(self, *, window: int = 16, probe_every: int = 16, probe_steps: int = 4,
+                 max_probe_every: int = 64) -> None:
+        self.window = check_int("window", window, 1)
+        self.probe_every = check_int("probe_every", probe_every, 1)
+        self.probe_steps = check_int("probe_steps", probe_steps, 1)
+        self.max_probe_every = check_int("max_probe_every", max_probe_every, self.probe_every)
+        self.reset()
+
+    def reset(self) -> None:
+        """A new request: drafting, nothing measured."""
+        self._steps: deque = deque(maxlen=self.window)  # (tokens, seconds, plain seconds) of drafted steps
+        self._sums = [0, 0.0, 0.0]  # their sums
+        self.paused = False  # drafting stopped (but for probes)
+        self._plain_steps = 0  # plain steps since the pause or the last probe
+        self._probe_left = 0  # drafted steps left in the current probe
+        self._wait = self.probe_every  # plain steps before the next probe
+        self.pauses = 0  # times drafting stopped (diagnostics)
+
+    @property
+    def drafting(self) -> bool:
+        """Whether this step drafts: not paused, or probing."""
+        return not self.paused or self._probe_left > 0
+
+    def pays(self) -> bool:
+        """Whether the kept drafted steps decoded at least as fast as plain steps would have."""
+        tokens, seconds, plain = self._sums
+        return tokens * plain >= len(self._steps) * seconds
+
+    def step(self, tokens: int, seconds: float, plain_seconds: float) -> None:
+        """One step of the request: ``tokens`` emitted in ``seconds``, where a plain step would take
+        ``plain_seconds`` (a step whose times are not finite and > 0 counts, unmeasured)."""
+        if not self.drafting:
+            self._plain_steps += 1
+            if self._plain_steps >= self._wait:
+                self._probe_left = self.probe_steps
+            return
+        if math.isfinite(seconds) and math.isfinite(plain_seconds) and seconds > 0 and plain_seconds > 0:
+            self._keep((int(tokens), float(seconds), float(plain_seconds)))
+        if self.paused:
+            self._probe_left -= 1
+            if self._probe_left == 0:
+                if self._steps and self.pays():
+                    self.paused, self._wait = False, self.probe_every
+                else:
+                    self._forget()
+                    self._plain_steps, self._wait = 0, min(2 * self._wait, self.max_probe_every)
+        elif len(self._steps) == self.window and not self.pays():
+            self.paused, self.pauses = True, self.pauses + 1
+            self._forget()
+            self._plain_steps, self._wait = 0, self.probe_every
+
+    def _keep(self, measured: tuple) -> None:
+        """One drafted step's (tokens, seconds, plain seconds), the oldest dropped from a full window."""
+        if len(self._steps) == self.window:
+            self._sums = [total - old for total, old in zip(self._sums, self._steps[0])]
+        self._steps.append(measured)
+        self._sums = [total + new for total, new in zip(self._sums, measured)]
+
+    def _forget(self) -> None:
+        self._steps.clear()
+        self._sums = [0, 0.0, 0.0]
+
+    def __repr__(self) -> str:
+        return f"PlainGuard(window={self.window}, paused={self.paused}, pauses={self.pauses})"
 
 
 class AutoBudget:
@@ -96,18 +211,40 @@ class AutoBudget:
     one above), so a policy whose verified prefixes are accepted whole would never
     learn that longer ones pay: every ``explore_every``-th step after a prefix was
     accepted whole verifies twice as many nodes (up to the tree's size).
+
+    ``cost``: the calibrated curve, or a :class:`~refdec.cost_model.LearntCost` to share (one per
+    model and machine: refdec.engine.decoder's). With ``learn`` (the default) the curve is refit
+    from the steps the engine times (:meth:`observe_step`; a CostCurve gets a LearntCost of its
+    own, which the budget's copies share); ``learn=False`` keeps the curve as given. ``guard``: a
+    :class:`PlainGuard` (True: the default one, False or None: none) that stops drafting for this
+    request while drafting does not pay; :meth:`new_request` resets it.
     """
 
-    def __init__(self, cost: CostCurve | None = None, *, max_nodes: int = MAX_NODES,
-                 acceptance: AcceptanceTable | None = None, explore_every: int = 8, explore_nodes: int = 2) -> None:
-        self.max_nodes = check_int("max_nodes", max_nodes, 1)
-        self.cost = cost if cost is not None else DEFAULT_CPU_CURVE
-        if not isinstance(self.cost, CostCurve):
-            raise ValueError(f"cost must be a refdec.transformers.calibration.CostCurve, got {type(cost).__name__}")
+    def __init__(self, cost: CostCurve | LearntCost | None = None, *, max_nodes: int = MAX_NODES,
+                 acceptance: AcceptanceTable | None = None, explore_every: int = 8, explore_nodes: int = 2,
+                 learn: bool = True, guard: PlainGuard | bool | None = True) -> None:
+        self._max_nodes = check_int("max_nodes", max_nodes, 1)
+        cost = cost if cost is not None else DEFAULT_CPU_CURVE
+        if isinstance(cost, LearntCost):
+            if not learn:
+                raise ValueError("learn=False takes a CostCurve, not a refdec.cost_model.LearntCost")
+            self.learnt = cost
+        elif isinstance(cost, CostCurve):
+            self.learnt = LearntCost(cost) if learn else None
+        else:
+            raise ValueError(f"cost must be a refdec.cost_curve.CostCurve or a refdec.cost_model.LearntCost, "
+                             f"got {type(cost).__name__}")
+        self._fixed_cost = cost if self.learnt is None else None
+        self._heads = cost if self.learnt is None else self.learnt.prior  # prices the LM head (learnt or not)
+        if guard is True:
+            guard = PlainGuard()
+        if guard is not None and guard is not False and not isinstance(guard, PlainGuard):
+            raise ValueError(f"guard must be a refdec.budget.PlainGuard, a bool or None, got {type(guard).__name__}")
+        self.guard = guard or None
         self.explore_every = int(explore_every)
         self.explore_nodes = int(explore_nodes)
-        self._cost = self.cost.table(self.max_nodes)  # float64 [max_nodes + 1]
-        self._inv_cost = 1.0 / self._cost
+        self._table_version = -1
+        self._refresh()
         if acceptance is not None and not isinstance(acceptance, AcceptanceTable):
             raise ValueError(f"acceptance must be a refdec.acceptance.AcceptanceTable, got {type(acceptance).__name__}")
         self.acceptance = acceptance if acceptance is not None else AcceptanceTable()
@@ -117,6 +254,34 @@ class AutoBudget:
         self._grow_next = False  # the next verified prefix is doubled (deep cells explored)
         self.steps = 0
         self.chosen: list[int] = []  # verified nodes per step, the last CHOSEN_KEPT..2*CHOSEN_KEPT (diagnostics)
+
+    @property
+    def max_nodes(self) -> int:
+        """The nodes to ask the drafter for this step: the largest tree, or 0 while the guard has
+        stopped drafting for this request."""
+        return self._max_nodes if self.guard is None or self.guard.drafting else 0
+
+    @property
+    def cost(self) -> CostCurve:
+        """The cost curve the budget prices with now: the refit one, or the fixed one."""
+        return self._fixed_cost if self.learnt is None else self.learnt.curve()
+
+    def _refresh(self) -> None:
+        """The curve's table up to the largest tree, rebuilt when the refit curve changed."""
+        version = 0 if self.learnt is None else self.learnt.version
+        if version != self._table_version:
+            self._cost = self._table(self._max_nodes)  # float64 [max_nodes + 1]
+            self._inv_cost = 1.0 / self._cost
+            self._table_version = version
+
+    def _table(self, max_nodes: int) -> np.ndarray:
+        """float64 [max_nodes + 1]: the cost curve's table now (:attr:`cost`'s, without building it)."""
+        return self._fixed_cost.table(max_nodes) if self.learnt is None else self.learnt.table(max_nodes)
+
+    def new_request(self) -> None:
+        """The budget serves a new request: the guard starts over (the learnt acceptance and cost stay)."""
+        if self.guard is not None:
+            self.guard.reset()
 
     # ---- policy protocol
 
@@ -140,10 +305,11 @@ class AutoBudget:
 
     def best_prefix(self, expected: np.ndarray) -> int:
         """argmax over n of (1 + E(n)) / cost(n, E(n)) for ``expected`` = E(0..N)."""
-        n_max = min(len(expected) - 1, self.max_nodes)
+        n_max = min(len(expected) - 1, self._max_nodes)
         expected = expected[: n_max + 1]
-        if self.cost.lazy_head:  # the head runs on the visited rows only: its cost follows E(n)
-            value = (1.0 + expected) / (self._cost[: n_max + 1] + self.cost.head_seconds(expected))
+        self._refresh()
+        if self._heads.lazy_head:  # the head runs on the visited rows only: its cost follows E(n)
+            value = (1.0 + expected) / (self._cost[: n_max + 1] + self._heads.head_seconds(expected))
         else:
             value = (1.0 + expected) * self._inv_cost[: n_max + 1]
         return int(np.argmax(value))
@@ -204,8 +370,33 @@ class AutoBudget:
             self._accepted_whole += 1
             self._grow_next = bool(self.explore_every) and self._accepted_whole % self.explore_every == 0
 
+    @classmethod
+    def observe_step(cls, budgets: Sequence["AutoBudget"], trees: Sequence[DraftTree], accepted: Sequence[np.ndarray],
+                     step: StepTime) -> None:
+        """The step's measured time (``trees``: the rows' verified trees, ``accepted``: their
+        accepted nodes, int64 [k_b] each): each learnt cost the rows share is fed the forward once,
+        its seconds less the LM head as the curve prices it for what each row accepted; then each
+        row's guard is told its tokens, the step's seconds and a plain step's (the curve at
+        ``step.rows - 1`` nodes and each row's head for none accepted)."""
+        seen = set()
+        for budget in budgets:
+            learnt = budget.learnt
+            if learnt is None or id(learnt) in seen:
+                continue
+            seen.add(id(learnt))
+            accepted_counts = np.array([len(a) for a in accepted] + [0] * (step.rows - len(budgets)), np.float64)
+            head = float(learnt.prior.head_seconds(accepted_counts).sum())  # rows that do not draft accept none
+            # the head as priced may exceed a step's measured time (another machine's curve): keep a floor
+            learnt.observe(step.forward_nodes, max(step.verify_seconds - head, 0.05 * step.verify_seconds))
+        seconds = step.propose_seconds + step.verify_seconds
+        for budget, nodes in zip(budgets, accepted):
+            if budget.guard is not None:
+                plain = budget._table(step.rows - 1)[step.rows - 1] + step.rows * float(budget._heads.head_seconds(0.0))
+                budget.guard.step(1 + len(nodes), seconds, plain)
+
     def __repr__(self) -> str:
-        return f"AutoBudget(max_nodes={self.max_nodes}, cost={self.cost.relative()})"
+        return (f"AutoBudget(max_nodes={self._max_nodes}, cost={self.cost.relative()}, learnt={self.learnt!r}, "
+                f"guard={self.guard!r})")
 
 
 def batch_prefix_sizes(budgets: list, trees: list[DraftTree], cells: list | None = None) -> list[int]:

@@ -1,8 +1,18 @@
 """The verification cost curve of one model on one machine: seconds per forward against
-draft-tree size (measured by refdec.transformers.calibration, consumed by refdec.budget)."""
+draft-tree size (measured by refdec.transformers.calibration and refdec.llama_cpp.calibration,
+refit online by refdec.cost_model, consumed by refdec.budget).
+
+Both calibrations measure in the same plan (:func:`calibration_order`): a warm-up round whose
+times are dropped (the first forwards of a size pay for allocations and cold caches), then
+``repeats`` rounds, each over every size, alternately ascending and descending, so that load that
+comes and goes on a shared machine spreads over all sizes instead of landing on some. A size's
+seconds are the median of its rounds; :func:`repeats_disagree` says why a curve whose rounds
+disagree must not be cached (the process uses it, and refdec.cost_model corrects it as it runs).
+"""
 
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -10,9 +20,24 @@ import numpy as np
 from refdec.tokens import check_int
 from refdec.tree import MAX_NODES
 
-__all__ = ["CostCurve", "DEFAULT_CPU_CURVE", "flat_curve"]
+__all__ = ["CALIBRATED_SIZES", "CostCurve", "DEFAULT_CPU_CURVE", "calibration_order", "curve_table", "flat_curve",
+           "median_seconds",
+           "repeats_disagree", "warn_not_cached"]
 
 _FORMAT = 2  # 2: head_chunk_seconds, head_chunk_rows
+
+
+def curve_table(xs: np.ndarray, ys: np.ndarray, max_nodes: int) -> np.ndarray:
+    """float64 [max_nodes + 1]: the curve through the points (``xs`` float64 [k], increasing; ``ys``
+    float64 [k]) at 0 .. max_nodes, linearly interpolated, and past the last point extrapolated along
+    the last segment (never decreasing)."""
+    n = np.arange(max_nodes + 1, dtype=np.float64)
+    out = np.interp(n, xs, ys)
+    if len(xs) >= 2 and max_nodes > xs[-1]:
+        slope = max(0.0, (ys[-1] - ys[-2]) / (xs[-1] - xs[-2]))
+        tail = n > xs[-1]
+        out[tail] = ys[-1] + slope * (n[tail] - xs[-1])
+    return out
 
 
 @dataclass(frozen=True)
@@ -21,7 +46,7 @@ class CostCurve:
     them and extrapolated linearly past the last point.
 
     ``nodes``: increasing ints >= 0 (draft nodes; a forward feeds ``1 + n`` rows).
-    ``seconds``: the forward time at each size (minimum over repeats); with
+    ``seconds``: the forward time at each size (median over repeats); with
     ``head_chunk_seconds`` set, the backbone's time only (no LM head).
     ``head_chunk_seconds``: None when ``seconds`` include every row's head, else the
     time of the head on one chunk of ``head_chunk_rows`` rows (lazy head).
@@ -66,15 +91,8 @@ class CostCurve:
 
     def table(self, max_nodes: int) -> np.ndarray:
         """float64 array of shape (max_nodes + 1,): the cost of n = 0 .. max_nodes draft nodes."""
-        n = np.arange(max_nodes + 1, dtype=np.float64)
-        xs = np.asarray(self.nodes, dtype=np.float64)
-        ys = np.asarray(self.seconds, dtype=np.float64)
-        out = np.interp(n, xs, ys)
-        if len(xs) >= 2 and max_nodes > xs[-1]:
-            slope = max(0.0, (ys[-1] - ys[-2]) / (xs[-1] - xs[-2]))
-            tail = n > xs[-1]
-            out[tail] = ys[-1] + slope * (n[tail] - xs[-1])
-        return out
+        return curve_table(np.asarray(self.nodes, dtype=np.float64), np.asarray(self.seconds, dtype=np.float64),
+                           max_nodes)
 
     def __call__(self, n: int, expected_accepted: float = 0.0) -> float:
         """Seconds for a step verifying ``n`` nodes that accepts ``expected_accepted`` of them."""
@@ -102,6 +120,55 @@ class CostCurve:
 
 # The tree sizes a calibration measures (both backends'; sizes between them are interpolated).
 CALIBRATED_SIZES = (0, 1, 2, 4, 8, 16, 24, 32, 48, MAX_NODES)
+
+
+# A size's repeats disagree when they spread (max - min) over more than REPEAT_TOLERANCE of their
+# median plus REPEAT_SLACK_SECONDS; a curve is not cached when more than DISAGREEING_SIZES of its
+# sizes disagree (one stray spike is noise the median absorbs; several sizes at once is load).
+REPEAT_TOLERANCE = 0.25
+REPEAT_SLACK_SECONDS = 1e-3
+DISAGREEING_SIZES = 0.25
+
+
+def calibration_order(nodes, repeats: int, warmup: int = 1) -> list[tuple[int, int]]:
+    """(round, size) pairs in the order a calibration measures them: rounds ``0 .. warmup - 1``
+    warm up (their times are dropped), then ``repeats`` rounds; every round measures each of
+    ``nodes`` once, ascending in even rounds and descending in odd ones."""
+    check_int("repeats", repeats, 1)
+    check_int("warmup", warmup, 0)
+    ascending = tuple(sorted(nodes))
+    return [(rnd, n) for rnd in range(warmup + repeats) for n in (ascending if rnd % 2 == 0 else ascending[::-1])]
+
+
+def median_seconds(samples: dict) -> tuple:
+    """The median of each size's repeats: ``samples`` maps size -> list of seconds (>= 1 each),
+    the result is in the order of ``samples``' keys."""
+    return tuple(float(np.median(times)) for times in samples.values())
+
+
+def repeats_disagree(samples: dict, *, tolerance: float = REPEAT_TOLERANCE, slack: float = REPEAT_SLACK_SECONDS,
+                     most: float = DISAGREEING_SIZES) -> str | None:
+    """Why a calibration's rounds disagree (a sentence naming the sizes), or None when they agree.
+
+    ``samples``: size -> list of seconds, one per round. A size disagrees when its repeats
+    spread over more than ``tolerance`` of their median plus ``slack`` seconds; the curve when
+    more than ``most`` of its sizes do (with one round, never)."""
+    bad = [(n, times) for n, times in samples.items()
+           if len(times) > 1 and max(times) - min(times) > tolerance * float(np.median(times)) + slack]
+    if len(bad) <= most * len(samples):
+        return None
+    shown = "; ".join(f"{n} nodes " + " / ".join(f"{1e3 * t:.1f}" for t in times) + " ms" for n, times in bad[:3])
+    more = f"; {len(bad) - 3} more" if len(bad) > 3 else ""
+    return (f"the repeats of {len(bad)} of {len(samples)} sizes differ by more than {100 * tolerance:.0f}% "
+            f"({shown}{more})")
+
+
+def warn_not_cached(disagreement: str) -> None:
+    """Says on stderr (one line) that a measured curve is not cached and why (``disagreement``:
+    :func:`repeats_disagree`'s sentence)."""
+    print(f"refdec: warning: the measured cost curve is not cached: {disagreement}; the machine looks busy. "
+          f"This process uses it and corrects it from the steps it times; it is measured again next time "
+          f"(refdec calibrate --force, on a quiet machine)", file=sys.stderr, flush=True)
 
 
 def flat_curve(seconds: float = 1.0) -> CostCurve:

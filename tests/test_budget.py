@@ -1,17 +1,22 @@
 """Specifies refdec.budget, the draft-size policies: ``FixedBudget`` verifies what it asked for;
 ``AutoBudget`` ("auto") verifies the prefix of the drafted tree that maximises expected tokens per
 second under the model's cost curve, learns each node cell's acceptance from what was verified,
-and prices a batch's rows together (``batch_prefix_sizes``)."""
+and prices a batch's rows together (``batch_prefix_sizes``); from the steps' measured time it refits
+its cost curve (refdec.cost_model.LearntCost) and stops drafting for a request where drafting does
+not pay, probing on a fixed schedule to come back (``PlainGuard``)."""
 
 from __future__ import annotations
+
+import copy
 
 import numpy as np
 import pytest
 
 from refdec.acceptance import AcceptanceTable
-from refdec.budget import AutoBudget, FixedBudget, batch_prefix_sizes, make_budget
+from refdec.budget import AutoBudget, FixedBudget, PlainGuard, StepTime, batch_prefix_sizes, make_budget
 from refdec.cost_curve import CostCurve, flat_curve
-from refdec.tree import DraftTree
+from refdec.cost_model import LearntCost
+from refdec.tree import MAX_NODES, DraftTree
 
 # A steep CPU-like curve: every node adds 10% of a one-token forward.
 STEEP = CostCurve((0, 64), (1.0, 7.4))
@@ -271,3 +276,115 @@ def test_the_diagnostic_of_chosen_sizes_is_bounded(monkeypatch):
     for n in range(10):
         budget.select(sure_chain(1 + n % 4))
     assert 3 <= len(budget.chosen) <= 6 and budget.chosen[-1] == 2  # the latest kept, the oldest gone
+
+
+# ---------------------------------------------------------------------------------------------
+# The steps' measured time (observe_step): the curve refit from it, drafting stopped where it does
+# not pay (PlainGuard). Synthetic StepTimes only.
+
+
+def one_row_step(budget, tree, accepted, seconds, propose=0.0):
+    """The engine's report of one single-row step that verified ``tree`` (its first ``accepted``
+    nodes accepted) and took ``seconds`` to verify, ``propose`` to draft."""
+    nodes = np.arange(accepted, dtype=np.int64)
+    AutoBudget.observe_step([budget], [tree], [nodes], StepTime(1, len(tree), propose, seconds))
+
+
+def test_a_steep_curve_measured_flat_verifies_whole_trees_after_a_few_steps():
+    """The calibration says 64 nodes cost 7.4 one-node steps; the steps take 1 s whatever their
+    size (a GPU, or a curve measured under load): the refit curve is flat, unlikely nodes are
+    verified too. With learn=False the calibrated curve stays."""
+    budget = AutoBudget(STEEP, explore_every=0, guard=False)
+    fixed = AutoBudget(STEEP, explore_every=0, guard=False, learn=False)
+    assert len(budget.select(unsure_bush(64))) == 0
+    for n in (0, 1, 2, 4, 8, 16, 24, 32, 48, 64):
+        for _ in range(4):  # the calibration counts as 3 steps in each bucket
+            one_row_step(budget, unsure_bush(n), 0, 1.0)
+            one_row_step(fixed, unsure_bush(n), 0, 1.0)
+    assert budget.cost.table(64) == pytest.approx(np.ones(65))
+    assert len(budget.select(unsure_bush(64))) == 64
+    assert fixed.cost is STEEP and fixed.learnt is None and len(fixed.select(unsure_bush(64))) == 0
+
+
+def test_the_step_is_measured_without_the_lm_head_as_the_curve_prices_it():
+    """A lazy-head curve: the learnt table gets the verify seconds less the head chunks of the walk
+    that accepted what the row accepted (k = 6: (6 + 2.5) / 4 chunks of 0.018 s)."""
+    budget = AutoBudget(LAZY, guard=False)
+    one_row_step(budget, sure_chain(16), 6, 0.5)
+    learnt = budget.learnt
+    j = learnt.bucket(16)
+    assert np.exp(learnt._log_ratios[j, 0]) * LAZY.table(16)[16] == pytest.approx(0.5 - 0.018 * 8.5 / 4)
+
+
+def test_copies_of_a_budget_share_one_learnt_cost_fed_once_per_step():
+    shared = LearntCost(CPU)
+    rows = [AutoBudget(shared), AutoBudget(shared)]
+    rows.append(copy.deepcopy(rows[0]))
+    assert all(row.learnt is shared for row in rows)
+    AutoBudget.observe_step(rows, [sure_chain(4)] * 3, [np.zeros(0, np.int64)] * 3, StepTime(3, 14, 0.0, 0.3))
+    assert shared.version == 1 and shared.observations()[shared.bucket(14)] == 1
+    with pytest.raises(ValueError, match="learn=False takes a CostCurve"):
+        AutoBudget(shared, learn=False)
+    with pytest.raises(ValueError, match="cost must be"):
+        AutoBudget("fast")
+
+
+def test_the_guard_stops_drafting_that_does_not_pay_and_probes_to_come_back():
+    """Plain steps take 0.1 s (the curve's t(0)); drafted steps take 0.25 s and emit 2 tokens: 8
+    tokens/s against plain's 10. After its window of 4 drafted steps the guard stops drafting; after
+    `probe_every` = 3 plain steps, 2 steps probe; they do not pay, so the wait doubles (6, then 12,
+    at most). When drafted steps emit 4 tokens (16 tokens/s) the next probe pays: drafting resumes."""
+    guard = PlainGuard(window=4, probe_every=3, probe_steps=2, max_probe_every=12)
+    budget = AutoBudget(flat_curve(0.1), max_nodes=16, guard=guard, learn=False)
+    tree = sure_chain(16)
+    drafted = []
+    for step in range(48):
+        tokens = 2 if step < 36 else 4
+        drafted.append(budget.max_nodes > 0)
+        verified = tree if budget.max_nodes else DraftTree.empty()
+        one_row_step(budget, verified, tokens - 1 if len(verified) else 0, 0.25 if len(verified) else 0.1)
+    marks = "".join("d" if d else "." for d in drafted)
+    assert marks == ("dddd" + "..." + "dd" + "......" + "dd" + "............" + "dd" + "............"
+                     + "dd" + "ddd")
+    assert guard.pauses == 1 and not guard.paused and budget.max_nodes == 16
+    # a new request starts drafting, whatever the last one learnt
+    for _ in range(4):
+        one_row_step(budget, tree, 0, 0.25)
+    assert budget.max_nodes == 0
+    budget.new_request()
+    assert budget.max_nodes == 16
+
+
+def test_the_guard_compares_a_batch_rows_tokens_with_a_plain_step_of_the_whole_batch():
+    """Two rows share each 0.3 s step; a plain step of both would cost t(1 node) = 0.2 s on this
+    curve. The row that emits 2 tokens a step (6.7 tokens/s against plain's 5) keeps drafting;
+    the row that emits 1 (3.3) stops."""
+    curve = CostCurve((0, 1, 64), (0.1, 0.2, 1.0))
+    rows = [AutoBudget(curve, guard=PlainGuard(window=4), learn=False) for _ in range(2)]
+    for _ in range(4):
+        AutoBudget.observe_step(rows, [sure_chain(4)] * 2, [np.zeros(1, np.int64), np.zeros(0, np.int64)],
+                                StepTime(2, 9, 0.05, 0.25))
+    assert [row.max_nodes for row in rows] == [MAX_NODES, 0]
+
+
+def test_unmeasured_steps_never_stop_drafting_and_the_guard_is_bounded():
+    guard = PlainGuard(window=8)
+    for _ in range(10_000):
+        guard.step(1, 0.0, 0.1)  # a clock that did not move
+    assert guard.drafting and len(guard._steps) == 0
+    for _ in range(10_000):
+        guard.step(100, 0.1, 0.1)  # drafting pays
+    assert guard.drafting and len(guard._steps) == 8
+    with pytest.raises(ValueError, match="window must be an int >= 1"):
+        PlainGuard(window=0)
+    with pytest.raises(ValueError, match="max_probe_every must be an int >= 16"):
+        PlainGuard(probe_every=16, max_probe_every=8)
+    with pytest.raises(ValueError, match="guard must be"):
+        AutoBudget(CPU, guard="off")
+    assert AutoBudget(CPU, guard=None).guard is None and AutoBudget(CPU, guard=False).max_nodes == MAX_NODES
+
+
+def test_fixed_budgets_ignore_the_steps_time():
+    budget = FixedBudget(8)
+    FixedBudget.observe_step([budget], [sure_chain(8)], [np.zeros(0, np.int64)], StepTime(1, 8, 1.0, 1.0))
+    assert budget.max_nodes == 8

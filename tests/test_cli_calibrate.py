@@ -1,8 +1,8 @@
 """Specifies refdec.cli.calibrate, ``refdec calibrate``: it measures the model's cost curve (the
 one "auto" drafting needs) ahead of time, or reads the cached one, says which on stderr with the
 file's path, and prints the curve, milliseconds per verification forward at each draft size
-(the lazy head's cost in the heading); ``--force`` measures again; without ``--model`` it is the
-default model's curve."""
+(the lazy head's cost in the heading); ``--force`` measures again; a curve whose rounds disagree
+is printed but not saved, and it says so; without ``--model`` it is the default model's curve."""
 
 from __future__ import annotations
 
@@ -12,11 +12,13 @@ from refdec import models
 from refdec.cli import main
 from refdec.cost_curve import CostCurve
 from refdec.transformers import calibration
-from tiny_models import char_tokenizer, tiny_llama
+from tiny_models import SteppingTime, char_tokenizer, tiny_llama
 
 
 def test_refdec_calibrate_measures_then_reads_the_cached_curve(monkeypatch, tmp_path, capsys, tiny_model_dir):
     monkeypatch.setenv("REFDEC_CACHE", str(tmp_path))
+    # each step takes half a second of a stand-in clock: the rounds agree whatever the machine's load
+    monkeypatch.setattr(calibration, "time", SteppingTime(0.5))
     assert main(["calibrate", "--model", str(tiny_model_dir()), "--threads", "1"]) == 0
     first = capsys.readouterr()
     assert "[refdec calibrate] measured" in first.err and "measuring this model's" in first.err
@@ -67,3 +69,14 @@ def test_without_model_it_calibrates_the_default_model(fake_measure, monkeypatch
     assert main(["calibrate", "--threads", "1"]) == 0
     assert fake_measure == [model]
     assert str(calibration.calibration_path(model)) in capsys.readouterr().err
+
+
+def test_a_curve_whose_rounds_disagree_is_printed_but_not_saved(monkeypatch, tmp_path, capsys, tiny_model_dir):
+    monkeypatch.setenv("REFDEC_CACHE", str(tmp_path))
+    monkeypatch.setattr(calibration, "measure", lambda model, **kwargs: CostCurve(
+        (0, 8), (0.010, 0.0125), {"disagreement": "the repeats of 3 of 10 sizes differ by more than 25%"}))
+    assert main(["calibrate", "--model", str(tiny_model_dir()), "--threads", "1", "--force"]) == 0
+    captured = capsys.readouterr()
+    assert "[refdec calibrate] measured, not saved (busy machine)" in captured.err and "not cached" in captured.err
+    assert captured.out.splitlines()[1:] == ["    0:     10.0", "    8:     12.5"]
+    assert not list(tmp_path.glob("calibration/*.json"))

@@ -128,6 +128,31 @@ def test_on_row_done_is_called_for_a_one_row_batch_with_an_all_ones_mask(llama):
     assert calls == [(0, out.sequences[0, len(prompt):].tolist())]
 
 
+def test_auto_learns_one_cost_per_decoder_and_timed_budget_false_keeps_the_calibrated_curve(llama, monkeypatch):
+    """"auto" prices every call and batch row with one LearntCost on the backend's curve (measured
+    once per decoder), each call's request starting its guard over; ``timed_budget = False`` gives
+    budgets on the calibrated curve, without learning or a guard (pass counts from tokens only)."""
+    asked = []
+    monkeypatch.setattr(backend_module, "auto_cost_curve", lambda model: asked.append(model) or calibration.DEFAULT_CPU_CURVE)
+    decoder = refdec.SpeculativeDecoder(llama)
+    prompts = repetitive_prompts(2)
+    single = decoder._budgets("auto", True, 1)[0]
+    single.guard.paused = True  # as if the last request stopped drafting
+    assert decoder._budgets("auto", True, 1) == [single] and single.max_nodes > 0  # a new request drafts
+    rows = decoder._budgets("auto", False, 2)
+    assert all(row.learnt is single.learnt is decoder._learnt_cost for row in rows) and len(asked) == 1
+    assert decoder._learnt_cost.prior is calibration.DEFAULT_CPU_CURVE
+    out = decoder.generate(prompts[0], max_new_tokens=8, eos_token_id=[])
+    assert decoder._learnt_cost.version == out.stats.forward_passes - 1  # every step fed it
+    decoder.timed_budget = False
+    fixed = decoder._budgets("auto", True, 1)[0]
+    assert fixed is not single and fixed.learnt is None and fixed.guard is None
+    assert fixed.cost is calibration.DEFAULT_CPU_CURVE
+    assert all(row.learnt is None and row.guard is None for row in decoder._budgets("auto", False, 2))
+    out = decoder.generate(prompts[0], max_new_tokens=8, eos_token_id=[])
+    assert out.sequences[0].tolist() == hf_greedy(llama, prompts[0], max_new_tokens=8)
+
+
 def test_an_autobudget_instance_serves_each_row_with_its_own_copy():
     """max_draft_tokens=AutoBudget(...): every row learns on its own copy (one shared policy
     mixed the rows' node cells up) and the rows' prefixes are chosen together."""

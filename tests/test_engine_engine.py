@@ -183,6 +183,18 @@ class TickingDrafter:
         self.drafter.accept(tokens)
 
 
+def ticking_decoder(monkeypatch, model, drafter_class):
+    """A decoder on ``model`` whose drafter (lookup_factory's "tree" wrapped in ``drafter_class``)
+    ticks a FakeClock that stands in for time.perf_counter; returns (decoder, clock, calls)."""
+    clock = FakeClock()
+    monkeypatch.setattr(time, "perf_counter", clock)
+    calls = {"propose": 0, "accept": 0}
+    drafter_factory = lookup_factory("tree")
+    decoder = refdec.SpeculativeDecoder(model, proposer_factory=lambda *args: drafter_class(
+        drafter_factory(*args), clock, calls))
+    return decoder, clock, calls
+
+
 @pytest.mark.parametrize("lazy_head", [True, False])
 def test_the_stats_give_each_phase_its_own_time(monkeypatch, llama, lazy_head):
     """With a clock that moves one second per model forward, LM-head call, drafter proposal and
@@ -190,12 +202,7 @@ def test_the_stats_give_each_phase_its_own_time(monkeypatch, llama, lazy_head):
     time, every verification forward and head call forward time, the proposals propose time, the
     updates with emitted tokens (the prefill's first token's included) accept time; preparing the
     trees takes none."""
-    clock = FakeClock()
-    monkeypatch.setattr(time, "perf_counter", clock)
-    calls = {"propose": 0, "accept": 0}
-    drafter_factory = lookup_factory("tree")
-    decoder = refdec.SpeculativeDecoder(llama, proposer_factory=lambda *args: TickingDrafter(
-        drafter_factory(*args), clock, calls))
+    decoder, clock, calls = ticking_decoder(monkeypatch, llama, TickingDrafter)
     decoder.backend.lazy_head = lazy_head
     head_calls = []
     if lazy_head:
@@ -216,6 +223,50 @@ def test_the_stats_give_each_phase_its_own_time(monkeypatch, llama, lazy_head):
     assert stats.prepare_seconds == 0
     assert stats.wall_seconds == clock.now and max(r.wall_seconds for r in stats.rows) == clock.now
     assert lazy_head == (len(head_calls) > 0)
+
+
+class SlowDrafter(TickingDrafter):
+    """A TickingDrafter whose proposals take ten seconds."""
+
+    def propose(self, max_nodes):
+        for _ in range(9):
+            self.clock.tick()
+        return super().propose(max_nodes)
+
+
+def test_the_budgets_learn_each_steps_time_and_stop_drafting_where_it_does_not_pay(monkeypatch, llama):
+    """With a clock that moves one second per model forward and ten per proposal, no draft pays
+    (a drafted step would need 11 tokens to match plain's one token a second). The engine reports
+    each step's time to the budget (StepTime: one row, the verified tree's size, the proposal's and
+    the forward's seconds); "auto" refits its curve to one second a forward, and its guard stops
+    drafting after a window of drafted steps, probing on its schedule; the output is model.generate's."""
+    decoder, clock, calls = ticking_decoder(monkeypatch, llama, SlowDrafter)
+    steps = []
+    observe_step = refdec.budget.AutoBudget.observe_step
+
+    def spy(cls, budgets, trees, accepted, step):
+        steps.append((len(trees[0]), step))
+        observe_step(budgets, trees, accepted, step)
+
+    monkeypatch.setattr(refdec.budget.AutoBudget, "observe_step", classmethod(spy))
+    hook = llama.get_input_embeddings().register_forward_hook(clock.tick)
+    try:
+        prompt = repetitive_prompts(1, seed=5)[0]
+        out = decoder.generate(prompt, max_new_tokens=100, eos_token_id=[])
+    finally:
+        hook.remove()
+    assert out.sequences[0].tolist() == hf_greedy(llama, prompt, max_new_tokens=100)
+    assert len(steps) == out.stats.forward_passes - 1  # every step but the prefill
+    drafted = [step.propose_seconds == 10 for _, step in steps]
+    assert sum(drafted) == calls["propose"]
+    for nodes, step in steps:
+        assert (step.rows, step.forward_nodes, step.verify_seconds) == (1, nodes, 1.0)
+    guard = decoder._auto_budget.guard
+    window = guard.window
+    assert all(drafted[:window]) and not any(drafted[window: window + guard.probe_every])  # stopped
+    assert all(drafted[window + guard.probe_every: window + guard.probe_every + guard.probe_steps])  # a probe
+    assert guard.pauses == 1 and guard.paused
+    assert decoder._learnt_cost.curve()(0) == pytest.approx(1.0)  # its plain steps: one second each
 
 
 def test_requests_join_a_running_engine_and_a_finished_one_leaves_at_the_next_step(monkeypatch, llama):

@@ -132,3 +132,21 @@ def test_closing_fails_the_unfinished_and_refuses_new_requests(decoder):
 def test_settings_are_checked(decoder, setting, value):
     with pytest.raises(ValueError, match=setting):
         DecodingService(decoder, **{setting: value})
+
+
+def test_rows_with_budgets_of_different_kinds_each_report_their_steps_time_to_their_own(decoder):
+    """One request "auto", one a fixed 8 nodes, in one batch (priced row by row): the engine hands each
+    kind of budget its own rows' step times (refdec.budget.Budget.observe_step), so the "auto" row
+    feeds the decoder's learnt cost and the fixed row is left alone; both get their solo output."""
+    prompts = repetitive_prompts(2, seed=9)
+    expected = [decoder.generate(p, max_new_tokens=NEW, eos_token_id=[], max_draft_tokens=budget)
+                .sequences[0, len(p):].tolist() for p, budget in zip(prompts, ("auto", 8))]
+    learnt = decoder._learnt_cost
+    before = learnt.version
+    decoder.joint_batch_budget = False  # the two kinds cannot be priced as one forward
+    with DecodingService(decoder, max_concurrent=2) as service:
+        tickets = [service.submit(p, max_new_tokens=NEW, eos_token_id=[], max_draft_tokens=budget)
+                   for p, budget in zip(prompts, ("auto", 8))]
+        got = [ticket.result(60)[0] for ticket in tickets]
+    assert got == expected
+    assert decoder._learnt_cost is learnt and learnt.version > before

@@ -1,11 +1,14 @@
 """Specifies refdec.transformers.calibration: ``measure`` times the engine's own verification step per tree size
-over one cache length, without the lazy head and one head chunk apart, or with every row's target;
-tiny models are not worth calibrating and get the default CPU curve without a measurement;
-``calibrate`` announces a measurement on stderr once and then reads the cached curve silently."""
+over one cache length, without the lazy head and one head chunk apart, or with every row's target,
+in a warm-up round (dropped) and interleaved rounds whose median it keeps, saying when the rounds
+disagree; tiny models are not worth calibrating and get the default CPU curve without a measurement;
+``calibrate`` announces a measurement on stderr once and then reads the cached curve silently, and
+keeps a curve whose rounds disagree for the process only, with a warning."""
 
 from __future__ import annotations
 
 import time
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -15,7 +18,7 @@ from refdec.transformers import calibration
 from refdec.transformers.calibration import measure
 from refdec.transformers.runner import ModelRunner
 from refdec.transformers.verify import verify_step
-from tiny_models import tiny_llama
+from tiny_models import SteppingTime, tiny_llama
 
 
 def test_tiny_model_auto_does_not_calibrate(monkeypatch, tmp_path):
@@ -32,19 +35,6 @@ def test_tiny_model_auto_does_not_calibrate(monkeypatch, tmp_path):
     assert calibration.auto_cost_curve(Tiny()) is calibration.DEFAULT_CPU_CURVE
 
 
-class Clock:
-    """Stands in for the ``time`` module in refdec.transformers.calibration: each perf_counter() call one second later."""
-
-    def __init__(self) -> None:
-        self.now = 0.0
-
-    def perf_counter(self) -> float:
-        self.now += 1.0
-        return self.now
-
-    strftime = staticmethod(time.strftime)
-
-
 @pytest.fixture
 def steps(monkeypatch):
     """Records each step refdec.transformers.calibration.measure times (lazy head?, cache length, slots, nodes, root
@@ -59,7 +49,7 @@ def steps(monkeypatch):
         return verified
 
     monkeypatch.setattr(calibration, "verify_step", step)
-    monkeypatch.setattr(calibration, "time", Clock())
+    monkeypatch.setattr(calibration, "time", SteppingTime())
     return seen
 
 
@@ -139,3 +129,73 @@ def test_measuring_the_curve_is_announced_on_stderr_once(monkeypatch, tmp_path, 
     assert f"{torch.get_num_threads()} threads" in err and str(calibration.calibration_path(model)) in err
     assert calibration.calibrate(model, **kwargs) == curve  # read from the cache, silently
     assert capsys.readouterr().err == ""
+
+
+class ScriptedSteps:
+    """Stands in for ``time`` and ``verify_step`` in refdec.transformers.calibration: each step takes
+    the next of ``durations`` seconds (no forward runs, no lazy head)."""
+
+    def __init__(self, durations) -> None:
+        self.durations = list(durations)
+        self.now = 0.0
+        self.sizes = []
+
+    def perf_counter(self) -> float:
+        return self.now
+
+    strftime = staticmethod(time.strftime)
+
+    def verify_step(self, runner, batch, trees, roots, root_pos, rules):
+        self.sizes.append(len(trees[0]))
+        self.now += self.durations.pop(0)
+        return SimpleNamespace(lazy_head_seconds=0.0)
+
+
+# rounds over 0, 4, 16 nodes: the warm-up ascending, then descending, ascending, descending
+WARM_UP = [9.0, 9.0, 9.0]  # the first forwards of each size: dropped
+
+
+def test_measure_drops_the_warm_up_round_and_takes_each_sizes_median_over_interleaved_rounds(monkeypatch):
+    steps = ScriptedSteps(WARM_UP + [3.0, 2.0, 1.0] + [1.1, 2.2, 3.3] + [3.1, 1.9, 0.9])
+    monkeypatch.setattr(calibration, "time", steps)
+    monkeypatch.setattr(calibration, "verify_step", steps.verify_step)
+    curve = measure(tiny_llama(), nodes=(16, 0, 4), cache_len=8, repeats=3, warmup=1, lazy_head=False)
+    assert steps.sizes == [0, 4, 16, 16, 4, 0, 0, 4, 16, 16, 4, 0]
+    assert curve.nodes == (0, 4, 16) and curve.seconds == pytest.approx((1.0, 2.0, 3.1))
+    assert curve.meta["samples"]["0"] == pytest.approx([1.0, 1.1, 0.9]) and curve.meta["warmup"] == 1
+    assert curve.meta["disagreement"] is None  # each size's rounds within 25% of its median
+
+
+def test_measure_says_why_when_the_rounds_of_too_many_sizes_disagree(monkeypatch):
+    """Another process compiled during the second round: 0 and 4 nodes took twice as long there."""
+    steps = ScriptedSteps(WARM_UP + [3.0, 2.0, 1.0] + [2.0, 4.0, 3.1] + [3.1, 2.0, 1.0])
+    monkeypatch.setattr(calibration, "time", steps)
+    monkeypatch.setattr(calibration, "verify_step", steps.verify_step)
+    curve = measure(tiny_llama(), nodes=(0, 4, 16), cache_len=8, repeats=3, warmup=1, lazy_head=False)
+    assert curve.seconds == pytest.approx((1.0, 2.0, 3.1))  # the medians are the quiet rounds'
+    assert curve.meta["disagreement"].startswith("the repeats of 2 of 3 sizes differ by more than 25%")
+    assert "0 nodes 1000.0 / 2000.0 / 1000.0 ms" in curve.meta["disagreement"]
+
+
+def test_a_curve_whose_rounds_disagree_is_used_but_not_cached_and_said_so_once(monkeypatch, tmp_path, llama, capsys):
+    from refdec.cost_curve import CostCurve
+
+    measured = []
+
+    def fake_measure(model, **kwargs):
+        measured.append(kwargs)
+        busy = len(measured) == 1
+        return CostCurve((0, 8), (0.2, 0.3), {"disagreement": "the repeats of 5 of 10 sizes differ" if busy else None})
+
+    monkeypatch.setattr(calibration, "cache_dir", lambda: tmp_path)
+    monkeypatch.setattr(calibration, "measure", fake_measure)
+    monkeypatch.setattr(calibration, "_UNCACHED", {})
+    busy = calibration.calibrate(llama)
+    err = capsys.readouterr().err
+    assert "not cached: the repeats of 5 of 10 sizes differ" in err and "refdec calibrate --force" in err
+    assert not calibration.calibration_path(llama).exists() and calibration.load_cached(llama) is None
+    assert calibration.calibrate(llama) is busy and len(measured) == 1  # kept for the process: not measured again
+    assert capsys.readouterr().err == ""
+    quiet = calibration.calibrate(llama, force=True)  # measured again: its rounds agree, so it is cached
+    assert len(measured) == 2 and calibration.load_cached(llama) == quiet
+    assert "not cached" not in capsys.readouterr().err

@@ -15,6 +15,8 @@ tests/conftest.py deselects ``full`` unless ``-m`` names it).
 
 from __future__ import annotations
 
+import time
+
 import numpy as np
 import pytest
 import torch
@@ -152,6 +154,21 @@ def mixed_batch() -> list[list[int]]:
     prompts.insert(2, [1] + rng.integers(3, VOCAB, size=5).tolist())  # short, nothing to copy
     prompts.append([1] + rng.integers(3, VOCAB, size=23).tolist())
     return prompts
+
+
+class SteppingTime:
+    """Stands in for the ``time`` module of a module that times itself (monkeypatch its ``time``):
+    each perf_counter() call ``step`` seconds after the last."""
+
+    def __init__(self, step: float = 1.0) -> None:
+        self.step = step
+        self.now = 0.0
+
+    def perf_counter(self) -> float:
+        self.now += self.step
+        return self.now
+
+    strftime = staticmethod(time.strftime)
 
 
 class FakeClock:

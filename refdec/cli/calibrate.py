@@ -5,7 +5,8 @@
 ``max_draft_tokens="auto"`` (the default of ``generate`` and ``edit``) needs this curve;
 the first call that needs it measures it (announced on stderr) and caches it per model,
 dtype, device and thread count. Running it ahead of time keeps that out of a first
-timed run. Prints the curve (milliseconds per verification forward at each draft size).
+timed run. Prints the curve (milliseconds per verification forward at each draft size). A
+curve whose repeated rounds disagree (a busy machine) is used but not saved; it says so.
 """
 
 from __future__ import annotations
@@ -40,7 +41,11 @@ def run(args) -> int:
     cached = None if args.force else calibration.load_cached(model)
     curve = cached if cached is not None else calibration.calibrate(model, force=True)
     where = calibration.calibration_path(model)
-    print(f"[refdec calibrate] {'cached' if cached is not None else 'measured'}: {where}", file=sys.stderr)
+    if cached is not None:
+        state = "cached"
+    else:  # a curve whose rounds disagree is not saved (refdec.cost_curve.repeats_disagree)
+        state = "measured, not saved (busy machine)" if (curve.meta or {}).get("disagreement") else "measured"
+    print(f"[refdec calibrate] {state}: {where}", file=sys.stderr)
     head = (f"; LM head {1000 * curve.head_chunk_seconds:.1f} ms per {curve.head_chunk_rows} visited rows"
             if curve.lazy_head else "")
     print(f"draft nodes: ms per verification forward{head}")

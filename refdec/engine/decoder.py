@@ -31,6 +31,7 @@ import numpy as np
 import torch
 
 from refdec.budget import AutoBudget, Budget
+from refdec.cost_model import LearntCost
 from refdec.engine import engine
 from refdec.engine.arguments import GenerateArguments, parse_arguments
 from refdec.engine.interface import Backend
@@ -103,6 +104,11 @@ class SpeculativeDecoder:
     ``max_draft_tokens="auto"`` choose the rows' verified prefixes together, priced as
     one padded batched forward (refdec.budget.batch_prefix_sizes); False prices each
     row alone on the single-row curve.
+    ``decoder.timed_budget`` (default True): ``max_draft_tokens="auto"`` learns from the steps'
+    measured time, its cost curve refit (refdec.cost_model.LearntCost, one per decoder) and
+    drafting stopped for a request where it does not pay (refdec.budget.PlainGuard); False prices
+    with the calibrated curve as it is, so that the verified sizes, and the pass counts, depend
+    on the tokens only (benchmarks.engine_ab compares them between checkouts).
     """
 
     def __init__(self, model, tokenizer=None, index=None, *, max_depth: int = MAX_NODES, proposer_factory=None,
@@ -118,7 +124,9 @@ class SpeculativeDecoder:
         # a llama.cpp model brings its own tokenizer (refdec.llama_cpp.tokenizer)
         self.tokenizer = tokenizer if tokenizer is not None else self.backend.tokenizer
         self.joint_batch_budget = True
+        self.timed_budget = True
         self._auto_budget = None  # single prompts: the "auto" policy persists across calls (its feedback carries over)
+        self._learnt_cost = None  # "auto": the backend's cost curve, refit from the steps (all calls and rows share it)
 
     @property
     def vocab_size(self) -> int:
@@ -220,26 +228,35 @@ class SpeculativeDecoder:
         return request
 
     def new_budget(self, max_draft_tokens: Budget | str) -> Budget:
-        """A budget for one request of its own: a fresh AutoBudget on the backend's cost curve for
-        ``"auto"`` (measured once per model and machine), else ``max_draft_tokens`` itself."""
-        if isinstance(max_draft_tokens, str):  # "auto" (refdec.engine.arguments checked it)
-            return AutoBudget(self.backend.auto_cost_curve())
-        return max_draft_tokens
+        """A budget for one request of its own: a fresh AutoBudget for ``"auto"``, pricing with the
+        backend's cost curve (measured once per model and machine) refit from the steps of every
+        request (one LearntCost per decoder; with ``timed_budget`` False, the curve as it is and no
+        guard), else ``max_draft_tokens`` itself."""
+        if not isinstance(max_draft_tokens, str):
+            return max_draft_tokens
+        if self._learnt_cost is None:  # "auto" (refdec.engine.arguments checked it)
+            self._learnt_cost = LearntCost(self.backend.auto_cost_curve())  # measured once (cached)
+        if self.timed_budget:
+            return AutoBudget(self._learnt_cost)
+        return AutoBudget(self._learnt_cost.prior, learn=False, guard=False)
 
     def _budgets(self, max_draft_tokens: Budget | str, single: bool, n_rows: int) -> list[Budget]:
         """One budget per row. A single prompt uses the decoder's own "auto" policy (its feedback
         carries over between calls) or the given budget; a batch gives each row a copy of an
-        AutoBudget (each row learns its own acceptance) and shares any other budget."""
+        AutoBudget (each row learns its own acceptance) and shares any other budget. An
+        AutoBudget's guard starts over with each call's request."""
         if single and isinstance(max_draft_tokens, str):
-            if self._auto_budget is None:
+            if self._auto_budget is None or (self._auto_budget.learnt is not None) != self.timed_budget:
                 self._auto_budget = self.new_budget(max_draft_tokens)
-            return [self._auto_budget]
-        template = self.new_budget(max_draft_tokens)
-        if single:
-            return [template]
-        if isinstance(template, AutoBudget):
-            return [copy.deepcopy(template) for _ in range(n_rows)]
-        return [template] * n_rows
+            template = self._auto_budget
+        else:
+            template = self.new_budget(max_draft_tokens)
+        if not isinstance(template, AutoBudget):
+            return [template] * n_rows
+        budgets = [template] if single else [copy.deepcopy(template) for _ in range(n_rows)]
+        for budget in budgets:
+            budget.new_request()
+        return budgets
 
     @staticmethod
     def _output(requests: list[Request], stats: DecodingStats, args: GenerateArguments,

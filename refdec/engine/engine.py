@@ -17,8 +17,10 @@ length. A step:
 3. **verify** — ONE forward for all rows, then each row's acceptance walk picks the
    target token of the rows it visits (its target rule, refdec.engine.interface);
 4. **accept** — each row emits its accepted tokens plus the bonus token (stops and
-   limits honoured, refdec.engine.requests), its budget and drafter learn what was accepted, the cache
-   keeps the root and accepted nodes of each row (``keep_accepted``) and finished rows leave.
+   limits honoured, refdec.engine.requests), its budget and drafter learn what was accepted, the
+   budgets learn what the step cost (``observe_step``: the curve refit, drafting stopped where it
+   does not pay), the cache keeps the root and accepted nodes of each row (``keep_accepted``) and
+   finished rows leave.
 
 Before its first step a request is prefilled with the group it joins in
 (``backend.prefill``, refdec.engine.scheduler); the prefill yields its first token.
@@ -33,7 +35,7 @@ import time
 
 import numpy as np
 
-from refdec.budget import Budget
+from refdec.budget import Budget, StepTime
 from refdec.engine.drafts import draft_for_step
 from refdec.engine.interface import Backend, RunningBatch, target_rule
 from refdec.engine.requests import Request
@@ -168,6 +170,15 @@ def _step(backend: Backend, batch: RunningBatch, stats: DecodingStats, max_depth
             request.budget.observe(tree, accepted)
         request.emit(emitted)
     stats.count_pass(int(max(accepted.shape[0] for accepted, _ in verified.walks)))
+    if drafted:  # the budgets learn what the step cost (refdec.budget.StepTime)
+        timing = StepTime(len(trees), len(trees) * (1 + max(len(tree) for tree in trees)) - 1, t1 - t0,
+                          verified.prepare_seconds + verified.forward_seconds)
+        kinds: dict[type, list[int]] = {}  # rows may bring budgets of different kinds: each its own
+        for b in drafted:
+            kinds.setdefault(type(requests[b].budget), []).append(b)
+        for kind, rows_of_kind in kinds.items():
+            kind.observe_step([requests[b].budget for b in rows_of_kind], [trees[b] for b in rows_of_kind],
+                              [accepted_rows[b] for b in rows_of_kind], timing)
     batch.keep_accepted(root_pos, accepted_rows)
     batch.drop_finished()
     t4 = time.perf_counter()

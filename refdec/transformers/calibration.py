@@ -18,11 +18,13 @@ step that accepts ``k`` nodes costs about ``seconds(n) + head_chunk_seconds * (k
 
 ``calibrate`` times the engine's own verification step (refdec.transformers.verify.verify_step:
 its inputs laid out, one forward of ``1 + n`` rows -- root + n nodes -- and the head as the
-engine runs it) over a cache of ``cache_len`` tokens, ``repeats`` times each (the minimum: load
-from other work on a shared machine only ever adds time, so the least-disturbed run is the best
-estimate), and caches the result as JSON under
+engine runs it) over a cache of ``cache_len`` tokens: a warm-up round, then ``repeats`` rounds over
+the sizes, alternately ascending and descending, the median of each size's rounds
+(refdec.cost_curve.calibration_order), and caches the result as JSON under
 ``refdec.models.cache_dir()/calibration/`` keyed by the model's config, dtype,
-device and the number of torch threads.
+device and the number of torch threads. A curve whose rounds disagree (load from other work on a
+shared machine; refdec.cost_curve.repeats_disagree) is not cached: the process keeps it, says why
+on stderr, and the budget corrects it from the steps it times (refdec.cost_model).
 """
 
 from __future__ import annotations
@@ -38,7 +40,8 @@ import numpy as np
 import torch
 
 from refdec.atomic import atomic_write
-from refdec.cost_curve import CALIBRATED_SIZES, DEFAULT_CPU_CURVE, CostCurve, flat_curve
+from refdec.cost_curve import (CALIBRATED_SIZES, DEFAULT_CPU_CURVE, CostCurve, calibration_order, flat_curve,
+                               median_seconds, repeats_disagree, warn_not_cached)
 from refdec.models import cache_dir
 from refdec.tokens import check_int
 from refdec.transformers.cache import select_rows
@@ -86,8 +89,11 @@ def measure(model, nodes=CALIBRATED_SIZES, *, cache_len: int = 512, repeats: int
     The cache is a one-row running batch prefilled with ``cache_len`` random tokens; after each step
     it is cut back to them, so every step sees ``cache_len`` slots. The trees are chains of random
     tokens (the mask shape does not change the cost of an SDPA forward; the walk rejects the first
-    node, but for a chance hit); sizes are interleaved across repeats so that load drifts on a shared
-    machine hit all sizes alike. Returns the per-size minimum (load only adds time).
+    node, but for a chance hit). The sizes are measured in refdec.cost_curve.calibration_order:
+    ``warmup`` rounds (dropped), then ``repeats`` rounds, alternately ascending and descending, so
+    that load drifts on a shared machine hit all sizes alike; each size's seconds are the median of
+    its rounds. ``meta["disagreement"]``: why the rounds disagree (then the curve is not cached), else
+    None.
 
     ``lazy_head`` (default: as the engine, i.e. a plain-head model on a CPU): ``seconds`` are the
     step without its LM head, which is priced apart: one chunk of rows, the walk's first, at the
@@ -114,25 +120,24 @@ def measure(model, nodes=CALIBRATED_SIZES, *, cache_len: int = 512, repeats: int
     row = torch.zeros(1, dtype=torch.int64, device=runner.device)
     with torch.inference_mode():
         batch, _ = prefill_tokens(runner, rng.integers(3, high, size=cache_len))
-        for rep in range(warmup + repeats):
-            order = nodes if rep % 2 == 0 else tuple(reversed(nodes))
-            for n in order:
-                tree = DraftTree.chain(rng.integers(3, high, size=n))
-                root = rng.integers(3, high, size=1)
-                t0 = time.perf_counter()
-                verified = verify_step(runner, batch, [tree], root, root_pos, [None])
-                elapsed = time.perf_counter() - t0
-                select_rows(batch.cache, row, 0, cache_len)  # the step's rows dropped: back to the prompt
-                if rep >= warmup:
-                    times[n].append(elapsed - verified.lazy_head_seconds)
-                    if lazy_head and n == nodes[-1]:
-                        head_times.append(verified.lazy_head_seconds)
-    seconds = tuple(float(np.min(times[n])) for n in nodes)
-    meta = {"cache_len": cache_len, "repeats": repeats, "threads": torch.get_num_threads(),
-            "samples": {str(n): times[n] for n in nodes}, "measured_at": time.strftime("%Y-%m-%d %H:%M:%S")}
+        for rnd, n in calibration_order(nodes, repeats, warmup):
+            tree = DraftTree.chain(rng.integers(3, high, size=n))
+            root = rng.integers(3, high, size=1)
+            t0 = time.perf_counter()
+            verified = verify_step(runner, batch, [tree], root, root_pos, [None])
+            elapsed = time.perf_counter() - t0
+            select_rows(batch.cache, row, 0, cache_len)  # the step's rows dropped: back to the prompt
+            if rnd >= warmup:
+                times[n].append(elapsed - verified.lazy_head_seconds)
+                if lazy_head and n == nodes[-1]:
+                    head_times.append(verified.lazy_head_seconds)
+    seconds = median_seconds(times)
+    meta = {"cache_len": cache_len, "repeats": repeats, "warmup": warmup, "threads": torch.get_num_threads(),
+            "samples": {str(n): times[n] for n in nodes}, "disagreement": repeats_disagree(times),
+            "measured_at": time.strftime("%Y-%m-%d %H:%M:%S")}
     if lazy_head:
         meta["head_samples"] = head_times
-        return CostCurve(nodes, seconds, meta, float(np.min(head_times)), chunk_rows)
+        return CostCurve(nodes, seconds, meta, float(np.median(head_times)), chunk_rows)
     return CostCurve(nodes, seconds, meta)
 
 
@@ -146,17 +151,27 @@ def load_cached(model) -> CostCurve | None:
         return None
 
 
+# curves measured in this process but not cached (their rounds disagreed), by calibration path:
+# measured once per process (unless forced), and said so once
+_UNCACHED: dict[str, CostCurve] = {}
+
+
 def calibrate(model, *, force: bool = False, announce: bool = True, **measure_kwargs) -> CostCurve:
     """The model's cost curve: read from the calibration cache, or measured and saved.
 
     Measuring takes a few seconds to half a minute; with ``announce`` it says so on stderr,
     one line: what is measured, for which (dtype, device, threads), how long it took and
-    where the curve is kept. ``refdec calibrate`` runs this ahead of time."""
+    where the curve is kept. ``refdec calibrate`` runs this ahead of time. A curve whose rounds
+    disagree (``meta["disagreement"]``, a busy machine) is not saved: this process keeps it (a
+    later call returns it without measuring, ``force`` measures again) and a warning on stderr
+    says why."""
+    path = calibration_path(model)
     if not force:
         cached = load_cached(model)
         if cached is not None:
             return cached
-    path = calibration_path(model)
+        if str(path) in _UNCACHED:
+            return _UNCACHED[str(path)]
     device = next(model.parameters()).device
     if announce:
         print(f"refdec: measuring this model's verification cost against draft size, once for "
@@ -164,10 +179,17 @@ def calibrate(model, *, force: bool = False, announce: bool = True, **measure_kw
               f"(cached for later runs) ...", end="", file=sys.stderr, flush=True)
     t0 = time.perf_counter()
     curve = measure(model, **measure_kwargs)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    atomic_write(path, [json.dumps(curve.to_json(), indent=1).encode()])
+    disagreement = (curve.meta or {}).get("disagreement")
+    if disagreement:
+        _UNCACHED[str(path)] = curve
+    else:
+        _UNCACHED.pop(str(path), None)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        atomic_write(path, [json.dumps(curve.to_json(), indent=1).encode()])
     if announce:
         print(f" {time.perf_counter() - t0:.1f} s ({path})", file=sys.stderr, flush=True)
+    if disagreement:
+        warn_not_cached(disagreement)
     return curve
 
 
