@@ -118,6 +118,39 @@ def test_batch_of_prompts_matches_each_prompt_alone(llm):
     assert [done[b] for b in range(3)] == alone
 
 
+@pytest.mark.parametrize("max_rows", [1, 3])
+def test_rows_with_whole_trees_fit_the_logits_rows_llama_cpp_reserves(gguf_path, monkeypatch, max_rows):
+    """Three rows of 64-node trees ask one decode for 195 logits rows: a decoder sized for one row
+    (65) gives each row a third of them (llama.cpp aborts the process past its n_outputs_max; a
+    Llama's n_batch of 512 once let the rows ask for more); one sized for three rows gives each its
+    whole tree. Outputs are each row's solo."""
+    import llama_cpp
+
+    llm = llama_cpp.Llama(str(gguf_path), n_ctx=1024, n_threads=1, n_batch=512, verbose=False)
+    decoder = refdec.SpeculativeDecoder(llm, max_rows=max_rows)
+    ctx = decoder.backend.ctx
+    assert ctx.n_outputs == max(ctx.n_seq_max, max_rows * 65)
+    prompts = [_ids(llm, text) for text in PROMPTS[:3]]
+    plains = [plain_greedy(llm, p, 120)[0] for p in prompts]
+    widest = []
+    decode = type(ctx).decode
+
+    def counting(self, tokens, positions, seq_ids, want_logits):
+        widest.append(int(np.count_nonzero(want_logits)))
+        return decode(self, tokens, positions, seq_ids, want_logits)
+
+    monkeypatch.setattr(type(ctx), "decode", counting)
+    alone = [decoder.generate(p, max_new_tokens=120, max_draft_tokens=64, references=[plain]).sequences[0, len(p):]
+             for p, plain in zip(prompts, plains)]
+    widest.clear()
+    done = {}
+    decoder.generate(prompts, max_new_tokens=120, max_draft_tokens=64, references=[[plain] for plain in plains],
+                     on_row_done=lambda b, new, stats: done.__setitem__(b, new))
+    assert max(widest) <= ctx.n_outputs
+    assert max(widest) > (65 if max_rows == 3 else 60)  # the rows' trees filled what the context holds
+    assert [done[b] for b in range(3)] == [solo.tolist() for solo in alone]
+
+
 def test_sampling_with_a_seed_repeats_and_differs_with_another(llm):
     prompt = _ids(llm, PROMPTS[1])
     runs = [refdec.generate(llm, prompt, max_new_tokens=32, do_sample=True, temperature=1.5, seed=seed,

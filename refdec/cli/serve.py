@@ -90,7 +90,7 @@ def run(args) -> int:
         from refdec.index import CorpusIndex
 
         index = CorpusIndex.load(args.index, tokenizer)
-    decoder = refdec.SpeculativeDecoder(model, tokenizer=tokenizer, index=index)
+    decoder = refdec.SpeculativeDecoder(model, tokenizer=tokenizer, index=index, max_rows=args.max_concurrent)
     limit = decoder.max_positions
     context = args.ctx if limit is None else min(args.ctx, limit + 1)
     service = DecodingService(decoder, max_concurrent=args.max_concurrent, max_waiting=args.max_waiting)

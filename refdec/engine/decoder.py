@@ -46,17 +46,18 @@ from refdec.tree import MAX_NODES
 __all__ = ["SpeculativeDecoder", "generate", "make_backend"]
 
 
-def make_backend(model, *, cuda_graphs: bool = False) -> Backend:
+def make_backend(model, *, cuda_graphs: bool = False, max_rows: int = 1) -> Backend:
     """The engine backend for ``model`` (each imported only when used): a ``llama_cpp.Llama``
     runs on llama.cpp (refdec.llama_cpp.backend), anything else must be a transformers causal LM
     (refdec.transformers.backend). ``cuda_graphs``: the transformers backend's fixed-shape
-    forwards replayed as CUDA graphs."""
+    forwards replayed as CUDA graphs. ``max_rows``: llama.cpp's verification sized for that many
+    rows with whole trees (more rows decode with smaller trees each)."""
     if any(cls.__module__.split(".")[0] == "llama_cpp" for cls in type(model).__mro__):  # a Llama or a subclass
         if cuda_graphs:
             raise ValueError("cuda_graphs=True is for transformers models; llama.cpp runs its own graphs")
         from refdec.llama_cpp.backend import LlamaCppBackend
 
-        return LlamaCppBackend(model)
+        return LlamaCppBackend(model, max_rows=max_rows)
     from refdec.transformers.backend import TransformersBackend
 
     return TransformersBackend(model, cuda_graphs=cuda_graphs)
@@ -100,6 +101,10 @@ class SpeculativeDecoder:
     and replayed (refdec.transformers.static_step). The transformers backend's own settings are
     on ``decoder.backend`` (refdec.transformers.backend.TransformersBackend: ``lazy_head``,
     ``static_shapes``).
+    ``max_rows`` (llama.cpp; default 1): the rows one verification is sized for, each with a
+    whole tree (llama.cpp reserves a logits row per entry it may be asked for, each the
+    vocabulary's size); rows beyond it decode together with smaller trees each (a server sets
+    it to its concurrency).
     ``decoder.joint_batch_budget`` (default True): batches with
     ``max_draft_tokens="auto"`` choose the rows' verified prefixes together, priced as
     one padded batched forward (refdec.budget.batch_prefix_sizes); False prices each
@@ -112,15 +117,16 @@ class SpeculativeDecoder:
     """
 
     def __init__(self, model, tokenizer=None, index=None, *, max_depth: int = MAX_NODES, proposer_factory=None,
-                 prefill_chunk: int | None = 512, cuda_graphs: bool = False) -> None:
+                 prefill_chunk: int | None = 512, cuda_graphs: bool = False, max_rows: int = 1) -> None:
         self.max_depth = check_int("max_depth", max_depth, 1)  # the engine's depth limit too, whatever the drafter
+        check_int("max_rows", max_rows, 1)
         if prefill_chunk is not None and (not is_int(prefill_chunk) or prefill_chunk < 1):
             raise ValueError(f"prefill_chunk must be an int >= 1 or None, got {prefill_chunk!r}")
         self.prefill_chunk = None if prefill_chunk is None else int(prefill_chunk)
         self.model = model
         self.index = index
         self.proposer_factory = proposer_factory or default_proposer_factory
-        self.backend = make_backend(model, cuda_graphs=cuda_graphs)
+        self.backend = make_backend(model, cuda_graphs=cuda_graphs, max_rows=max_rows)
         # a llama.cpp model brings its own tokenizer (refdec.llama_cpp.tokenizer)
         self.tokenizer = tokenizer if tokenizer is not None else self.backend.tokenizer
         self.joint_batch_budget = True

@@ -42,10 +42,12 @@ class TreeContext:
 
     ``n_seq_max``: sequences (1 + the most leaves the trees of a step may hold in all, plus one
     per extra batch row); ``n_batch``: the most tokens one ``decode`` takes (a tree's nodes + 1,
-    or a prefill chunk). The batch buffers are allocated once.
+    or a prefill chunk); ``n_outputs`` (default ``n_batch``): the most entries of one ``decode``
+    that want logits (llama.cpp aborts the process past its ``n_outputs_max``; its worst-case graph,
+    reserved up front, holds that many vocabulary-sized rows). The batch buffers are allocated once.
     """
 
-    def __init__(self, llm, *, n_seq_max: int, n_batch: int) -> None:
+    def __init__(self, llm, *, n_seq_max: int, n_batch: int, n_outputs: int | None = None) -> None:
         if not 1 <= n_seq_max <= MAX_SEQUENCES:
             raise ValueError(f"n_seq_max must be in [1, {MAX_SEQUENCES}] (llama.cpp's limit), got {n_seq_max}")
         self.llm = llm
@@ -63,10 +65,12 @@ class TreeContext:
         params.swa_full = True  # rejected branches are removed; sliding-window layers must keep full history
         params.n_batch = max(int(src.n_batch), int(n_batch))
         params.n_ubatch = max(int(src.n_ubatch), int(n_batch))  # a tree is one micro-batch: one graph
-        params.n_outputs_max = max(int(n_batch), int(n_seq_max))  # logits rows: as many as a batch asks for
+        # logits rows a decode may ask for; llama.cpp reserves at least one per sequence
+        params.n_outputs_max = max(int(n_batch if n_outputs is None else n_outputs), int(n_seq_max))
         params.n_outputs_max_per_seq = 0  # a tree's sequence has a logits row per node
         params.embeddings = False
         self.n_batch = int(params.n_batch)
+        self.n_outputs = int(params.n_outputs_max)
         self.prefill_chunk = int(llm.n_batch)  # prompts are fed as Llama.eval feeds them
         self.n_seq_max = int(n_seq_max)
         self.ctx = _lib.llama_init_from_model(self.model, params)
@@ -103,6 +107,9 @@ class TreeContext:
         n = int(tokens.shape[0])
         if not 1 <= n <= self.n_batch:
             raise ValueError(f"a decode takes 1..{self.n_batch} tokens, got {n}")
+        if int(np.count_nonzero(want_logits)) > self.n_outputs:  # llama.cpp would abort the process
+            raise ValueError(f"a decode gives logits for at most {self.n_outputs} entries, "
+                             f"{int(np.count_nonzero(want_logits))} asked")
         self._token[:n] = tokens
         self._pos[:n] = positions
         self._logits[:n] = want_logits

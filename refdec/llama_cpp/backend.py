@@ -125,18 +125,19 @@ class LlamaCppBackend:
 
     ``max_tree``: the most nodes a row's tree holds; ``n_seq_max``: llama.cpp sequences of the
     verification context (base sequences of the rows + branch sequences of the leaves; at most
-    llama.cpp's limit). The Llama's own context is not touched: refdec keeps a context of its
+    llama.cpp's limit); ``max_rows``: the rows one verification is sized for, each with a whole
+    tree (its logits rows: ``max_rows * (1 + max_tree)``; more rows share them, with smaller trees). The Llama's own context is not touched: refdec keeps a context of its
     own on the same weights (refdec.llama_cpp.api.TreeContext), of the Llama's ``n_ctx``,
     which every running row shares."""
 
-    def __init__(self, llm, *, max_tree: int = MAX_NODES, n_seq_max: int | None = None) -> None:
+    def __init__(self, llm, *, max_tree: int = MAX_NODES, n_seq_max: int | None = None, max_rows: int = 1) -> None:
         self.llm = llm
         self.max_tree = int(max_tree)
         n_batch = 1 + self.max_tree
         # llama.cpp reserves a logits row per sequence: more sequences than batch entries cost memory
         # (a row is the vocabulary's size) and buy nothing, as a tree has fewer leaves than entries
         n_seq_max = min(MAX_SEQUENCES, n_batch) if n_seq_max is None else int(n_seq_max)
-        self.ctx = TreeContext(llm, n_seq_max=n_seq_max, n_batch=n_batch)
+        self.ctx = TreeContext(llm, n_seq_max=n_seq_max, n_batch=int(max_rows) * n_batch)
         self.vocab_size = self.ctx.n_vocab
         self.max_positions = self.ctx.n_ctx - 1  # positions 0 .. n_ctx - 1; the last token is never fed
         self.device = torch.device("cpu")
@@ -172,9 +173,10 @@ class LlamaCppBackend:
 
     def fit_tree(self, tree: DraftTree, rows: int) -> DraftTree:
         """This row's share of one decode when ``rows`` rows decode together: at most
-        ``n_batch / rows - 1`` nodes (and ``max_tree``), and no more leaves than its share of
-        the branch sequences (what the rows' base sequences leave)."""
-        most = min(self.max_tree, self.ctx.n_batch // max(1, rows) - 1)
+        ``n / rows - 1`` nodes (n: the entries one decode takes and gives logits for; and
+        ``max_tree``), and no more leaves than its share of the branch sequences (what the rows'
+        base sequences leave)."""
+        most = min(self.max_tree, min(self.ctx.n_batch, self.ctx.n_outputs) // max(1, rows) - 1)
         if len(tree) > most:
             tree = keep_nodes(tree, np.arange(max(0, most)))
         share = (self.ctx.n_seq_max - rows) // max(1, rows)
