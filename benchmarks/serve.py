@@ -1,0 +1,269 @@
+"""Local OpenAI servers side by side on instructed edits: refdec serve against llama-cpp-python's server and llama.cpp's llama-server.
+
+    python -m benchmarks.serve [--edits 4] [--clients 1,2,4] [--servers refdec,lcp,lcp-pld,ls,ls-ngram-mod]
+                               [--model F.gguf] [--threads 2] [--max-tokens 1536] [--json OUT]
+
+Each edit of ``../shared/data/edits-click.jsonl`` (its commit message as the instruction, the
+file before it as the text) is sent through the ``openai`` client as ``refdec edit --server``
+sends it: chat messages (refdec.edit_prompt.chat_edit_messages), ``prediction`` = the original
+file, greedy. Servers (each alone on the machine, one after another, started and stopped here):
+
+    refdec          refdec serve (--max-concurrent 4)
+    lcp, lcp-pld    python -m llama_cpp.server, plain and --draft_model prompt-lookup-decoding
+                    (it ignores ``prediction``; it serves one request at a time)
+    ls, ls-ngram-mod, ls-ngram-map-k
+                    llama-server built from the llama.cpp that llama-cpp-python's sdist vendors
+                    (built once into ~/.cache/refdec/llama-server-build, never in CI), plain and
+                    with its model-free drafting --spec-type ngram-mod / ngram-map-k (-np 4)
+
+At each number of concurrent clients, every edit is sent once (the clients take them in turn):
+per request tokens/s (completion tokens over its latency) and latency, the total tokens/s (all
+tokens over the wall time), accepted prediction tokens where the server reports them, and how
+many replies equal refdec's at one client.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import queue
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+from pathlib import Path
+
+from benchmarks import data
+
+SERVERS = ("refdec", "lcp", "lcp-pld", "ls", "ls-ngram-mod", "ls-ngram-map-k")
+MODEL_ID = "editor"  # the id every server answers to here
+CONTEXT = 8192  # tokens per request slot
+SLOTS = 4  # concurrent requests a server may decode (refdec --max-concurrent, llama-server -np)
+BUILD_DIR = Path.home() / ".cache" / "refdec" / "llama-server-build"
+LLAMA_CPP_PYTHON = "0.3.36"
+
+
+def choose_edits(count: int, least_chars: int = 1000, most_chars: int = 2200) -> list[dict]:
+    """The first ``count`` edits (file order) whose original file has ``least_chars`` to
+    ``most_chars`` characters (a plain decode of each takes about a minute here)."""
+    rows = [row for row in data.edit_rows() if least_chars <= len(row["before"]) <= most_chars
+            and row["before"] != row["after"]]
+    if len(rows) < count:
+        raise ValueError(f"only {len(rows)} edits of {least_chars}..{most_chars} characters")
+    return rows[:count]
+
+
+def llama_server_binary() -> Path:
+    """llama-server from the llama.cpp that llama-cpp-python's sdist vendors, built once (~15
+    minutes on 2 cores) into BUILD_DIR."""
+    source = BUILD_DIR / f"llama_cpp_python-{LLAMA_CPP_PYTHON}" / "vendor" / "llama.cpp"
+    binary = source / "build" / "bin" / "llama-server"
+    if binary.exists():
+        return binary
+    BUILD_DIR.mkdir(parents=True, exist_ok=True)
+    sdist = BUILD_DIR / f"llama_cpp_python-{LLAMA_CPP_PYTHON}.tar.gz"
+    if not sdist.exists():
+        subprocess.run([sys.executable, "-m", "pip", "download", f"llama-cpp-python=={LLAMA_CPP_PYTHON}",
+                        "--no-binary", ":all:", "--no-deps", "--no-build-isolation", "-d", str(BUILD_DIR)],
+                       check=False)  # pip unpacks the sdist to read its metadata, which fails here: keep the file
+        if not sdist.exists():
+            raise FileNotFoundError(f"could not download the llama-cpp-python {LLAMA_CPP_PYTHON} sdist to {BUILD_DIR}")
+    subprocess.run(["tar", "xzf", str(sdist), "-C", str(BUILD_DIR)], check=True)
+    subprocess.run(["cmake", "-B", "build", "-DLLAMA_CURL=OFF", "-DLLAMA_OPENSSL=OFF", "-DCMAKE_BUILD_TYPE=Release"],
+                   cwd=source, check=True)
+    subprocess.run(["cmake", "--build", "build", "--target", "llama-server", "-j", str(os.cpu_count() or 2)],
+                   cwd=source, check=True)
+    return binary
+
+
+def server_command(name: str, model: Path, port: int, threads: int) -> list[str]:
+    if name == "refdec":
+        return [sys.executable, "-m", "refdec.cli", "serve", "--model", str(model), "--port", str(port),
+                "--served-model-name", MODEL_ID, "--max-concurrent", str(SLOTS), "--ctx", str(CONTEXT),
+                "--threads", str(threads)]
+    if name.startswith("lcp"):
+        command = [sys.executable, "-m", "llama_cpp.server", "--model", str(model), "--port", str(port),
+                   "--model_alias", MODEL_ID, "--n_ctx", str(CONTEXT), "--n_threads", str(threads),
+                   "--n_threads_batch", str(threads)]
+        return command + (["--draft_model", "prompt-lookup-decoding"] if name == "lcp-pld" else [])
+    command = [str(llama_server_binary()), "-m", str(model), "--port", str(port), "-a", MODEL_ID,
+               "-c", str(SLOTS * CONTEXT), "-np", str(SLOTS), "-t", str(threads), "-tb", str(threads),
+               "--no-cache-prompt"]  # every server prefills each request: the edits repeat per client count
+    return command + (["--spec-type", name.removeprefix("ls-")] if name != "ls" else [])
+
+
+class Server:
+    """A server process on 127.0.0.1:``port``, up until :meth:`stop`."""
+
+    def __init__(self, name: str, command: list[str], port: int, log: Path) -> None:
+        self.name = name
+        self.url = f"http://127.0.0.1:{port}"
+        self.log = log
+        self.process = subprocess.Popen(command, stdout=log.open("w"), stderr=subprocess.STDOUT,
+                                        start_new_session=True)
+        deadline = time.monotonic() + 900  # a first refdec serve may calibrate; a model may load slowly
+        while True:
+            if self.process.poll() is not None:
+                raise RuntimeError(f"{name} exited ({self.process.returncode}); see {log}")
+            try:
+                with urllib.request.urlopen(self.url + "/v1/models", timeout=2):
+                    break
+            except OSError:
+                if time.monotonic() > deadline:
+                    self.stop()
+                    raise RuntimeError(f"{name} did not answer within 15 minutes; see {log}")
+                time.sleep(1)
+
+    def stop(self) -> None:
+        if self.process.poll() is None:
+            os.killpg(self.process.pid, signal.SIGTERM)
+            try:
+                self.process.wait(30)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.process.pid, signal.SIGKILL)
+                self.process.wait()
+
+
+def ask(client, row: dict, max_tokens: int) -> dict:
+    """One edit through ``client``: its reply text, completion tokens, latency and prediction counts."""
+    from refdec.edit_prompt import chat_edit_messages
+
+    messages, _ = chat_edit_messages(row["before"], row["message"])
+    started = time.perf_counter()
+    reply = client.chat.completions.create(model=MODEL_ID, messages=messages, temperature=0, max_tokens=max_tokens,
+                                           extra_body={"prediction": {"type": "content", "content": row["before"]}})
+    seconds = time.perf_counter() - started
+    details = getattr(reply.usage, "completion_tokens_details", None)
+    return {"path": row["path"], "text": reply.choices[0].message.content or "", "seconds": seconds,
+            "tokens": reply.usage.completion_tokens, "finish": reply.choices[0].finish_reason,
+            "accepted": getattr(details, "accepted_prediction_tokens", None),
+            "rejected": getattr(details, "rejected_prediction_tokens", None)}
+
+
+def run_clients(url: str, rows: list[dict], clients: int, max_tokens: int) -> tuple[list[dict], float]:
+    """Every row sent once by ``clients`` concurrent clients; (the answers in row order, wall seconds)."""
+    import openai
+
+    todo: queue.Queue = queue.Queue()
+    for i, row in enumerate(rows):
+        todo.put((i, row))
+    answers: list = [None] * len(rows)
+    errors: list = []
+
+    def client_loop():
+        client = openai.OpenAI(base_url=url + "/v1", api_key="none", max_retries=0, timeout=3600)
+        while True:
+            try:
+                i, row = todo.get_nowait()
+            except queue.Empty:
+                return
+            try:
+                answers[i] = ask(client, row, max_tokens)
+            except Exception as error:  # noqa: BLE001 - recorded and reported
+                errors.append(f"{row['path']}: {error}")
+
+    started = time.perf_counter()
+    threads = [threading.Thread(target=client_loop) for _ in range(clients)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    if errors:
+        raise RuntimeError("; ".join(errors))
+    return answers, time.perf_counter() - started
+
+
+def percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
+
+
+def summarize(answers: list[dict], wall: float) -> dict:
+    rates = [a["tokens"] / a["seconds"] for a in answers]
+    latencies = [a["seconds"] for a in answers]
+    accepted = [a["accepted"] for a in answers if a["accepted"] is not None]
+    return {"median_tokens_per_s": statistics.median(rates), "p50_latency": percentile(latencies, 0.5),
+            "p95_latency": percentile(latencies, 0.95), "total_tokens_per_s": sum(a["tokens"] for a in answers) / wall,
+            "tokens": sum(a["tokens"] for a in answers), "wall": wall,
+            "accepted_fraction": sum(accepted) / sum(a["tokens"] for a in answers) if accepted else None}
+
+
+def table(results: dict, clients: list[int]) -> str:
+    """The markdown table: each server at each client count, with ratios to llama-cpp-python's plain server."""
+    lines = ["| server | clients | median request tokens/s | p50 / p95 latency s | total tokens/s | vs lcp plain "
+             "(median req, total) | accepted prediction | replies = refdec's |",
+             "|---|---|---|---|---|---|---|---|"]
+    for name, by_clients in results.items():
+        for c in clients:
+            row = by_clients.get(str(c))
+            if row is None:
+                continue
+            base = results.get("lcp", {}).get(str(c))
+            ratio = (f"{row['median_tokens_per_s'] / base['median_tokens_per_s']:.2f}x, "
+                     f"{row['total_tokens_per_s'] / base['total_tokens_per_s']:.2f}x") if base else "-"
+            accepted = "-" if row["accepted_fraction"] is None else f"{row['accepted_fraction']:.0%}"
+            lines.append(f"| {name} | {c} | {row['median_tokens_per_s']:.1f} | {row['p50_latency']:.1f} / "
+                         f"{row['p95_latency']:.1f} | {row['total_tokens_per_s']:.1f} | {ratio} | {accepted} | "
+                         f"{row.get('same_as_refdec', '-')} |")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.serve", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--edits", type=int, default=4, help="edits of edits-click.jsonl sent (default 4)")
+    parser.add_argument("--clients", default="1,2,4", help="concurrent clients, comma-separated (default 1,2,4)")
+    parser.add_argument("--servers", default=",".join(SERVERS[:5]), help=f"of {', '.join(SERVERS)}")
+    parser.add_argument("--model", default=None, help="a GGUF file (default: the editor model)")
+    parser.add_argument("--threads", type=int, default=2, help="each server's CPU threads (default 2)")
+    parser.add_argument("--max-tokens", type=int, default=1536, help="max_tokens of each request")
+    parser.add_argument("--json", default=None, metavar="OUT", help="write every answer and summary here")
+    args = parser.parse_args(argv)
+    servers = args.servers.split(",")
+    unknown = [name for name in servers if name not in SERVERS]
+    if unknown:
+        parser.error(f"--servers: unknown {', '.join(unknown)} (known: {', '.join(SERVERS)})")
+    clients = [int(c) for c in args.clients.split(",")]
+    from refdec import gguf_files
+
+    model = Path(args.model) if args.model else gguf_files.editor_model_gguf()
+    *rows, warm_up = choose_edits(args.edits + 1)  # the warm-up edit is not measured: no server reuses its prefill
+    logs = Path(os.environ.get("TMPDIR", "/tmp")) / "refdec-serve-bench"
+    shutil.rmtree(logs, ignore_errors=True)
+    logs.mkdir(parents=True)
+    results: dict = {}
+    answers_by: dict = {}
+    for k, name in enumerate(servers):
+        port = 8200 + k
+        print(f"[serve] {name}: starting", file=sys.stderr, flush=True)
+        server = Server(name, server_command(name, model, port, args.threads), port, logs / f"{name}.log")
+        try:
+            run_clients(server.url, [warm_up], 1, 8)  # warm-up: the weights' first touch, the first prefill
+            results[name], answers_by[name] = {}, {}
+            for c in clients:
+                answers, wall = run_clients(server.url, rows, c, args.max_tokens)
+                results[name][str(c)] = summarize(answers, wall)
+                answers_by[name][str(c)] = answers
+                print(f"[serve] {name} at {c} clients: {json.dumps(results[name][str(c)])}", file=sys.stderr,
+                      flush=True)
+        finally:
+            server.stop()
+    reference = answers_by.get("refdec", {}).get(str(clients[0]))
+    if reference is not None:
+        for name, by_clients in answers_by.items():
+            for c, answers in by_clients.items():
+                same = sum(a["text"] == r["text"] for a, r in zip(answers, reference))
+                results[name][c]["same_as_refdec"] = f"{same}/{len(answers)}"
+    print(f"edits: {', '.join(row['path'] for row in rows)}; model {model.name}; {args.threads} threads")
+    print(table(results, clients))
+    if args.json:
+        Path(args.json).write_text(json.dumps({"results": results, "answers": answers_by}, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
