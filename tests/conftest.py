@@ -108,6 +108,15 @@ def tiny_gguf(tmp_path_factory):
     return write_tiny_gguf(tmp_path_factory.mktemp("gguf") / "tiny.gguf")
 
 
+@pytest.fixture(scope="module")
+def fresh_refdec_cache(tmp_path_factory):
+    """``$REFDEC_CACHE`` in a folder of the module's own while it runs: what the module's decoders
+    calibrate ("auto" on the tiny GGUF) stays out of the user's ~/.cache/refdec."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("REFDEC_CACHE", str(tmp_path_factory.mktemp("refdec-cache")))
+        yield
+
+
 @pytest.fixture(scope="session")
 def tiny_llm(tiny_gguf):
     """A ``llama_cpp.Llama`` on the tiny GGUF model (one thread, 512 tokens of context), once per

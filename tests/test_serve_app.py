@@ -30,7 +30,7 @@ from refdec.engine.service import DecodingService  # noqa: E402
 from refdec.serve.app import create_app  # noqa: E402
 from refdec.serve.text import TextStream  # noqa: E402
 
-pytestmark = pytest.mark.llama
+pytestmark = [pytest.mark.llama, pytest.mark.usefixtures("fresh_refdec_cache")]
 
 CONTEXT = 768  # tokens per request
 SLOTS = 4
