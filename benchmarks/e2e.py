@@ -120,6 +120,8 @@ def parser():
         help="also refdec on transformers (float32; the models converted once, minutes the first time)")
     add("--n-ctx", type=int, default=4096)
     add("--max-file-chars", type=int, default=5000)
+    add("--held-out", action="store_true", help="each workload's last --limit prompts (never tuned on), not its first")
+    add("--chat-category", default="mtbench", help="chat's questions: mtbench (default) or a Spec-Bench category")
     add = group("memory over many calls (benchmarks/leak_check.py)", LONG)
     add("--long-run", type=int, default=0, metavar="CALLS", help="generate calls measured")
     add("--warmup", type=int, default=200, help="calls before the first measure")

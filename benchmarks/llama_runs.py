@@ -19,7 +19,11 @@ Workloads (``../shared/data``, read at run time), each with its model (benchmark
   commit message as the instruction, as ``refdec edit`` asks it (refdec.edit_prompt's chat prompt:
   the reply begun with the fence, ending at the closing fence); ``coder-0.5b-edits`` the same with
   Qwen2.5-Coder-0.5B-Instruct;
-* ``chat``         -- SmolLM2-135M-Instruct, MT-Bench first turns through its chat template.
+* ``chat``         -- SmolLM2-135M-Instruct, MT-Bench first turns through its chat template
+  (``--chat-category``: a Spec-Bench category's instead).
+
+``--held-out`` takes each workload's last ``--limit`` prompts instead of its first: the edits and
+questions no setting of refdec was tuned on (the tuning runs read the first ones; keep it so).
 
 Per prompt and method: the speed-up over ``plain`` end to end (the prefill included, as a user
 sees it, at plain's output length: outputs that part at a near-tie end at different lengths) and
@@ -43,17 +47,23 @@ from benchmarks.workloads import edit_outcome, editor_edit_rows
 WORKLOADS = {"gemma-edits": "default", "coder-edits": "editor", "coder-0.5b-edits": "editor-small", "chat": "chat"}
 
 
-def prompts_for(workload: str, tokenizer, limit: int, max_file_chars: int) -> list[dict]:
-    """[{"name", "ids", "references"}] for ``workload``: edits with files of 1,000..max chars."""
+def prompts_for(workload: str, tokenizer, limit: int, max_file_chars: int, held_out: bool = False,
+                chat_category: str = "mtbench") -> list[dict]:
+    """[{"name", "ids", "references"}] for ``workload``: edits with files of 1,000..max chars, or
+    ``chat_category``'s first turns; the first ``limit`` in file order, or with ``held_out`` the
+    last ``limit`` (the held-out set: prompts no setting was ever tuned on)."""
     out = []
     if workload == "chat":
-        for i, question in enumerate(chat_questions("mtbench", limit)):
-            ids = tokenizer.apply_chat_template([{"role": "user", "content": question}], tokenize=True)
-            out.append({"name": f"mtbench-{i}", "ids": ids, "references": []})
+        questions = chat_questions(chat_category)
+        first = max(0, len(questions) - limit) if held_out else 0
+        for i in range(first, min(len(questions), first + limit)):
+            ids = tokenizer.apply_chat_template([{"role": "user", "content": questions[i]}], tokenize=True)
+            out.append({"name": f"{chat_category}-{i}", "ids": ids, "references": []})
         return out
     from refdec.edit_prompt import build_chat_edit_prompt, build_edit_prompt
 
-    for row in editor_edit_rows(limit, max_file_chars):
+    rows = editor_edit_rows(None, max_file_chars)
+    for row in rows[-limit:] if held_out else rows[:limit]:
         if workload == "gemma-edits":
             prompt = build_edit_prompt(row["before"], row["message"], path=Path(row["path"]).name)
             ids = tokenizer.encode(prompt.text)
@@ -79,7 +89,7 @@ def run_workload(workload: str, args) -> list[dict]:
     decoders = {"refdec": refdec.SpeculativeDecoder(llm)}
     tokenizer = decoders["refdec"].tokenizer
     eos = set(decoders["refdec"].backend.generation_config.eos_token_id or [])
-    prompts = prompts_for(workload, tokenizer, args.limit, args.max_file_chars)
+    prompts = prompts_for(workload, tokenizer, args.limit, args.max_file_chars, args.held_out, args.chat_category)
     if args.transformers:  # refdec on transformers (float32), the same prompt ids: the models share the vocabulary
         decoders["refdec-hf"] = refdec.SpeculativeDecoder(*load_model(model, "transformers"))
     for decoder in decoders.values():
@@ -105,6 +115,7 @@ def run_workload(workload: str, args) -> list[dict]:
             s = out.stats
             row[method] = {"tokens": len(new), "seconds": s.wall_seconds, "prefill_seconds": s.prefill_seconds,
                            "passes": s.forward_passes, "tokens_per_pass": s.tokens_per_pass, "head_rows": s.head_rows,
+                           "drafted": s.proposed_tokens, "accepted": s.accepted_tokens,
                            "accepted_by_source": s.accepted_by_source, "agree": _agreement(new, plain)}
         records.append(row)
         print(_line(row), file=sys.stderr, flush=True)
@@ -158,9 +169,10 @@ def _line(row: dict) -> str:
 def markdown(records: list[dict]) -> str:
     lines = ["| workload | prompts | plain tok/s (median) | lookup / plain (median, min) | refdec / plain (median, "
              "min) | refdec / plain after the prefill (median, min) | refdec / lookup (median) | refdec tokens/pass "
+             "| refdec wasted rows a pass (drafted, not accepted) | refdec prefill / decode s (sums) "
              "| identical to plain: lookup, refdec | plain's output: changed / copied the file / no whole file "
              "| refdec on transformers / plain (median) |",
-             "|---|---|---|---|---|---|---|---|---|---|---|"]
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for workload in WORKLOADS:
         rows = [r for r in records if r["workload"] == workload]
         if not rows:
@@ -173,12 +185,17 @@ def markdown(records: list[dict]) -> str:
         tpp = [r["refdec"]["tokens_per_pass"] for r in rows]
         hf_rows = [_speedup(r, "refdec-hf") for r in rows if "refdec-hf" in r]
         hf_cell = f"{statistics.median(hf_rows):.2f}x" if hf_rows else "-"
+        wasted = sum(r["refdec"].get("drafted", 0) - r["refdec"].get("accepted", 0) for r in rows) / max(
+            1, sum(r["refdec"]["passes"] for r in rows))
+        prefill = sum(r["refdec"]["prefill_seconds"] for r in rows)
+        decode_s = sum(r["refdec"]["seconds"] - r["refdec"]["prefill_seconds"] for r in rows)
         same_l = sum(r["lookup"]["agree"]["identical"] for r in rows)
         same_r = sum(r["refdec"]["agree"]["identical"] for r in rows)
         lines.append(f"| {workload} | {len(rows)} | {statistics.median(plain):.1f} | {statistics.median(lookup):.2f}x, "
                      f"{min(lookup):.2f}x | {statistics.median(ours):.2f}x, {min(ours):.2f}x | "
                      f"{statistics.median(decode):.2f}x, {min(decode):.2f}x | "
-                     f"{statistics.median(vs_lookup):.2f}x | {statistics.median(tpp):.2f} | "
+                     f"{statistics.median(vs_lookup):.2f}x | {statistics.median(tpp):.2f} | {wasted:.1f} | "
+                     f"{prefill:.0f} / {decode_s:.0f} | "
                      f"{same_l}/{len(rows)}, {same_r}/{len(rows)} | {_edits(rows)} | {hf_cell} |")
     return "\n".join(lines)
 
