@@ -151,6 +151,21 @@ def test_rows_with_whole_trees_fit_the_logits_rows_llama_cpp_reserves(gguf_path,
     assert [done[b] for b in range(3)] == [solo.tolist() for solo in alone]
 
 
+def test_one_shot_generate_makes_the_tree_context_once_per_llama(gguf_path):
+    """refdec.generate(llm, ...) keeps its backend on the Llama: the second call pays no new
+    context (KV cache, logits buffer) and decodes the same."""
+    import llama_cpp
+
+    llm = llama_cpp.Llama(str(gguf_path), n_ctx=256, n_threads=1, n_batch=64, verbose=False)
+    prompt = _ids(llm, PROMPTS[0])
+    first = refdec.generate(llm, prompt, max_new_tokens=24, max_draft_tokens=8)
+    ctx = llm._refdec_backend.ctx
+    second = refdec.generate(llm, prompt, max_new_tokens=24, max_draft_tokens=8)
+    assert llm._refdec_backend.ctx is ctx
+    assert second.sequences.tolist() == first.sequences.tolist()
+    assert refdec.SpeculativeDecoder(llm).backend.ctx is not ctx  # a decoder of the user's own has its own
+
+
 def test_sampling_with_a_seed_repeats_and_differs_with_another(llm):
     prompt = _ids(llm, PROMPTS[1])
     runs = [refdec.generate(llm, prompt, max_new_tokens=32, do_sample=True, temperature=1.5, seed=seed,

@@ -52,7 +52,7 @@ def make_backend(model, *, cuda_graphs: bool = False, max_rows: int = 1) -> Back
     (refdec.transformers.backend). ``cuda_graphs``: the transformers backend's fixed-shape
     forwards replayed as CUDA graphs. ``max_rows``: llama.cpp's verification sized for that many
     rows with whole trees (more rows decode with smaller trees each)."""
-    if any(cls.__module__.split(".")[0] == "llama_cpp" for cls in type(model).__mro__):  # a Llama or a subclass
+    if _is_llama(model):
         if cuda_graphs:
             raise ValueError("cuda_graphs=True is for transformers models; llama.cpp runs its own graphs")
         from refdec.llama_cpp.backend import LlamaCppBackend
@@ -61,6 +61,26 @@ def make_backend(model, *, cuda_graphs: bool = False, max_rows: int = 1) -> Back
     from refdec.transformers.backend import TransformersBackend
 
     return TransformersBackend(model, cuda_graphs=cuda_graphs)
+
+
+def _is_llama(model) -> bool:
+    """Whether ``model`` is a ``llama_cpp.Llama`` (or a subclass), without importing llama_cpp."""
+    return any(cls.__module__.split(".")[0] == "llama_cpp" for cls in type(model).__mro__)
+
+
+def kept_llama_backend(model):
+    """The backend one-shot :func:`generate` calls share on a ``llama_cpp.Llama``, made by the first
+    and kept on the Llama (``model._refdec_backend``): its tree context (a KV cache of the Llama's
+    ``n_ctx`` cells, the logits buffer, the reserved graph) is set-up that plain decoding does not
+    pay per call. Each call still starts on an empty cache. Like the Llama itself, not for two
+    threads at once. None for any other model (a transformers backend holds no such state)."""
+    if not _is_llama(model):
+        return None
+    backend = getattr(model, "_refdec_backend", None)
+    if backend is None:
+        backend = make_backend(model)
+        model._refdec_backend = backend
+    return backend
 
 
 def default_proposer_factory(index, references: list[np.ndarray], max_depth: int) -> Drafter:
@@ -101,6 +121,8 @@ class SpeculativeDecoder:
     and replayed (refdec.transformers.static_step). The transformers backend's own settings are
     on ``decoder.backend`` (refdec.transformers.backend.TransformersBackend: ``lazy_head``,
     ``static_shapes``).
+    ``backend``: an engine backend already made for ``model`` (refdec.engine.interface.Backend;
+    default: :func:`make_backend`'s), e.g. one that other decoders used before (one at a time).
     ``max_rows`` (llama.cpp; default 1): the rows one verification is sized for, each with a
     whole tree (llama.cpp reserves a logits row per entry it may be asked for, each the
     vocabulary's size); rows beyond it decode together with smaller trees each (a server sets
@@ -117,7 +139,8 @@ class SpeculativeDecoder:
     """
 
     def __init__(self, model, tokenizer=None, index=None, *, max_depth: int = MAX_NODES, proposer_factory=None,
-                 prefill_chunk: int | None = 512, cuda_graphs: bool = False, max_rows: int = 1) -> None:
+                 prefill_chunk: int | None = 512, cuda_graphs: bool = False, max_rows: int = 1,
+                 backend: Backend | None = None) -> None:
         self.max_depth = check_int("max_depth", max_depth, 1)  # the engine's depth limit too, whatever the drafter
         check_int("max_rows", max_rows, 1)
         if prefill_chunk is not None and (not is_int(prefill_chunk) or prefill_chunk < 1):
@@ -126,7 +149,7 @@ class SpeculativeDecoder:
         self.model = model
         self.index = index
         self.proposer_factory = proposer_factory or default_proposer_factory
-        self.backend = make_backend(model, cuda_graphs=cuda_graphs, max_rows=max_rows)
+        self.backend = make_backend(model, cuda_graphs=cuda_graphs, max_rows=max_rows) if backend is None else backend
         # a llama.cpp model brings its own tokenizer (refdec.llama_cpp.tokenizer)
         self.tokenizer = tokenizer if tokenizer is not None else self.backend.tokenizer
         self.joint_batch_budget = True
@@ -300,11 +323,13 @@ def generate(model, input_ids, *, tokenizer=None, index=None, references=None, m
              streamer=None, max_draft_tokens="auto", proposer_factory=None, attention_mask=None,
              pad_token_id=None, retrieve: int = 0, max_batch_size: int | None = None, min_p: float | None = None,
              on_row_done=None, **logits_settings) -> GenerateOutput:
-    """One-shot speculative generation (a fresh ``SpeculativeDecoder``); see that class for details.
+    """One-shot speculative generation (a fresh ``SpeculativeDecoder``; on a llama.cpp model, over the
+    backend the Llama keeps for these calls, :func:`kept_llama_backend`); see that class for details.
     Batches: a left-padded [B, L] ``input_ids`` with ``attention_mask``, or a list of prompts;
     ``max_batch_size`` rows at most decode together, the others join as rows finish.
     ``logits_settings``: ``repetition_penalty=1.2`` etc., as SpeculativeDecoder.generate takes them."""
-    decoder = SpeculativeDecoder(model, tokenizer=tokenizer, index=index, proposer_factory=proposer_factory)
+    decoder = SpeculativeDecoder(model, tokenizer=tokenizer, index=index, proposer_factory=proposer_factory,
+                                 backend=kept_llama_backend(model))
     return decoder.generate(input_ids, references=references, max_new_tokens=max_new_tokens,
                             do_sample=do_sample, temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p,
                             seed=seed, eos_token_id=eos_token_id, stop_strings=stop_strings, streamer=streamer,
