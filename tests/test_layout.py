@@ -168,6 +168,8 @@ CROSS_CUTTING = {
     "test_binding_api.py": "refdec._C, the compiled C++ core (csrc/bindings.cc): no .py file to name it after",
     "test_step_syncs.py": "the engine's step as a whole (engine, verify, masks, accept, sampling, transfer): the "
                             "host syncs one step makes",
+    "test_serve_soak.py": "refdec serve as a process that runs for weeks: the app, the decoding service, the "
+                          "engine and the llama.cpp backend together, their memory over many requests",
     "benchmarks/": "the benchmarks package, not refdec: test_bench_<name>.py specifies benchmarks/<name>.py, "
                    "test_bench_package.py the package's shared rules",
 }
