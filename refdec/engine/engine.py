@@ -122,6 +122,7 @@ def _start(backend: Backend, group: list[Request], stats: DecodingStats, prefill
     stats.count_pass(0)
     for request, first in zip(group, firsts):
         request.stats.prefill_seconds = t1 - t0  # its group's prefill
+        stats.cached_prompt_tokens += request.stats.cached_prompt_tokens
         request.stats.count_pass(0)
         request.emit([int(first)])
     stats.accept_seconds += time.perf_counter() - t1

@@ -112,7 +112,13 @@ class Backend(Protocol):
 
     def prefill(self, group: list[Request], chunk: int | None) -> tuple[RunningBatch, torch.Tensor]:
         """The group's prompts into a new running batch (in forwards of at most ``chunk`` tokens;
-        None: one), and float [G, V] the logits after each prompt's last token."""
+        None: one), and float [G, V] the logits after each prompt's last token. A backend that
+        keeps finished rows' entries (a prefix cache) sets ``request.stats.cached_prompt_tokens``
+        to the prompt tokens it did not have to feed."""
+
+    def clear_prefix_cache(self) -> None:
+        """Frees the finished rows' entries the backend keeps for later prompts (its prefix cache),
+        so that the next prompt is prefilled from its first token."""
 
     def fit_tree(self, tree: DraftTree, rows: int) -> DraftTree:
         """The prefix of ``tree`` this backend verifies in one step when ``rows`` rows decode

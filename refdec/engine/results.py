@@ -51,6 +51,7 @@ class DecodingStats:
     rows: list = field(default_factory=list)  # batched calls: one DecodingStats per batch row
     head_rows: int = 0  # tree rows the LM head ran on (lazy head: about the accepted path; else every row)
     calibration_seconds: float = 0.0  # "auto": finding the model's cost curve (measured once, then read); not in wall
+    cached_prompt_tokens: int = 0  # prompt tokens whose KV entries an earlier request left (not prefilled)
 
     @property
     def tokens_per_pass(self) -> float:
