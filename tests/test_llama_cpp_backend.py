@@ -325,3 +325,57 @@ def test_the_default_models_gguf_agrees_with_llama_cpps_plain_decoding():
     assert out.stats.accepted_tokens > 0 and out.stats.tokens_per_pass > 2  # the file is copied many tokens a pass
 
 
+
+
+def test_a_prompt_that_begins_as_an_earlier_one_did_reuses_its_cells_and_decodes_the_same(llm):
+    fresh = refdec.SpeculativeDecoder(llm, prefix_cache=0)
+    reusing = refdec.SpeculativeDecoder(llm)
+    first = _ids(llm, b"def add(a, b):\n    return a + b\n\ndef sub(a, b):\n    return")
+    edited = first[:-4] + _ids(llm, b" mul(a, b):")[1:]  # shares all but its end with the first prompt
+    for prompt, cached in ((first, 0), (first, len(first) - 1), (edited, len(first) - 4)):
+        expected = fresh.generate(prompt, max_new_tokens=24, max_draft_tokens=8)
+        assert expected.stats.cached_prompt_tokens == 0
+        out = reusing.generate(prompt, max_new_tokens=24, max_draft_tokens=8)
+        assert out.stats.cached_prompt_tokens == cached
+        assert out.stats.rows == [] or out.stats.rows[0].cached_prompt_tokens == cached
+        assert out.sequences.tolist() == expected.sequences.tolist()
+
+
+def test_a_finished_row_keeps_the_cells_of_the_tokens_it_kept_only(llm):
+    decoder = refdec.SpeculativeDecoder(llm)
+    backend = decoder.backend
+    backend.prefix_cache.clear()
+    backend.new_batch()
+    prompt = _ids(llm, b"hello world, hello")
+    out = decoder.generate(prompt, max_new_tokens=30, max_draft_tokens=16, stop_strings=["o"])
+    (entry,) = backend.prefix_cache.entries
+    seq = out.sequences[0].tolist()
+    assert entry.tokens.tolist() == seq[:len(entry.tokens)] and len(entry.tokens) == len(seq) - 1
+    low, high = backend.ctx.seq_pos_range(entry.handle)
+    assert (low, high + 1) == (0, len(entry.tokens))  # no cell of a token the stop cut away
+
+
+def test_kept_sequences_give_back_their_ids_and_cells_when_rows_need_them(gguf_path):
+    small = llama_cpp.Llama(str(gguf_path), n_ctx=128, n_threads=1, n_batch=64, verbose=False)
+    decoder = refdec.SpeculativeDecoder(small, prefix_cache=4)
+    backend = decoder.backend
+    third = backend.ctx.n_ctx // 3 - 12  # three rows' cells fill the context
+    prompts = [[4 + (i * (r + 3)) % 200 for i in range(third)] for r in range(4)]
+    expected = [refdec.SpeculativeDecoder(small, prefix_cache=0).generate(p, max_new_tokens=8).sequences.tolist()
+                for p in prompts]
+    for prompt, want in zip(prompts, expected):  # each needs cells the kept ones hold
+        assert decoder.generate(prompt, max_new_tokens=8).sequences.tolist() == want
+    assert 1 <= len(backend.prefix_cache) < 4
+    free = len(backend._free_seqs)
+    taken = [backend.take_seq() for _ in range(free + len(backend.prefix_cache))]  # every id, the kept ones too
+    assert len(backend.prefix_cache) == 0 and len(set(taken)) == backend.ctx.n_seq_max
+    for seq in taken:
+        backend.release_seq(seq)
+    with pytest.raises(LlamaDecodeError, match="sequences are in use"):
+        for _ in range(backend.ctx.n_seq_max + 1):
+            backend.take_seq()
+
+
+def test_prefix_cache_is_checked(llm):
+    with pytest.raises(ValueError, match="prefix_cache"):
+        refdec.SpeculativeDecoder(llm, prefix_cache=-1)

@@ -64,3 +64,29 @@ def test_auto_drafting_uses_refdec_calibrations_curve_for_the_model(llama, monke
     asked = []
     monkeypatch.setattr(backend_module, "auto_cost_curve", lambda model: asked.append(model) or "curve")
     assert TransformersBackend(llama).auto_cost_curve() == "curve" and asked == [llama]
+
+
+def test_a_prompt_that_begins_as_an_earlier_one_did_is_prefilled_on_its_entries(mask_family_model):
+    """Gemma 3's sliding layers (window 8) see the reused entries through the prefill window."""
+    import refdec
+
+    _, model = mask_family_model
+    rng = np.random.default_rng(3)
+    first = rng.integers(3, VOCAB, 70).tolist()
+    edited = first[:60] + rng.integers(3, VOCAB, 9).tolist()  # shares 60 tokens with the first
+    other = rng.integers(3, VOCAB, 50).tolist()
+    decoder = refdec.SpeculativeDecoder(model)
+    decoder.generate(first, max_new_tokens=12, max_draft_tokens=8)
+    out = decoder.generate(edited, max_new_tokens=24, max_draft_tokens=8)
+    assert out.stats.cached_prompt_tokens == 60
+    assert out.sequences[0].tolist() == hf_greedy(model, edited, 24)
+    # in a group: the row with a kept prefix is prefilled on it, the other with none; each as alone
+    batch = decoder.generate([other, first], max_new_tokens=16, max_draft_tokens=8)
+    assert [row.cached_prompt_tokens for row in batch.stats.rows] == [0, 69]
+    for b, prompt in enumerate((other, first)):
+        assert batch.sequences[b, -(len(prompt) + 16):].tolist() == hf_greedy(model, prompt, 16)  # left-padded
+    none = refdec.SpeculativeDecoder(model, prefix_cache=0)
+    none.generate(first, max_new_tokens=4)
+    assert none.generate(first, max_new_tokens=4).stats.cached_prompt_tokens == 0
+    decoder.backend.clear_prefix_cache()
+    assert decoder.generate(first, max_new_tokens=4).stats.cached_prompt_tokens == 0

@@ -46,21 +46,22 @@ from refdec.tree import MAX_NODES
 __all__ = ["SpeculativeDecoder", "generate", "make_backend"]
 
 
-def make_backend(model, *, cuda_graphs: bool = False, max_rows: int = 1) -> Backend:
+def make_backend(model, *, cuda_graphs: bool = False, max_rows: int = 1, prefix_cache: int = 4) -> Backend:
     """The engine backend for ``model`` (each imported only when used): a ``llama_cpp.Llama``
     runs on llama.cpp (refdec.llama_cpp.backend), anything else must be a transformers causal LM
     (refdec.transformers.backend). ``cuda_graphs``: the transformers backend's fixed-shape
     forwards replayed as CUDA graphs. ``max_rows``: llama.cpp's verification sized for that many
-    rows with whole trees (more rows decode with smaller trees each)."""
+    rows with whole trees (more rows decode with smaller trees each). ``prefix_cache``: finished
+    requests whose KV entries are kept for prompts that begin the same way (0: none)."""
     if _is_llama(model):
         if cuda_graphs:
             raise ValueError("cuda_graphs=True is for transformers models; llama.cpp runs its own graphs")
         from refdec.llama_cpp.backend import LlamaCppBackend
 
-        return LlamaCppBackend(model, max_rows=max_rows)
+        return LlamaCppBackend(model, max_rows=max_rows, prefix_cache=prefix_cache)
     from refdec.transformers.backend import TransformersBackend
 
-    return TransformersBackend(model, cuda_graphs=cuda_graphs)
+    return TransformersBackend(model, cuda_graphs=cuda_graphs, prefix_cache=prefix_cache)
 
 
 def _is_llama(model) -> bool:
@@ -127,6 +128,11 @@ class SpeculativeDecoder:
     whole tree (llama.cpp reserves a logits row per entry it may be asked for, each the
     vocabulary's size); rows beyond it decode together with smaller trees each (a server sets
     it to its concurrency).
+    ``prefix_cache`` (int >= 0, default 4): the most finished requests whose KV entries the
+    backend keeps (refdec.engine.prefix_cache): a later prompt that begins as one of them did
+    (the same file edited again, the same system prompt, a chat's earlier turns) is prefilled
+    from the first token that differs (``stats.cached_prompt_tokens``). The entries share the
+    context with the running rows and give it back, oldest first, when a row needs the room.
     ``decoder.joint_batch_budget`` (default True): batches with
     ``max_draft_tokens="auto"`` choose the rows' verified prefixes together, priced as
     one padded batched forward (refdec.budget.batch_prefix_sizes); False prices each
@@ -140,16 +146,18 @@ class SpeculativeDecoder:
 
     def __init__(self, model, tokenizer=None, index=None, *, max_depth: int = MAX_NODES, proposer_factory=None,
                  prefill_chunk: int | None = 512, cuda_graphs: bool = False, max_rows: int = 1,
-                 backend: Backend | None = None) -> None:
+                 backend: Backend | None = None, prefix_cache: int = 4) -> None:
         self.max_depth = check_int("max_depth", max_depth, 1)  # the engine's depth limit too, whatever the drafter
         check_int("max_rows", max_rows, 1)
+        check_int("prefix_cache", prefix_cache, 0)
         if prefill_chunk is not None and (not is_int(prefill_chunk) or prefill_chunk < 1):
             raise ValueError(f"prefill_chunk must be an int >= 1 or None, got {prefill_chunk!r}")
         self.prefill_chunk = None if prefill_chunk is None else int(prefill_chunk)
         self.model = model
         self.index = index
         self.proposer_factory = proposer_factory or default_proposer_factory
-        self.backend = make_backend(model, cuda_graphs=cuda_graphs, max_rows=max_rows) if backend is None else backend
+        self.backend = (make_backend(model, cuda_graphs=cuda_graphs, max_rows=max_rows, prefix_cache=prefix_cache)
+                        if backend is None else backend)
         # a llama.cpp model brings its own tokenizer (refdec.llama_cpp.tokenizer)
         self.tokenizer = tokenizer if tokenizer is not None else self.backend.tokenizer
         self.joint_batch_budget = True

@@ -30,7 +30,12 @@ MAX_SEQUENCES = int(_lib.llama_max_parallel_sequences())
 
 
 class LlamaDecodeError(RuntimeError):
-    """``llama_decode`` refused a batch (no KV slot: the context is full, or invalid input)."""
+    """``llama_decode`` refused a batch (``code`` 1: no KV slot, the context is full; else invalid
+    input or an abort)."""
+
+    def __init__(self, message: str, code: int = 0) -> None:
+        super().__init__(message)
+        self.code = code
 
 
 def llama_version() -> str:
@@ -124,7 +129,7 @@ class TreeContext:
         if rc != 0:
             what = ("no KV cache slot: the context is full (create the Llama with a larger n_ctx)" if rc == 1
                     else "the batch was refused")
-            raise LlamaDecodeError(f"llama_decode returned {rc}: {what}")
+            raise LlamaDecodeError(f"llama_decode returned {rc}: {what}", code=int(rc))
 
     def logits(self, i: int) -> np.ndarray:
         """float32 [n_vocab]: the logits of batch entry ``i`` of the last decode (a view, valid until

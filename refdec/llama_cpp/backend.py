@@ -16,6 +16,12 @@ KV layout (one unified llama.cpp KV cache, refdec.llama_cpp.api.TreeContext):
   leaf's branch over their positions) and every branch sequence is removed: cells no sequence
   holds are free again. No token is evaluated twice, but for the case below.
 
+A finished row's base sequence is kept, not freed, in the backend's prefix cache
+(refdec.engine.prefix_cache; ``prefix_cache`` entries, least recently used evicted first): a
+later prompt that begins with the same tokens copies those cells into its own base sequence
+(``seq_cp``) and is prefilled from the first token that differs. An entry gives its sequence id
+back when the trees need more sequences, and its cells when a decode finds no free slot.
+
 Every entry asks for logits: a leaf's are read only if it is accepted, but without them an
 accepted leaf would yield no bonus token. (A policy that skipped the logits of leaves unlikely to
 be accepted was measured no faster, and removed; CHANGELOG.md.)
@@ -31,6 +37,7 @@ import torch
 
 from refdec.engine.accept import accept_walk_steps
 from refdec.engine.interface import Verified
+from refdec.engine.prefix_cache import PrefixCache
 from refdec.llama_cpp.api import MAX_SEQUENCES, LlamaDecodeError, TreeContext
 from refdec.llama_cpp.calibration import auto_cost_curve
 from refdec.llama_cpp.tokenizer import GgufTokenizer
@@ -115,7 +122,7 @@ class LlamaRunningBatch:
             return
         for b, request in enumerate(self.requests):
             if request.done:
-                self.backend.release_seq(self.base_seqs[b])
+                self.backend.retire_seq(self.base_seqs[b], request.seq)
         self.requests = [self.requests[b] for b in keep]
         self.base_seqs = [self.base_seqs[b] for b in keep]
 
@@ -126,11 +133,14 @@ class LlamaCppBackend:
     ``max_tree``: the most nodes a row's tree holds; ``n_seq_max``: llama.cpp sequences of the
     verification context (base sequences of the rows + branch sequences of the leaves; at most
     llama.cpp's limit); ``max_rows``: the rows one verification is sized for, each with a whole
-    tree (its logits rows: ``max_rows * (1 + max_tree)``; more rows share them, with smaller trees). The Llama's own context is not touched: refdec keeps a context of its
-    own on the same weights (refdec.llama_cpp.api.TreeContext), of the Llama's ``n_ctx``,
-    which every running row shares."""
+    tree (its logits rows: ``max_rows * (1 + max_tree)``; more rows share them, with smaller
+    trees); ``prefix_cache``: the finished rows' sequences kept for the prompts that begin the
+    same way (0: none; module docstring). The Llama's own context is not touched: refdec keeps a
+    context of its own on the same weights (refdec.llama_cpp.api.TreeContext), of the Llama's
+    ``n_ctx``, which every running row and kept sequence shares."""
 
-    def __init__(self, llm, *, max_tree: int = MAX_NODES, n_seq_max: int | None = None, max_rows: int = 1) -> None:
+    def __init__(self, llm, *, max_tree: int = MAX_NODES, n_seq_max: int | None = None, max_rows: int = 1,
+                 prefix_cache: int = 4) -> None:
         self.llm = llm
         self.max_tree = int(max_tree)
         n_batch = 1 + self.max_tree
@@ -144,17 +154,24 @@ class LlamaCppBackend:
         eos = sorted(self.ctx.eos_ids())
         self.generation_config = SimpleNamespace(eos_token_id=eos or None, pad_token_id=None)
         self.tokenizer = GgufTokenizer(llm)
+        self.prefix_cache: PrefixCache[int] = PrefixCache(prefix_cache)
         self._free_all_seqs()
         self._cost_curve = None
 
     # -- sequences
 
     def _free_all_seqs(self) -> None:
-        self._free_seqs = list(range(self.ctx.n_seq_max - 1, -1, -1))  # pop() gives the lowest id
+        kept = set(self.prefix_cache.handles())
+        # pop() gives the lowest id
+        self._free_seqs = [seq for seq in range(self.ctx.n_seq_max - 1, -1, -1) if seq not in kept]
 
     def take_seq(self) -> int:
+        """A free sequence id (the prefix cache's oldest entry gives its id back when none is)."""
         if not self._free_seqs:
-            raise LlamaDecodeError(f"all {self.ctx.n_seq_max} llama.cpp sequences are in use")
+            oldest = self.prefix_cache.pop_oldest()
+            if oldest is None:
+                raise LlamaDecodeError(f"all {self.ctx.n_seq_max} llama.cpp sequences are in use")
+            self.release_seq(oldest)
         return self._free_seqs.pop()
 
     def release_seq(self, seq: int) -> None:
@@ -162,12 +179,47 @@ class LlamaCppBackend:
         self._free_seqs.append(seq)
         self._free_seqs.sort(reverse=True)
 
+    def retire_seq(self, seq: int, tokens: list[int]) -> None:
+        """A finished row's base sequence ``seq``, whose row emitted ``tokens`` (prompt + new), into
+        the prefix cache: its cells up to the last token fed that the row kept (a stop string may
+        have cut emitted tokens whose cells exist), the rest removed. Freed when the cache keeps
+        nothing of it."""
+        held = self.ctx.seq_pos_range(seq)[1] + 1
+        n = min(len(tokens) - 1, held)
+        if self.prefix_cache.max_entries == 0 or n <= 0:
+            self.release_seq(seq)
+            return
+        if n < held:
+            self.ctx.seq_remove(seq, n, -1)
+        for freed in self.prefix_cache.add(seq, np.asarray(tokens[:n], dtype=np.int64)):
+            self.release_seq(freed)
+
+    def clear_prefix_cache(self) -> None:
+        """Frees every kept sequence (the calibration measures over an otherwise empty cache)."""
+        for seq in self.prefix_cache.clear():
+            self.release_seq(seq)
+
+    def _decode(self, tokens: np.ndarray, positions: np.ndarray, seq_ids: list, want_logits: np.ndarray) -> None:
+        """``ctx.decode``; when no KV slot is free, the prefix cache's entries give their cells back,
+        oldest first, until the batch fits (LlamaDecodeError when it does not with none left)."""
+        while True:
+            try:
+                self.ctx.decode(tokens, positions, seq_ids, want_logits)
+                return
+            except LlamaDecodeError as error:
+                if error.code != 1 or not len(self.prefix_cache):
+                    raise
+                self.release_seq(self.prefix_cache.pop_oldest())
+
     # -- the engine's calls
 
     def new_batch(self) -> LlamaRunningBatch:
-        """An empty batch, on an empty cache: a decode (one ``generate`` call) starts afresh, whatever
-        an earlier one that raised left behind."""
-        self.ctx.clear()
+        """An empty batch, on a cache that holds the prefix cache's entries only: a decode (one
+        ``generate`` call) starts afresh, whatever an earlier one that raised left behind."""
+        kept = set(self.prefix_cache.handles())
+        for seq in range(self.ctx.n_seq_max):
+            if seq not in kept:
+                self.ctx.seq_remove(seq)
         self._free_all_seqs()
         return LlamaRunningBatch(self, [], [])
 
@@ -183,22 +235,29 @@ class LlamaCppBackend:
         return prefix_with_leaves(tree, share) if len(tree) > share else tree
 
     def prefill(self, group: list, chunk: int | None):
-        """Each prompt into a base sequence of its own, fed in chunks of the Llama's ``n_batch``
-        (as ``Llama.eval`` feeds it: the same numerics as llama.cpp's plain decoding). ``chunk``
-        (refdec's transformers setting) is not used. Returns the batch and float32 [G, V]."""
+        """Each prompt into a base sequence of its own: the longest prefix a prefix-cache entry
+        holds copied (``request.stats.cached_prompt_tokens``; never the last token, whose logits
+        give the first new token), the rest fed in chunks of the Llama's ``n_batch`` (as
+        ``Llama.eval`` feeds it, prefix reuse included). ``chunk`` (refdec's transformers setting)
+        is not used. Returns the batch and float32 [G, V]."""
         ctx = self.ctx
         seqs, last = [], []
         try:
             for request in group:
-                seq = self.take_seq()
+                seq = self.take_seq()  # first: it may evict the entry the lookup would find
                 seqs.append(seq)
                 tokens = request.prompt
+                entry, cached = self.prefix_cache.longest(tokens)
+                cached = min(cached, len(tokens) - 1)
+                if cached > 0:
+                    ctx.seq_copy(entry.handle, seq, 0, cached)
+                request.stats.cached_prompt_tokens = max(0, cached)
                 step = ctx.prefill_chunk
-                for begin in range(0, len(tokens), step):
+                for begin in range(max(0, cached), len(tokens), step):
                     part = tokens[begin: begin + step]
                     want = np.zeros(len(part), dtype=bool)
                     want[-1] = begin + step >= len(tokens)
-                    ctx.decode(part, np.arange(begin, begin + len(part)), [[seq]] * len(part), want)
+                    self._decode(part, np.arange(begin, begin + len(part)), [[seq]] * len(part), want)
                 last.append(torch.from_numpy(ctx.logits(len(part) - 1).copy()))  # the last chunk's last entry
         except BaseException:
             for seq in seqs:
@@ -243,8 +302,8 @@ class LlamaCppBackend:
                     seq_ids.extend(node_seqs)
                 pending.append((node_seq, branch_seqs))
             t1 = time.perf_counter()
-            ctx.decode(np.asarray(tokens, dtype=np.int32), np.asarray(positions, dtype=np.int32), seq_ids,
-                       np.ones(len(tokens), dtype=bool))
+            self._decode(np.asarray(tokens, dtype=np.int32), np.asarray(positions, dtype=np.int32), seq_ids,
+                         np.ones(len(tokens), dtype=bool))
         except BaseException:
             for seq in branch_used:
                 self.release_seq(seq)

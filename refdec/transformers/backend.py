@@ -5,35 +5,49 @@ Its settings, beyond the interface: ``lazy_head`` (the LM head runs only on the 
 acceptance walks visit; default on a CPU for a plain-head model, refdec.transformers.lazy_head)
 and ``static_shapes`` (verification forwards at fixed shapes, refdec.transformers.static_step;
 ``cuda_graphs=True`` sets it and replays each shape as a CUDA graph).
+
+Finished rows' KV entries go to a prefix cache (refdec.engine.prefix_cache): a prompt that
+begins with at least :data:`MIN_REUSED_TOKENS` of an entry's tokens is prefilled on top of them
+(refdec.transformers.prefill.prefill_reusing), apart from the rest of its group. The entries are
+copies (at most :data:`PREFIX_CACHE_BYTES` in all).
 """
 
 from __future__ import annotations
 
 import numpy as np
+import torch
 
 from refdec.cost_curve import CostCurve
 from refdec.engine.interface import TargetRule, Verified
+from refdec.engine.prefix_cache import PrefixCache
 from refdec.transformers.batch import RunningBatch
 from refdec.transformers.calibration import auto_cost_curve
-from refdec.transformers.prefill import prefill
+from refdec.transformers.prefill import prefill, prefill_reusing
 from refdec.transformers.runner import ModelRunner
 from refdec.transformers.selfcheck import ensure_lossless_tree_verification
 from refdec.transformers.static_step import StaticStep
 from refdec.transformers.verify import verify_step
 from refdec.tree import DraftTree
 
-__all__ = ["TransformersBackend"]
+__all__ = ["MIN_REUSED_TOKENS", "PREFIX_CACHE_BYTES", "TransformersBackend"]
+
+# Fewer kept tokens than this are prefilled again: a prompt that reuses entries is prefilled alone,
+# and a few tokens saved do not pay for leaving its group's batched prefill.
+MIN_REUSED_TOKENS = 32
+# The most bytes of keys and values the prefix cache holds (on the model's devices).
+PREFIX_CACHE_BYTES = 1 << 30
 
 
 class TransformersBackend:
     """A transformers model through :class:`~refdec.transformers.runner.ModelRunner`. Made for a
     model type refdec has not verified, it first checks that tree verification is lossless for it
     (refdec.transformers.selfcheck; once per model object, a ValueError if not).
-    ``cuda_graphs``: fixed-shape verification forwards, each captured once as a CUDA graph."""
+    ``cuda_graphs``: fixed-shape verification forwards, each captured once as a CUDA graph.
+    ``prefix_cache``: finished rows whose entries are kept for later prompts (0: none)."""
 
     tokenizer = None  # a transformers model brings none: the caller passes its tokenizer
 
-    def __init__(self, model, *, cuda_graphs: bool = False) -> None:
+    def __init__(self, model, *, cuda_graphs: bool = False, prefix_cache: int = 4) -> None:
         if not isinstance(cuda_graphs, bool):
             raise ValueError(f"cuda_graphs must be True or False, got {cuda_graphs!r}")
         self.model = model
@@ -43,6 +57,7 @@ class TransformersBackend:
         self.max_positions = self.runner.max_positions
         self.device = self.runner.device
         self.generation_config = getattr(model, "generation_config", None)
+        self.prefix_cache: PrefixCache[list] = PrefixCache(prefix_cache, max_size=PREFIX_CACHE_BYTES)
         if cuda_graphs:
             self._set_static_step(cuda_graphs=True)
 
@@ -81,10 +96,46 @@ class TransformersBackend:
     # -- the engine's calls
 
     def new_batch(self) -> RunningBatch:
-        return RunningBatch.empty(self.device)
+        batch = RunningBatch.empty(self.device)
+        batch.retire = self._retire
+        return batch
+
+    def clear_prefix_cache(self) -> None:
+        self.prefix_cache.clear()
+
+    def _retire(self, request, entries: list) -> None:
+        """A finished row's entries (refdec.transformers.cache.row_entries) into the prefix cache."""
+        if self.prefix_cache.max_entries:
+            n = int(entries[0][0].shape[2]) if entries else 0
+            size = sum(keys.nbytes + values.nbytes for keys, values in entries)
+            self.prefix_cache.add(entries, np.asarray(request.seq[:n], dtype=np.int64), size)
 
     def prefill(self, group: list, chunk: int | None):
-        return prefill(self.runner, group, chunk)
+        """The group's prompts (refdec.transformers.prefill): those that begin with at least
+        :data:`MIN_REUSED_TOKENS` tokens of a prefix-cache entry each on top of its entries
+        (``request.stats.cached_prompt_tokens``), the others as one padded group."""
+        reused = {}
+        if len(self.prefix_cache):
+            for i, request in enumerate(group):
+                entry, cached = self.prefix_cache.longest(request.prompt)
+                cached = min(cached, request.prompt_len - 1)
+                if cached >= MIN_REUSED_TOKENS:
+                    reused[i] = (entry.handle, cached)
+        parts = []  # (group indices, batch, logits [g, V])
+        rest = [i for i in range(len(group)) if i not in reused]
+        if rest:
+            parts.append((rest, *prefill(self.runner, [group[i] for i in rest], chunk)))
+        for i, (entries, cached) in reused.items():
+            group[i].stats.cached_prompt_tokens = cached
+            parts.append(([i], *prefill_reusing(self.runner, group[i], entries, cached, chunk)))
+        batch = parts[0][1]
+        batch.retire = self._retire
+        last = torch.empty((len(group), parts[0][2].shape[-1]), dtype=parts[0][2].dtype, device=parts[0][2].device)
+        for indices, part, logits in parts:
+            if part is not batch:
+                batch.join(part)
+            last[indices] = logits
+        return batch, last
 
     def fit_tree(self, tree: DraftTree, rows: int) -> DraftTree:
         return tree

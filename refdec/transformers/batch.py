@@ -13,8 +13,8 @@ grow by ``T`` slots per step for every row — with 64-node trees that is ~65 sl
 step of which a handful are real. With compaction a row's holes are bounded by how
 far it lags the longest row, and attention cost stays ~``B * max_len``.
 
-Finished rows leave the batch (:meth:`RunningBatch.drop_finished`): their cache rows
-are dropped, so they stop costing compute, and the left-padding slots every remaining
+Finished rows leave the batch (:meth:`RunningBatch.drop_finished`; ``retire``, when set, is
+handed each one's entries first: the backend's prefix cache): their cache rows are dropped, so they stop costing compute, and the left-padding slots every remaining
 row has are cut as well. A joining group's cache rows are appended
 (:meth:`RunningBatch.join`): both are padded at the end of the slot dim to the longer
 one, so a row's entries stay in ``[0, length)`` and the holes after them are where its
@@ -28,7 +28,7 @@ import torch
 import torch.nn.functional as F
 
 from refdec.engine.requests import Request
-from refdec.transformers.cache import append_rows, gather_slots, select_rows
+from refdec.transformers.cache import append_rows, gather_slots, row_entries, select_rows
 from refdec.transformers.transfer import to_device
 
 __all__ = ["RunningBatch"]
@@ -41,7 +41,11 @@ class RunningBatch:
     ``key_pos`` int64 [B, S] **on the device**, kept there: the absolute position of each slot
     (-1 for a hole), from which the step's masks are built (a slot is valid iff its position is
     >= 0). The constructor takes ``key_pos`` from the host (int64 [B, S] numpy, every row with a
-    valid slot)."""
+    valid slot). ``retire(request, entries)``, when set, receives each finished row's cache
+    entries before they go (refdec.transformers.cache.row_entries of its positions
+    ``0 .. n - 1``, the tokens ``request.seq[:n]`` it kept)."""
+
+    retire = None
 
     def __init__(self, device, requests: list[Request], cache, lengths: np.ndarray, key_pos: np.ndarray) -> None:
         self.device = device
@@ -115,6 +119,14 @@ class RunningBatch:
         keep = [b for b, request in enumerate(self.requests) if not request.done]
         if len(keep) == len(self.requests):
             return
+        if self.retire is not None:
+            for b, request in enumerate(self.requests):
+                if request.done:
+                    held = int(self.lengths[b] - self.lead_holes[b])
+                    n = min(len(request.seq) - 1, held)  # a stop string may have cut tokens whose entries exist
+                    if n > 0:
+                        lead = int(self.lead_holes[b])
+                        self.retire(request, row_entries(self.cache, b, lead, lead + n))
         if not keep:
             self.requests, self.cache = [], None
             self.lengths, self.lead_holes, self.key_pos = self.lengths[:0], self.lead_holes[:0], self.key_pos[:0]

@@ -293,3 +293,20 @@ def select_rows(cache: DynamicCache, rows: torch.Tensor, start: int, new_len: in
         else:
             layer.keys = layer.keys.index_select(0, rows)[:, :, start:new_len]
             layer.values = layer.values.index_select(0, rows)[:, :, start:new_len]
+
+
+def row_entries(cache: DynamicCache, row: int, start: int, end: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """Copies of batch row ``row``'s slots ``[start, end)``, per layer: (keys, values), each
+    float [1, H, end - start, D] on the layer's device."""
+    return [(layer.keys[row:row + 1, :, start:end].clone(), layer.values[row:row + 1, :, start:end].clone())
+            for layer in layers(cache)]
+
+
+def cache_from_entries(entries: list[tuple[torch.Tensor, torch.Tensor]], length: int) -> DynamicCache:
+    """A new cache (:func:`new_cache`) of one row holding the first ``length`` slots of ``entries``
+    (per layer: (keys, values) float [1, H, n >= length, D], as :func:`row_entries` gives them)."""
+    cache = new_cache()
+    for layer_idx, (keys, values) in enumerate(entries):
+        cache.update(keys[:, :, :length], values[:, :, :length], layer_idx)
+    return cache
+

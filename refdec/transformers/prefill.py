@@ -11,6 +11,10 @@ positions); with padding each chunk gets explicit positions and a mask in which
 padding slots see only themselves. The last chunk's last logits give each row's
 first new token.
 
+:func:`prefill_reusing` prefills one prompt after the first ``n`` of its tokens, whose entries an
+earlier request left (the backend's prefix cache): the rest is fed in chunks from position
+``n``, as a chunked prefill feeds its later chunks.
+
 :func:`prefill_tokens` gives a one-row batch with no request of a caller behind it, for the
 code that drives the engine's steps itself (refdec.transformers.calibration, refdec.transformers.selfcheck).
 """
@@ -26,11 +30,11 @@ from refdec.engine.requests import Request
 from refdec.engine.results import DecodingStats
 from refdec.engine.stops import StopChecker
 from refdec.transformers.batch import RunningBatch
-from refdec.transformers.cache import new_cache
+from refdec.transformers.cache import cache_from_entries, new_cache
 from refdec.transformers.masks import attention_masks
 from refdec.transformers.runner import ModelRunner
 
-__all__ = ["prefill", "prefill_spans", "prefill_tokens"]
+__all__ = ["prefill", "prefill_reusing", "prefill_spans", "prefill_tokens"]
 
 
 def prefill_spans(n_tokens: int, chunk: int | None) -> list[tuple[int, int]]:
@@ -73,6 +77,25 @@ def prefill(runner: ModelRunner, group: list[Request], chunk: int | None) -> tup
         last = runner.prefill_chunk(cache, begin, end == width, **inputs)
     lengths = np.full(len(group), width, dtype=np.int64)  # valid slot count per row (left holes included)
     return RunningBatch(device, list(group), cache, lengths, key_pos), last
+
+
+def prefill_reusing(runner: ModelRunner, request: Request, entries: list, cached: int,
+                    chunk: int | None) -> tuple[RunningBatch, torch.Tensor]:
+    """Prefills ``request``'s prompt (L tokens) on top of the first ``cached`` (1 <= cached < L) of
+    ``entries`` (per layer (keys, values) float [1, H, n >= cached, D], the KV entries of a sequence
+    that begins with the same ``cached`` tokens): the remaining tokens in chunks of ``chunk``.
+    Returns the one-row running batch and float [1, V], the logits after the prompt's last token."""
+    length = request.prompt_len
+    if not 1 <= cached < length:
+        raise ValueError(f"cached must be in [1, {length - 1}] for a prompt of {length} tokens, got {cached}")
+    cache = cache_from_entries(entries, cached)
+    ids = torch.from_numpy(np.asarray(request.prompt, dtype=np.int64)[None]).to(runner.device)
+    last = None
+    for begin, end in prefill_spans(length - cached, chunk):
+        last = runner.prefill_chunk(cache, cached + begin, cached + end == length,
+                                    input_ids=ids[:, cached + begin:cached + end])
+    key_pos = np.arange(length, dtype=np.int64)[None]
+    return RunningBatch(runner.device, [request], cache, np.array([length], dtype=np.int64), key_pos), last
 
 
 def prefill_tokens(runner: ModelRunner, tokens: np.ndarray) -> tuple[RunningBatch, torch.Tensor]:
