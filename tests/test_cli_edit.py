@@ -142,7 +142,8 @@ def test_in_place_replaces_the_file_only_with_a_complete_reply(capsys, tmp_path,
             new = tokenizer(text, add_special_tokens=False, return_tensors="pt")["input_ids"][:, :max_new_tokens]
             stop = "max_new_tokens" if new.shape[1] == max_new_tokens else "stop_string"
             stats = SimpleNamespace(wall_seconds=1.0, stop_reason=stop, new_tokens=new.shape[1], forward_passes=2,
-                                    tokens_per_pass=new.shape[1] / 2, accepted_tokens=0, proposed_tokens=0)
+                                    tokens_per_pass=new.shape[1] / 2, accepted_tokens=0, proposed_tokens=0,
+                                    prefill_seconds=0.1, cached_prompt_tokens=0)
             return SimpleNamespace(sequences=torch.cat([input_ids, new], dim=1), stats=stats)
         return generate
 

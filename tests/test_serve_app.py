@@ -163,6 +163,8 @@ def test_usage_adds_up_and_include_usage_sends_one_last_chunk(server, decoder):
     assert usage.completion_tokens == stats.new_tokens
     assert usage.total_tokens == usage.prompt_tokens + usage.completion_tokens
     assert 0 < usage.completion_tokens_details.accepted_prediction_tokens <= usage.completion_tokens
+    # the library call just decoded this prompt: its KV entries are kept, all but the last token reused
+    assert usage.prompt_tokens_details.cached_tokens == usage.prompt_tokens - 1
     _, chunks = streamed(client.chat.completions.create(
         model=MODEL, messages=messages, max_tokens=30, temperature=0, stream=True,
         stream_options={"include_usage": True}, extra_body={"prediction": {"type": "content", "content": expected}}))

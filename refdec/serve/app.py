@@ -268,12 +268,14 @@ class _Reply:
 
     def usage(self, stats) -> dict:
         """OpenAI's usage; accepted prediction tokens: drafted from the prediction and emitted;
-        rejected: drafted from it and thrown away by verification."""
+        rejected: drafted from it and thrown away by verification; cached tokens: prompt tokens
+        an earlier request's KV entries held (not prefilled again)."""
         completion = stats.new_tokens
         proposed = stats.proposed_by_source.get(PREDICTION_SOURCE, 0)
         accepted = stats.accepted_by_source.get(PREDICTION_SOURCE, 0)
         return {"prompt_tokens": self.prompt_tokens, "completion_tokens": completion,
                 "total_tokens": self.prompt_tokens + completion,
+                "prompt_tokens_details": {"cached_tokens": stats.cached_prompt_tokens},
                 "completion_tokens_details": {"accepted_prediction_tokens": min(accepted, completion),
                                               "rejected_prediction_tokens": proposed - accepted,
                                               "reasoning_tokens": 0}}
@@ -316,9 +318,9 @@ class _Reply:
                      seconds)
             return
         usage = self.usage(stats)["completion_tokens_details"]
-        log.info("%s %s: prompt %d, completion %d tokens in %d passes, prediction accepted %d rejected %d, "
-                 "%.1f tokens/s, %s%s", self.id, "chat" if self.chat else "completion", self.prompt_tokens,
-                 stats.new_tokens, stats.forward_passes, usage["accepted_prediction_tokens"],
+        log.info("%s %s: prompt %d (%d cached, prefill %.2f s), completion %d tokens in %d passes, prediction "
+                 "accepted %d rejected %d, %.1f tokens/s, %s%s", self.id, "chat" if self.chat else "completion",
+                 self.prompt_tokens, stats.cached_prompt_tokens, stats.prefill_seconds, stats.new_tokens, stats.forward_passes, usage["accepted_prediction_tokens"],
                  usage["rejected_prediction_tokens"], stats.new_tokens / seconds if seconds > 0 else 0.0,
                  self.finish_reason(stats) if stats.stop_reason != CANCELLED else CANCELLED,
                  f" ({outcome})" if outcome else "")
