@@ -193,7 +193,7 @@ def section_equivalence(plan: Plan, device: torch.device, clock: Clock, ctx: dic
             families[family] = "not started (budget)"
             continue
         model = build(dtype=torch.float32).to(device)
-        decoder = refdec.SpeculativeDecoder(model)
+        decoder = refdec.SpeculativeDecoder(model, prefix_cache=0)
         for i, prompt in enumerate(tiny_model.repetitive_prompts(plan.eq_prompts, seed=21)):
             want = hf_greedy(model, prompt, plan.eq_new, device)
             for budget, refs in (("auto", None), (64, [own_reference(want, len(prompt))])):
@@ -304,7 +304,7 @@ def section_syncs(plan: Plan, device: torch.device, clock: Clock, ctx: dict) -> 
         model = ctx.setdefault("tiny", {}).get(family)
         if model is None:
             model = ctx["tiny"][family] = tiny_model.TINY_MODELS[family](dtype=torch.float32).to(device)
-        decoder = refdec.SpeculativeDecoder(model)
+        decoder = refdec.SpeculativeDecoder(model, prefix_cache=0)
         prompts = tiny_model.repetitive_prompts(batch, seed=21)
         kwargs = dict(max_new_tokens=plan.sync_new, eos_token_id=[], do_sample=do_sample,
                       **(dict(seed=7, temperature=0.8, top_k=20) if do_sample else {}))
@@ -531,7 +531,7 @@ def section_loop(plan: Plan, device: torch.device, clock: Clock, ctx: dict) -> d
     model = ctx.get("gemma")
     if model is None:
         model = ctx["gemma"] = build_real("gemma3-270m", plan, device)
-    decoder = refdec.SpeculativeDecoder(model)
+    decoder = refdec.SpeculativeDecoder(model, prefix_cache=0)
     rng = np.random.default_rng(3)
     prompt = rng.integers(3, min(int(model.config.vocab_size), 30000), size=plan.loop_prompt).tolist()
     common = dict(max_new_tokens=plan.loop_new, eos_token_id=[])
@@ -568,8 +568,8 @@ def fixed_shape_decoder(model, device: torch.device):
     import refdec
 
     if device.type == "cuda":
-        return refdec.SpeculativeDecoder(model, cuda_graphs=True)
-    decoder = refdec.SpeculativeDecoder(model)
+        return refdec.SpeculativeDecoder(model, cuda_graphs=True, prefix_cache=0)
+    decoder = refdec.SpeculativeDecoder(model, prefix_cache=0)
     decoder.backend.static_shapes = True
     return decoder
 
@@ -615,12 +615,12 @@ def section_graphs(plan: Plan, device: torch.device, clock: Clock, ctx: dict) ->
             if way == "graphs" and not graphs:
                 continue
             if way == "dynamic":
-                decoder = refdec.SpeculativeDecoder(model)
+                decoder = refdec.SpeculativeDecoder(model, prefix_cache=0)
             elif way == "fixed":
-                decoder = refdec.SpeculativeDecoder(model)
+                decoder = refdec.SpeculativeDecoder(model, prefix_cache=0)
                 decoder.backend.static_shapes = True
             else:
-                decoder = refdec.SpeculativeDecoder(model, cuda_graphs=True)
+                decoder = refdec.SpeculativeDecoder(model, cuda_graphs=True, prefix_cache=0)
             decoder.generate(prompt, references=[reference], max_new_tokens=16, max_draft_tokens=k, eos_token_id=[])
             out = decoder.generate(prompt, references=[reference], max_draft_tokens=k, **common)  # captured: warm
             outs[way] = out.sequences[0].tolist()

@@ -86,12 +86,12 @@ def run_workload(workload: str, args) -> list[dict]:
     llm, _ = load_model(model, "llama.cpp", threads=args.threads, n_ctx=args.n_ctx)
     lookup, _ = load_model(model, "llama.cpp", threads=args.threads, n_ctx=args.n_ctx, logits_all=True,
                            draft_model=llama_cpp.llama_speculative.LlamaPromptLookupDecoding(num_pred_tokens=10))
-    decoders = {"refdec": refdec.SpeculativeDecoder(llm)}
+    decoders = {"refdec": refdec.SpeculativeDecoder(llm, prefix_cache=0)}  # each prompt prefilled from scratch, as plain
     tokenizer = decoders["refdec"].tokenizer
     eos = set(decoders["refdec"].backend.generation_config.eos_token_id or [])
     prompts = prompts_for(workload, tokenizer, args.limit, args.max_file_chars, args.held_out, args.chat_category)
     if args.transformers:  # refdec on transformers (float32), the same prompt ids: the models share the vocabulary
-        decoders["refdec-hf"] = refdec.SpeculativeDecoder(*load_model(model, "transformers"))
+        decoders["refdec-hf"] = refdec.SpeculativeDecoder(*load_model(model, "transformers"), prefix_cache=0)
     for decoder in decoders.values():
         decoder.generate(prompts[0]["ids"], max_new_tokens=8)  # the cost curve (once, cached) and first touches
     plain_greedy(llm, prompts[0]["ids"], 8)

@@ -152,8 +152,9 @@ class Runner:
         if key not in self.decoders:
             factory = (peer_factory(base) if base.startswith("peer-")
                        else proposer_factory(editing, base == "refdec-chain", start=base != "refdec-auto-nostart"))
+            # prefix_cache=0: each case prefills its prompt from scratch, as the baselines do
             self.decoders[key] = SpeculativeDecoder(self.model, self.tokenizer, index=index,
-                                                    proposer_factory=factory)
+                                                    proposer_factory=factory, prefix_cache=0)
         return self.decoders[key]
 
     def run(self, method: str, workload: str, case, index, editing: bool) -> dict:

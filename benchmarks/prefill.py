@@ -79,7 +79,8 @@ def main(argv=None) -> int:
         size, _, variant = c.partition("-")
         if not (size == "none" or size.isdigit()) or variant not in ("", "allkeys"):
             ap.error(f"--chunks values are 'none', N or N-allkeys, got {c!r}")
-        decoders[c] = SpeculativeDecoder(model, prefill_chunk=None if size == "none" else int(size))
+        decoders[c] = SpeculativeDecoder(model, prefill_chunk=None if size == "none" else int(size),
+                                         prefix_cache=0)  # every timed prefill from the first token
         if variant == "allkeys":
             decoders[c].backend.runner.sliding_layers = []  # sliding layers see every earlier key
     prompts = prompts_of_lengths(lengths, decoders[chunks[0]].vocab_size)

@@ -81,7 +81,7 @@ def main(argv=None) -> int:
             tokens = {}
             for rep in range(args.repeats):
                 for variant in (variants if rep % 2 == 0 else variants[::-1]):
-                    dec = SpeculativeDecoder(model, tok, proposer_factory=factory(editing))
+                    dec = SpeculativeDecoder(model, tok, proposer_factory=factory(editing), prefix_cache=0)
                     dec.backend.lazy_head = variant == "lazy-head"
                     out = dec.generate(case.prompt.tolist(), references=refs, max_new_tokens=args.max_new_tokens,
                                        max_draft_tokens=budget)
@@ -101,7 +101,7 @@ def main(argv=None) -> int:
     if not args.no_profiler:
         from torch.profiler import ProfilerActivity, profile
 
-        dec = SpeculativeDecoder(model, tok, proposer_factory=factory(True))
+        dec = SpeculativeDecoder(model, tok, proposer_factory=factory(True), prefix_cache=0)
         refs = [r.tolist() for r in edit.references]
         dec.generate(edit.prompt.tolist(), references=refs, max_new_tokens=8, max_draft_tokens=16)
         with profile(activities=[ProfilerActivity.CPU]) as prof:
