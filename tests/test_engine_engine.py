@@ -304,3 +304,52 @@ def test_requests_join_a_running_engine_and_a_finished_one_leaves_at_the_next_st
     assert out.stats.rows[1].stop_reason == "cancelled"
     cut = batch_row(out, 1, len(prompts[1]))
     assert len(cut) < len(prompts[1]) + NEW and cut == hf_greedy(llama, prompts[1])[:len(cut)]
+
+
+def test_a_long_prompt_joining_is_prefilled_a_chunk_per_step_while_the_rows_decode(monkeypatch, llama):
+    """A prompt of 9 chunks joins a running row: each engine step runs one chunk of its prefill and
+    one step of the running row, so the row makes 8 passes before the joiner's first token; a
+    group cancelled while it is prefilled stops there (the rest of its chunks never run); both rows
+    still equal model.generate."""
+    import refdec.engine.engine as engine_module
+
+    short = repetitive_prompts(1, seed=3)[0]
+    long = (repetitive_prompts(1, seed=4)[0] * 10)[:70]  # 9 chunks of 8
+    log = {}
+
+    def staggered(backend, requests, **settings):
+        engine = engine_module.Engine(backend, **settings)
+        engine.add(requests[:1])
+        while len(requests[0].seq) == requests[0].prompt_len:
+            engine.step()  # the first row's prefill
+        engine.add(requests[1:])
+        passes = requests[0].stats.forward_passes
+        while len(requests[1].seq) == requests[1].prompt_len:
+            engine.step()
+        log["passes_while_joining"] = requests[0].stats.forward_passes - passes
+        while engine:
+            engine.step()
+        cancelled = requests[1].__class__(9, requests[1].prompt, 4, None, stats=type(requests[1].stats)(),
+                                          sampler=requests[1].sampler, stopper=requests[1].stopper, drafter=None,
+                                          budget=None, started=0.0)
+        engine.add([cancelled])
+        engine.step()  # its first chunk
+        cancelled.finish("cancelled")
+        forwards = counted[0]
+        engine.step()  # stopped here
+        log["abandoned"] = (engine.joining is None, counted[0] - forwards, bool(engine))
+        return engine.stats
+
+    counted = [0]
+    hook = llama.get_input_embeddings().register_forward_hook(lambda *_: counted.__setitem__(0, counted[0] + 1))
+    monkeypatch.setattr(engine_module, "run", staggered)
+    decoder = refdec.SpeculativeDecoder(llama, prefill_chunk=8, prefix_cache=0)
+    try:
+        out = decoder.generate([short, long], max_new_tokens=NEW, max_draft_tokens=8, pad_token_id=0,
+                               eos_token_id=[])
+    finally:
+        hook.remove()
+    assert log["passes_while_joining"] == 9  # one per chunk
+    assert log["abandoned"] == (True, 0, False)
+    assert batch_row(out, 0, len(short)) == hf_greedy(llama, short)
+    assert batch_row(out, 1, len(long)) == hf_greedy(llama, long)

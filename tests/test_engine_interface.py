@@ -57,7 +57,7 @@ def _used(variable: str) -> set[str]:
 def test_the_protocols_declare_every_member_the_engine_uses():
     assert _used("backend") - _members(Backend) == set()
     assert _used("batch") - _members(RunningBatch) == set()
-    assert {"verify", "prefill", "new_batch", "fit_tree", "auto_cost_curve"} <= _used("backend")  # the read works
+    assert {"verify", "prefill_steps", "new_batch", "fit_tree", "auto_cost_curve"} <= _used("backend")  # the read works
 
 
 def test_the_transformers_backend_has_every_member_of_the_protocol(llama):

@@ -10,9 +10,11 @@ batched/one-token difference can bridge), and measured elsewhere.
 from __future__ import annotations
 
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
+import torch
 
 llama_cpp = pytest.importorskip("llama_cpp")
 
@@ -379,3 +381,25 @@ def test_kept_sequences_give_back_their_ids_and_cells_when_rows_need_them(gguf_p
 def test_prefix_cache_is_checked(llm):
     with pytest.raises(ValueError, match="prefix_cache"):
         refdec.SpeculativeDecoder(llm, prefix_cache=-1)
+
+
+def test_a_prefill_runs_a_decode_per_step_and_closed_early_releases_its_sequence(llm):
+    from refdec.engine.interface import run_steps
+
+    backend = refdec.SpeculativeDecoder(llm, prefix_cache=0).backend
+    backend.new_batch()
+    free = len(backend._free_seqs)
+    prompt = np.array([4 + i % 150 for i in range(200)])  # 4 chunks of the Llama's n_batch (64)
+
+    def request():
+        return SimpleNamespace(prompt=prompt, stats=SimpleNamespace(cached_prompt_tokens=0))
+
+    steps = backend.prefill_steps([request()], None)
+    decodes = backend.ctx.decodes
+    next(steps)
+    assert backend.ctx.decodes == decodes + 1 and len(backend._free_seqs) == free - 1
+    steps.close()
+    assert len(backend._free_seqs) == free and backend.ctx.seq_pos_range(0) == (-1, -1)
+    batch, last = run_steps(backend.prefill_steps([request(), request()], None))
+    assert backend.ctx.decodes == decodes + 1 + 8 and len(batch) == 2 and last.shape == (2, backend.vocab_size)
+    assert torch.equal(last[0], last[1])

@@ -42,7 +42,16 @@ def test_prefill_then_a_verification_step_follow_the_models_greedy_tokens(llama)
     prompts = [repetitive_prompts(1, seed=5)[0], repetitive_prompts(1, seed=6)[0][:9]]  # two widths: left padding
     greedy = [hf_greedy(llama, p, 8, eos_token_id=[])[len(p):] for p in prompts]
     with torch.inference_mode():
-        batch, logits = backend.prefill([_request(b, p) for b, p in enumerate(prompts)], chunk=4)
+        steps = backend.prefill_steps([_request(b, p) for b, p in enumerate(prompts)], chunk=4)
+        chunks = 0
+        while True:  # a chunk per next(): the widest prompt's width in chunks of 4
+            try:
+                next(steps)
+                chunks += 1
+            except StopIteration as done:
+                batch, logits = done.value
+                break
+        assert chunks + 1 == -(-max(map(len, prompts)) // 4)
         for b, prompt in enumerate(prompts):
             alone = llama(torch.tensor([prompt])).logits[0, -1]
             assert torch.allclose(logits[b], alone, rtol=0, atol=1e-10), b

@@ -23,7 +23,10 @@ length. A step:
    finished rows leave.
 
 Before its first step a request is prefilled with the group it joins in
-(``backend.prefill``, refdec.engine.scheduler); the prefill yields its first token.
+(``backend.prefill_steps``, refdec.engine.scheduler); the prefill yields its first token. The
+prefill runs one forward (a chunk) per engine step, each followed by a step of the rows already
+decoding, so a long prompt joining does not stall them; a group whose requests are all finished
+from outside (cancelled) stops at the next chunk and releases what it took.
 Times (``DecodingStats``): ``prefill``, ``propose`` (1), ``prepare`` (2), ``forward``
 (the forward and the LM head of the visited rows), ``accept`` (the walks, step 4,
 joining the batch).
@@ -37,7 +40,7 @@ import numpy as np
 
 from refdec.budget import Budget, StepTime
 from refdec.engine.drafts import draft_for_step
-from refdec.engine.interface import Backend, RunningBatch, target_rule
+from refdec.engine.interface import Backend, PrefillSteps, RunningBatch, target_rule
 from refdec.engine.requests import Request
 from refdec.engine.results import DecodingStats
 from refdec.engine.scheduler import Scheduler
@@ -70,29 +73,46 @@ class Engine:
         self.stats = DecodingStats()
         self.scheduler = Scheduler([], capacity)
         self.batch = backend.new_batch()
+        self.joining: _Joining | None = None  # the group being prefilled, a chunk per step
 
     def add(self, requests: list[Request]) -> None:
         """Queues ``requests`` (those not already done), in order, after the waiting ones."""
         self.scheduler.extend(request for request in requests if not request.done)
 
     def __bool__(self) -> bool:
-        """Whether rows decode or requests wait."""
-        return bool(len(self.batch) or self.scheduler)
+        """Whether rows decode, a group is prefilled or requests wait."""
+        return bool(len(self.batch) or self.joining is not None or self.scheduler)
 
     def step(self) -> None:
-        """One step: rows finished from outside leave; then a waiting group joins (its prefill
-        yields each request's first token) if there is room, else the running rows make one
-        propose -> verify -> accept step."""
+        """One step: rows finished from outside leave; a waiting group starts its prefill if there
+        is room and none is under way; the prefill under way runs one forward (after its last,
+        each request's first token is emitted and the group joins the batch); then the running
+        rows make one propose -> verify -> accept step."""
         self.batch.drop_finished()
-        group = self.scheduler.next_group(len(self.batch))
-        if group:
-            joining = _start(self.backend, group, self.stats, self.prefill_chunk)
-            t0 = time.perf_counter()
-            joining.drop_finished()
-            self.batch.join(joining)
-            self.stats.accept_seconds += time.perf_counter() - t0  # joining is bookkeeping
-        elif len(self.batch):
+        if self.joining is None:
+            group = self.scheduler.next_group(len(self.batch))
+            if group:
+                self.joining = _Joining(group, self.backend.prefill_steps(group, self.prefill_chunk))
+        if self.joining is not None:
+            decoding = len(self.batch)
+            joined = self.joining.advance(self.stats)
+            if joined is not None or self.joining.abandoned:
+                self.joining = None
+            if joined is not None:
+                t0 = time.perf_counter()
+                joined.drop_finished()
+                self.batch.join(joined)
+                self.stats.accept_seconds += time.perf_counter() - t0  # joining is bookkeeping
+            if not decoding:
+                return
+        if len(self.batch):
             _step(self.backend, self.batch, self.stats, self.max_depth, self.joint_budget)
+
+    def close(self) -> None:
+        """Stops a prefill under way (its backend releases what it took)."""
+        if self.joining is not None:
+            self.joining.steps.close()
+            self.joining = None
 
 
 def run(backend: Backend, requests: list[Request], **settings) -> DecodingStats:
@@ -100,33 +120,59 @@ def run(backend: Backend, requests: list[Request], **settings) -> DecodingStats:
     ``settings``; returns the batch's stats (each request fills its own)."""
     engine = Engine(backend, **settings)
     engine.add(requests)
-    while engine:
-        engine.step()
+    try:
+        while engine:
+            engine.step()
+    finally:
+        engine.close()
     return engine.stats
 
 
-def _start(backend: Backend, group: list[Request], stats: DecodingStats, prefill_chunk: int | None):
-    """Prefills ``group`` and emits each request's first token (by its own logits settings and
-    sampler); returns the group's batch."""
-    t0 = time.perf_counter()
-    joining, last = backend.prefill(group, prefill_chunk)  # last: [G, V]
-    firsts = []
-    for i, request in enumerate(group):
-        logits = last[i]
-        if request.processor.active:
-            logits = request.processor(logits, request.seq, request.prompt_len)
-        firsts.append(request.sampler.sample(logits, request.prompt_len) if request.sampler.do_sample
-                      else int(logits.argmax()))
-    t1 = time.perf_counter()
-    stats.prefill_seconds += t1 - t0
-    stats.count_pass(0)
-    for request, first in zip(group, firsts):
-        request.stats.prefill_seconds = t1 - t0  # its group's prefill
-        stats.cached_prompt_tokens += request.stats.cached_prompt_tokens
-        request.stats.count_pass(0)
-        request.emit([int(first)])
-    stats.accept_seconds += time.perf_counter() - t1
-    return joining
+class _Joining:
+    """A group being prefilled: ``steps`` the backend's prefill (refdec.engine.interface.PrefillSteps),
+    ``seconds`` the time its forwards took so far."""
+
+    def __init__(self, group: list[Request], steps: PrefillSteps) -> None:
+        self.group = group
+        self.steps = steps
+        self.seconds = 0.0
+        self.abandoned = False  # every request finished from outside: the prefill was stopped
+
+    def advance(self, stats: DecodingStats) -> RunningBatch | None:
+        """One forward of the prefill; after the last, each request's first token (by its own
+        logits settings and sampler) is emitted and the group's batch returned."""
+        if all(request.done for request in self.group):
+            self.steps.close()
+            self.abandoned = True
+            return None
+        t0 = time.perf_counter()
+        try:
+            next(self.steps)
+        except StopIteration as done:
+            batch, last = done.value  # last: [G, V]
+        else:
+            self.seconds += time.perf_counter() - t0
+            stats.prefill_seconds += time.perf_counter() - t0
+            return None
+        firsts = []
+        for i, request in enumerate(self.group):
+            logits = last[i]
+            if request.processor.active:
+                logits = request.processor(logits, request.seq, request.prompt_len)
+            firsts.append(request.sampler.sample(logits, request.prompt_len) if request.sampler.do_sample
+                          else int(logits.argmax()))
+        t1 = time.perf_counter()
+        self.seconds += t1 - t0
+        stats.prefill_seconds += t1 - t0
+        stats.count_pass(0)
+        for request, first in zip(self.group, firsts):
+            request.stats.prefill_seconds = self.seconds  # its group's prefill
+            stats.cached_prompt_tokens += request.stats.cached_prompt_tokens
+            request.stats.count_pass(0)
+            if not request.done:  # one finished from outside while its group was prefilled emits nothing
+                request.emit([int(first)])
+        stats.accept_seconds += time.perf_counter() - t1
+        return batch
 
 
 def _select(budgets: list[Budget], trees: list[DraftTree], joint: bool) -> list[DraftTree]:

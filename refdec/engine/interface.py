@@ -16,7 +16,7 @@ keeps, per row, the root and the accepted nodes' cache entries (:meth:`RunningBa
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, Protocol
+from typing import Callable, Generator, Protocol
 
 import numpy as np
 import torch
@@ -27,10 +27,22 @@ from refdec.engine.requests import Request
 from refdec.engine.sampling import TargetSampler
 from refdec.tree import DraftTree
 
-__all__ = ["Backend", "RunningBatch", "SampledRule", "TargetRule", "Verified", "target_rule"]
+__all__ = ["Backend", "PrefillSteps", "RunningBatch", "SampledRule", "TargetRule", "Verified", "run_steps",
+           "target_rule"]
 
 # (logits_row float [V], tree row, depth below the root) -> the target token
 TargetRule = Callable[[torch.Tensor, int, int], int]
+# a prefill, one forward per next(); returns (the group's running batch, float [G, V] last logits)
+PrefillSteps = Generator[None, None, tuple["RunningBatch", torch.Tensor]]
+
+
+def run_steps(steps: Generator):
+    """Runs ``steps`` (a generator such as :data:`PrefillSteps`) to its end; returns its value."""
+    while True:
+        try:
+            next(steps)
+        except StopIteration as done:
+            return done.value
 
 
 @dataclass
@@ -110,11 +122,12 @@ class Backend(Protocol):
     def new_batch(self) -> RunningBatch:
         """An empty running batch."""
 
-    def prefill(self, group: list[Request], chunk: int | None) -> tuple[RunningBatch, torch.Tensor]:
-        """The group's prompts into a new running batch (in forwards of at most ``chunk`` tokens;
-        None: one), and float [G, V] the logits after each prompt's last token. A backend that
-        keeps finished rows' entries (a prefix cache) sets ``request.stats.cached_prompt_tokens``
-        to the prompt tokens it did not have to feed."""
+    def prefill_steps(self, group: list[Request], chunk: int | None) -> PrefillSteps:
+        """The group's prompts into a new running batch, one forward (a chunk of at most ``chunk``
+        tokens; None: the backend's own size) per ``next()``: the generator returns (StopIteration's
+        value) the batch and float [G, V], the logits after each prompt's last token; closed before
+        that, it releases what it took. A backend that keeps finished rows' entries (a prefix
+        cache) sets ``request.stats.cached_prompt_tokens`` to the prompt tokens it did not feed."""
 
     def clear_prefix_cache(self) -> None:
         """Frees the finished rows' entries the backend keeps for later prompts (its prefix cache),

@@ -240,9 +240,11 @@ class DecodingService:
                     self.failures += 1
                     waiting = [request for request in engine.scheduler.pending if not request.done]
                     self._fail(error, keep=waiting)
+                    engine.close()
                     engine = self._new_engine()
                     engine.add(waiting)  # the requests that had not started wait on in the new engine
         finally:
+            engine.close()
             self._fail(ServiceClosed("the decoding service closed before the request finished"))
 
     def _fail(self, error: BaseException, keep: list[Request] | None = None) -> None:

@@ -234,12 +234,13 @@ class LlamaCppBackend:
         share = (self.ctx.n_seq_max - rows) // max(1, rows)
         return prefix_with_leaves(tree, share) if len(tree) > share else tree
 
-    def prefill(self, group: list, chunk: int | None):
-        """Each prompt into a base sequence of its own: the longest prefix a prefix-cache entry
-        holds copied (``request.stats.cached_prompt_tokens``; never the last token, whose logits
-        give the first new token), the rest fed in chunks of the Llama's ``n_batch`` (as
-        ``Llama.eval`` feeds it, prefix reuse included). ``chunk`` (refdec's transformers setting)
-        is not used. Returns the batch and float32 [G, V]."""
+    def prefill_steps(self, group: list, chunk: int | None):
+        """Each prompt into a base sequence of its own, one ``llama_decode`` per ``next()``: the
+        longest prefix a prefix-cache entry holds copied (``request.stats.cached_prompt_tokens``;
+        never the last token, whose logits give the first new token), the rest fed in chunks of
+        the Llama's ``n_batch`` (as ``Llama.eval`` feeds it, prefix reuse included). ``chunk``
+        (refdec's transformers setting) is not used. Returns the batch and float32 [G, V]; closed
+        early, it releases its sequences."""
         ctx = self.ctx
         seqs, last = [], []
         try:
@@ -258,7 +259,11 @@ class LlamaCppBackend:
                     want = np.zeros(len(part), dtype=bool)
                     want[-1] = begin + step >= len(tokens)
                     self._decode(part, np.arange(begin, begin + len(part)), [[seq]] * len(part), want)
+                    if not want[-1]:
+                        yield
                 last.append(torch.from_numpy(ctx.logits(len(part) - 1).copy()))  # the last chunk's last entry
+                if request is not group[-1]:
+                    yield
         except BaseException:
             for seq in seqs:
                 self.release_seq(seq)

@@ -22,7 +22,7 @@ from refdec.engine.interface import TargetRule, Verified
 from refdec.engine.prefix_cache import PrefixCache
 from refdec.transformers.batch import RunningBatch
 from refdec.transformers.calibration import auto_cost_curve
-from refdec.transformers.prefill import prefill, prefill_reusing
+from refdec.transformers.prefill import prefill_reusing, prefill_steps
 from refdec.transformers.runner import ModelRunner
 from refdec.transformers.selfcheck import ensure_lossless_tree_verification
 from refdec.transformers.static_step import StaticStep
@@ -110,10 +110,10 @@ class TransformersBackend:
             size = sum(keys.nbytes + values.nbytes for keys, values in entries)
             self.prefix_cache.add(entries, np.asarray(request.seq[:n], dtype=np.int64), size)
 
-    def prefill(self, group: list, chunk: int | None):
-        """The group's prompts (refdec.transformers.prefill): those that begin with at least
-        :data:`MIN_REUSED_TOKENS` tokens of a prefix-cache entry each on top of its entries
-        (``request.stats.cached_prompt_tokens``), the others as one padded group."""
+    def prefill_steps(self, group: list, chunk: int | None):
+        """The group's prompts (refdec.transformers.prefill), a chunk per ``next()``: those that
+        begin with at least :data:`MIN_REUSED_TOKENS` tokens of a prefix-cache entry each on top of
+        its entries (``request.stats.cached_prompt_tokens``), the others as one padded group."""
         reused = {}
         if len(self.prefix_cache):
             for i, request in enumerate(group):
@@ -124,10 +124,12 @@ class TransformersBackend:
         parts = []  # (group indices, batch, logits [g, V])
         rest = [i for i in range(len(group)) if i not in reused]
         if rest:
-            parts.append((rest, *prefill(self.runner, [group[i] for i in rest], chunk)))
+            parts.append((rest, *(yield from prefill_steps(self.runner, [group[i] for i in rest], chunk))))
         for i, (entries, cached) in reused.items():
+            if parts:
+                yield  # the forwards of the parts before this one were a step's
             group[i].stats.cached_prompt_tokens = cached
-            parts.append(([i], *prefill_reusing(self.runner, group[i], entries, cached, chunk)))
+            parts.append(([i], *(yield from prefill_reusing(self.runner, group[i], entries, cached, chunk))))
         batch = parts[0][1]
         batch.retire = self._retire
         last = torch.empty((len(group), parts[0][2].shape[-1]), dtype=parts[0][2].dtype, device=parts[0][2].device)

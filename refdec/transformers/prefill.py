@@ -26,6 +26,7 @@ import time
 import numpy as np
 import torch
 
+from refdec.engine.interface import run_steps
 from refdec.engine.requests import Request
 from refdec.engine.results import DecodingStats
 from refdec.engine.stops import StopChecker
@@ -34,7 +35,7 @@ from refdec.transformers.cache import cache_from_entries, new_cache
 from refdec.transformers.masks import attention_masks
 from refdec.transformers.runner import ModelRunner
 
-__all__ = ["prefill", "prefill_reusing", "prefill_spans", "prefill_tokens"]
+__all__ = ["prefill", "prefill_reusing", "prefill_spans", "prefill_steps", "prefill_tokens"]
 
 
 def prefill_spans(n_tokens: int, chunk: int | None) -> list[tuple[int, int]]:
@@ -48,6 +49,12 @@ def prefill_spans(n_tokens: int, chunk: int | None) -> list[tuple[int, int]]:
 def prefill(runner: ModelRunner, group: list[Request], chunk: int | None) -> tuple[RunningBatch, torch.Tensor]:
     """Prefills the prompts of ``group`` as one left-padded batch. Returns the group's running
     batch and float [G, V], the logits after each prompt's last token."""
+    return run_steps(prefill_steps(runner, group, chunk))
+
+
+def prefill_steps(runner: ModelRunner, group: list[Request], chunk: int | None):
+    """:func:`prefill` as a generator that yields after each chunk but the last (the engine runs the
+    decoding rows' steps in between; refdec.engine.interface.PrefillSteps)."""
     device = runner.device
     width = max(request.prompt_len for request in group)
     ids = np.zeros((len(group), width), dtype=np.int64)
@@ -75,16 +82,18 @@ def prefill(runner: ModelRunner, group: list[Request], chunk: int | None) -> tup
             inputs["attention_mask"] = attention_masks(visible, q_pos[:, begin:end], key_pos[:, :end],
                                                        runner.mask_spec, device, runner.sliding_prefill_start(begin))
         last = runner.prefill_chunk(cache, begin, end == width, **inputs)
+        if end < width:
+            yield
     lengths = np.full(len(group), width, dtype=np.int64)  # valid slot count per row (left holes included)
     return RunningBatch(device, list(group), cache, lengths, key_pos), last
 
 
-def prefill_reusing(runner: ModelRunner, request: Request, entries: list, cached: int,
-                    chunk: int | None) -> tuple[RunningBatch, torch.Tensor]:
+def prefill_reusing(runner: ModelRunner, request: Request, entries: list, cached: int, chunk: int | None):
     """Prefills ``request``'s prompt (L tokens) on top of the first ``cached`` (1 <= cached < L) of
     ``entries`` (per layer (keys, values) float [1, H, n >= cached, D], the KV entries of a sequence
-    that begins with the same ``cached`` tokens): the remaining tokens in chunks of ``chunk``.
-    Returns the one-row running batch and float [1, V], the logits after the prompt's last token."""
+    that begins with the same ``cached`` tokens): the remaining tokens in chunks of ``chunk``,
+    yielding after each but the last. Returns the one-row running batch and float [1, V], the
+    logits after the prompt's last token."""
     length = request.prompt_len
     if not 1 <= cached < length:
         raise ValueError(f"cached must be in [1, {length - 1}] for a prompt of {length} tokens, got {cached}")
@@ -94,6 +103,8 @@ def prefill_reusing(runner: ModelRunner, request: Request, entries: list, cached
     for begin, end in prefill_spans(length - cached, chunk):
         last = runner.prefill_chunk(cache, cached + begin, cached + end == length,
                                     input_ids=ids[:, cached + begin:cached + end])
+        if cached + end < length:
+            yield
     key_pos = np.arange(length, dtype=np.int64)[None]
     return RunningBatch(runner.device, [request], cache, np.array([length], dtype=np.int64), key_pos), last
 
