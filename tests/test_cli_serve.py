@@ -13,6 +13,7 @@ from refdec.cli.main import main
 @pytest.mark.parametrize("argv, message", [
     (["--max-concurrent", "0"], "--max-concurrent must be >= 1"),
     (["--ctx", "4"], "--ctx must be >= 16"),
+    (["--prefix-cache", "-1"], "--prefix-cache must be >= 0"),
     (["--port", "70000"], "--port must be in"),
     (["--index", "/nonexistent.refdec"], "no such file"),
     (["--served-model-name", " "], "must not be empty"),

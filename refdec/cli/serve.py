@@ -2,7 +2,7 @@
 
     refdec serve [--model NAME|DIR|F.gguf] [--engine llama.cpp|transformers] [--index CORPUS.refdec]
                  [--host 127.0.0.1] [--port 8000] [--served-model-name NAME ...] [--api-key KEY]
-                 [--max-concurrent N] [--max-waiting N] [--ctx N] [--threads N]
+                 [--max-concurrent N] [--max-waiting N] [--ctx N] [--prefix-cache N] [--threads N]
 
 The editor model on llama.cpp by default. Every request decodes as one row of one running batch
 (refdec.engine.service) with its own settings; its ``prediction`` drafts as its reference. The
@@ -50,6 +50,10 @@ def register(subparsers) -> None:
                    help="requests queued behind them before the server answers 503 (default: 64)")
     p.add_argument("--ctx", type=int, default=DEFAULT_CONTEXT, metavar="N",
                    help=f"tokens per request, prompt and completion together (default: {DEFAULT_CONTEXT})")
+    p.add_argument("--prefix-cache", type=int, default=4, metavar="N",
+                   help="finished requests whose KV cache is kept, so that a prompt beginning as one of theirs "
+                        "did (the same file or system prompt, a chat's earlier turns) is not prefilled again "
+                        "(default: 4; 0: none)")
     p.add_argument("--threads", type=int, default=None, metavar="N",
                    help="CPU threads, llama.cpp's or torch's (default: one per core)")
     p.set_defaults(handler=run)
@@ -57,7 +61,7 @@ def register(subparsers) -> None:
 
 def _check(args) -> None:
     for flag, value, least in (("--max-concurrent", args.max_concurrent, 1), ("--max-waiting", args.max_waiting, 0),
-                               ("--ctx", args.ctx, 16)):
+                               ("--ctx", args.ctx, 16), ("--prefix-cache", args.prefix_cache, 0)):
         if value < least:
             raise ValueError(f"{flag} must be >= {least}, got {value}")
     if not 0 <= args.port <= 65535:
@@ -90,7 +94,8 @@ def run(args) -> int:
         from refdec.index import CorpusIndex
 
         index = CorpusIndex.load(args.index, tokenizer)
-    decoder = refdec.SpeculativeDecoder(model, tokenizer=tokenizer, index=index, max_rows=args.max_concurrent)
+    decoder = refdec.SpeculativeDecoder(model, tokenizer=tokenizer, index=index, max_rows=args.max_concurrent,
+                                        prefix_cache=args.prefix_cache)
     limit = decoder.max_positions
     context = args.ctx if limit is None else min(args.ctx, limit + 1)
     service = DecodingService(decoder, max_concurrent=args.max_concurrent, max_waiting=args.max_waiting)
