@@ -2,6 +2,7 @@
 
     python -m benchmarks.serve [--edits 4] [--clients 1,2,4] [--servers refdec,lcp,lcp-pld,ls,ls-ngram-mod]
                                [--model F.gguf] [--threads 2] [--max-tokens 1536] [--json OUT]
+    python -m benchmarks.serve --follow-up [--edits 3] [--servers refdec,refdec-nocache,lcp,ls,ls-ngram-mod]
 
 Each edit of ``../shared/data/edits-click.jsonl`` (its commit message as the instruction, the
 file before it as the text) is sent through the ``openai`` client as ``refdec edit --server``
@@ -19,7 +20,16 @@ file, greedy. Servers (each alone on the machine, one after another, started and
 At each number of concurrent clients, every edit is sent once (the clients take them in turn):
 per request tokens/s (completion tokens over its latency) and latency, the total tokens/s (all
 tokens over the wall time), accepted prediction tokens where the server reports them, and how
-many replies equal refdec's at one client.
+many replies equal refdec's at one client. Every server prefills each request from scratch here
+(refdec ``--prefix-cache 0``, llama-server ``--no-cache-prompt``): the edits repeat per client count.
+
+``--follow-up``: the same file edited again. One client sends each edit and then, at once, a
+second edit of the same file (:data:`FOLLOW_UP` as the instruction; the prompt shares the system
+prompt and the file with the first); each server keeps its prompt cache as a user runs it
+(refdec's prefix cache, llama-server's ``cache_prompt``, llama-cpp-python's reuse of its last
+prompt's prefix). ``refdec-nocache`` is refdec serve with ``--prefix-cache 0``. Reported: the
+latency of the first and of the follow-up request, the prompt tokens the follow-up reused
+(``usage.prompt_tokens_details.cached_tokens`` where the server reports it) and its tokens/s.
 """
 
 from __future__ import annotations
@@ -40,7 +50,8 @@ from pathlib import Path
 
 from benchmarks import data
 
-SERVERS = ("refdec", "lcp", "lcp-pld", "ls", "ls-ngram-mod", "ls-ngram-map-k")
+SERVERS = ("refdec", "lcp", "lcp-pld", "ls", "ls-ngram-mod", "ls-ngram-map-k", "refdec-nocache")
+FOLLOW_UP = "Also add a one-line comment at the very top of the file that says what the file is for."
 MODEL_ID = "editor"  # the id every server answers to here
 CONTEXT = 8192  # tokens per request slot
 SLOTS = 4  # concurrent requests a server may decode (refdec --max-concurrent, llama-server -np)
@@ -81,19 +92,23 @@ def llama_server_binary() -> Path:
     return binary
 
 
-def server_command(name: str, model: Path, port: int, threads: int) -> list[str]:
-    if name == "refdec":
+def server_command(name: str, model: Path, port: int, threads: int, prompt_cache: bool = False) -> list[str]:
+    """The command that starts server ``name``; ``prompt_cache``: as a user runs it, reusing an
+    earlier prompt's prefix (refdec-nocache never does), else every request prefilled from scratch."""
+    if name.startswith("refdec"):
+        cache = 4 if prompt_cache and name == "refdec" else 0
         return [sys.executable, "-m", "refdec.cli", "serve", "--model", str(model), "--port", str(port),
                 "--served-model-name", MODEL_ID, "--max-concurrent", str(SLOTS), "--ctx", str(CONTEXT),
-                "--threads", str(threads)]
+                "--threads", str(threads), "--prefix-cache", str(cache)]
     if name.startswith("lcp"):
         command = [sys.executable, "-m", "llama_cpp.server", "--model", str(model), "--port", str(port),
                    "--model_alias", MODEL_ID, "--n_ctx", str(CONTEXT), "--n_threads", str(threads),
                    "--n_threads_batch", str(threads)]
         return command + (["--draft_model", "prompt-lookup-decoding"] if name == "lcp-pld" else [])
     command = [str(llama_server_binary()), "-m", str(model), "--port", str(port), "-a", MODEL_ID,
-               "-c", str(SLOTS * CONTEXT), "-np", str(SLOTS), "-t", str(threads), "-tb", str(threads),
-               "--no-cache-prompt"]  # every server prefills each request: the edits repeat per client count
+               "-c", str(SLOTS * CONTEXT), "-np", str(SLOTS), "-t", str(threads), "-tb", str(threads)]
+    if not prompt_cache:
+        command.append("--no-cache-prompt")  # every server prefills each request: the edits repeat per client count
     return command + (["--spec-type", name.removeprefix("ls-")] if name != "ls" else [])
 
 
@@ -129,20 +144,51 @@ class Server:
                 self.process.wait()
 
 
-def ask(client, row: dict, max_tokens: int) -> dict:
-    """One edit through ``client``: its reply text, completion tokens, latency and prediction counts."""
+def ask(client, row: dict, max_tokens: int, instruction: str | None = None) -> dict:
+    """One edit through ``client`` (``instruction``: instead of the row's commit message): its reply
+    text, completion tokens, latency, prediction counts and cached prompt tokens."""
     from refdec.edit_prompt import chat_edit_messages
 
-    messages, _ = chat_edit_messages(row["before"], row["message"])
+    messages, _ = chat_edit_messages(row["before"], instruction or row["message"])
     started = time.perf_counter()
     reply = client.chat.completions.create(model=MODEL_ID, messages=messages, temperature=0, max_tokens=max_tokens,
                                            extra_body={"prediction": {"type": "content", "content": row["before"]}})
     seconds = time.perf_counter() - started
     details = getattr(reply.usage, "completion_tokens_details", None)
+    prompt_details = getattr(reply.usage, "prompt_tokens_details", None)
     return {"path": row["path"], "text": reply.choices[0].message.content or "", "seconds": seconds,
-            "tokens": reply.usage.completion_tokens, "finish": reply.choices[0].finish_reason,
+            "tokens": reply.usage.completion_tokens, "prompt_tokens": reply.usage.prompt_tokens,
+            "finish": reply.choices[0].finish_reason,
             "accepted": getattr(details, "accepted_prediction_tokens", None),
-            "rejected": getattr(details, "rejected_prediction_tokens", None)}
+            "rejected": getattr(details, "rejected_prediction_tokens", None),
+            "cached": getattr(prompt_details, "cached_tokens", None)}
+
+
+def follow_ups(url: str, rows: list[dict], max_tokens: int) -> list[dict]:
+    """Each row's edit, then the follow-up edit of the same file, from one client: a pair each."""
+    import openai
+
+    client = openai.OpenAI(base_url=url + "/v1", api_key="none", max_retries=0, timeout=3600)
+    return [{"first": ask(client, row, max_tokens), "follow_up": ask(client, row, max_tokens, FOLLOW_UP)}
+            for row in rows]
+
+
+def follow_up_table(results: dict) -> str:
+    """The markdown table of ``--follow-up``: per server, medians over the edits."""
+    lines = ["| server | first request latency s (median) | follow-up latency s (median) | follow-up / first | "
+             "follow-up prompt tokens cached | follow-up tokens/s (median) | × lcp (follow-up latency) |",
+             "|---|---|---|---|---|---|---|"]
+    base = results.get("lcp")
+    for name, pairs in results.items():
+        first = statistics.median(p["first"]["seconds"] for p in pairs)
+        again = statistics.median(p["follow_up"]["seconds"] for p in pairs)
+        cached = [p["follow_up"]["cached"] for p in pairs]
+        shown = ("–" if any(c is None for c in cached) else
+                 ", ".join(f"{c}/{p['follow_up']['prompt_tokens']}" for c, p in zip(cached, pairs)))
+        rate = statistics.median(p["follow_up"]["tokens"] / p["follow_up"]["seconds"] for p in pairs)
+        ratio = "-" if base is None else f"{statistics.median(p['follow_up']['seconds'] for p in base) / again:.2f}x"
+        lines.append(f"| {name} | {first:.1f} | {again:.1f} | {again / first:.2f} | {shown} | {rate:.1f} | {ratio} |")
+    return "\n".join(lines)
 
 
 def run_clients(url: str, rows: list[dict], clients: int, max_tokens: int) -> tuple[list[dict], float]:
@@ -222,6 +268,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--threads", type=int, default=2, help="each server's CPU threads (default 2)")
     parser.add_argument("--max-tokens", type=int, default=1536, help="max_tokens of each request")
     parser.add_argument("--json", default=None, metavar="OUT", help="write every answer and summary here")
+    parser.add_argument("--follow-up", action="store_true",
+                        help="each edit and then a second edit of the same file, the servers' prompt caches on")
     args = parser.parse_args(argv)
     servers = args.servers.split(",")
     unknown = [name for name in servers if name not in SERVERS]
@@ -240,9 +288,16 @@ def main(argv: list[str] | None = None) -> int:
     for k, name in enumerate(servers):
         port = 8200 + k
         print(f"[serve] {name}: starting", file=sys.stderr, flush=True)
-        server = Server(name, server_command(name, model, port, args.threads), port, logs / f"{name}.log")
+        server = Server(name, server_command(name, model, port, args.threads, args.follow_up), port,
+                        logs / f"{name}.log")
         try:
             run_clients(server.url, [warm_up], 1, 8)  # warm-up: the weights' first touch, the first prefill
+            if args.follow_up:
+                results[name] = follow_ups(server.url, rows, args.max_tokens)
+                pairs = [(p["first"]["seconds"], p["follow_up"]["seconds"], p["follow_up"]["cached"])
+                         for p in results[name]]
+                print(f"[serve] {name} (first s, follow-up s, cached): {pairs}", file=sys.stderr, flush=True)
+                continue
             results[name], answers_by[name] = {}, {}
             for c in clients:
                 answers, wall = run_clients(server.url, rows, c, args.max_tokens)
@@ -252,6 +307,12 @@ def main(argv: list[str] | None = None) -> int:
                       flush=True)
         finally:
             server.stop()
+    if args.follow_up:
+        print(f"edits: {', '.join(row['path'] for row in rows)}; model {model.name}; {args.threads} threads")
+        print(follow_up_table(results))
+        if args.json:
+            Path(args.json).write_text(json.dumps({"follow_up": results}, indent=1))
+        return 0
     reference = answers_by.get("refdec", {}).get(str(clients[0]))
     if reference is not None:
         for name, by_clients in answers_by.items():
