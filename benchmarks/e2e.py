@@ -122,6 +122,8 @@ def parser():
     add("--max-file-chars", type=int, default=5000)
     add("--held-out", action="store_true", help="each workload's last --limit prompts (never tuned on), not its first")
     add("--chat-category", default="mtbench", help="chat's questions: mtbench (default) or a Spec-Bench category")
+    add("--load-curve", action="store_true",
+        help="also refdec with a cost curve measured beside two busy processes, run quiet (refit on, and off)")
     add = group("memory over many calls (benchmarks/leak_check.py)", LONG)
     add("--long-run", type=int, default=0, metavar="CALLS", help="generate calls measured")
     add("--warmup", type=int, default=200, help="calls before the first measure")
@@ -232,6 +234,8 @@ def run_llama(args) -> tuple[str, dict, int]:
     for workload in [w for w in args.workloads.split(",") if w]:
         records += llama_runs.run_workload(workload, args)
     table = llama_runs.markdown(records)
+    if args.load_curve:
+        table += "\n\n" + llama_runs.load_curve_table(records)
     print(table)
     print(f"\n({time.perf_counter() - t0:.0f} s)")
     return "e2e-llama.cpp", dict(records=records, table=table), 0

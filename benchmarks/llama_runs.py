@@ -9,7 +9,12 @@ Methods (each prompt runs every method in turn, so machine noise hits them alike
 * ``refdec`` -- ``refdec.generate(llm, ...)``, ``max_draft_tokens="auto"`` (the backend's cost
   curve is measured before any timing), references = the file being edited;
 * ``refdec-hf`` (``--transformers``) -- refdec on the same model in transformers, float32 (the
-  models converted once by refdec.models), fed the same prompt ids.
+  models converted once by refdec.models), fed the same prompt ids;
+* ``refdec-loaded`` / ``refdec-loaded-fixed`` (``--load-curve``) -- refdec whose cost curve was
+  measured while two busy processes ran (:func:`curve_under_load`), then run quiet like the others:
+  with the curve refit from the steps' times (``timed_budget``, the default) and without; against
+  ``refdec``, whose curve was measured quiet (issue 36: a curve measured under load must correct
+  itself within a decode).
 
 Workloads (``../shared/data``, read at run time), each with its model (benchmarks/backends.py):
 
@@ -92,6 +97,12 @@ def run_workload(workload: str, args) -> list[dict]:
     prompts = prompts_for(workload, tokenizer, args.limit, args.max_file_chars, args.held_out, args.chat_category)
     if args.transformers:  # refdec on transformers (float32), the same prompt ids: the models share the vocabulary
         decoders["refdec-hf"] = refdec.SpeculativeDecoder(*load_model(model, "transformers"), prefix_cache=0)
+    if args.load_curve:
+        loaded = curve_under_load(llm)
+        for method, timed in (("refdec-loaded", True), ("refdec-loaded-fixed", False)):
+            decoders[method] = refdec.SpeculativeDecoder(llm, prefix_cache=0)
+            decoders[method].backend._cost_curve = loaded  # what auto_cost_curve gives this decoder
+            decoders[method].timed_budget = timed
     for decoder in decoders.values():
         decoder.generate(prompts[0]["ids"], max_new_tokens=8)  # the cost curve (once, cached) and first touches
     plain_greedy(llm, prompts[0]["ids"], 8)
@@ -122,6 +133,48 @@ def run_workload(workload: str, args) -> list[dict]:
     llm.close()
     lookup.close()
     return records
+
+
+def curve_under_load(llm, busy: int = 2):
+    """The llama.cpp cost curve of ``llm`` measured (refdec.llama_cpp.calibration.measure, not
+    cached) while ``busy`` processes spin on the CPU."""
+    import subprocess
+
+    import refdec
+    from refdec.llama_cpp.calibration import measure
+
+    spinners = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(busy)]
+    try:
+        curve = measure(refdec.SpeculativeDecoder(llm, prefix_cache=0).backend)
+    finally:
+        for spinner in spinners:
+            spinner.kill()
+            spinner.wait()
+    print(f"curve under load: one entry {curve(0) * 1e3:.0f} ms, 16 nodes {curve(16) * 1e3:.0f} ms, "
+          f"64 nodes {curve(64) * 1e3:.0f} ms", file=sys.stderr, flush=True)
+    return curve
+
+
+def load_curve_table(records: list[dict]) -> str:
+    """``--load-curve``: per workload, the speed-up over plain of refdec with the curve measured quiet,
+    and with the curve measured under load (refit on / off), and the ratio to the quiet curve's."""
+    lines = ["| workload | refdec, quiet curve / plain (median, min) | curve under load, refit / plain (median, min) "
+             "| ratio to the quiet curve's (median, min) | curve under load, no refit / plain (median, min) "
+             "| ratio (median, min) |", "|---|---|---|---|---|---|"]
+    for workload in WORKLOADS:
+        rows = [r for r in records if r["workload"] == workload and "refdec-loaded" in r]
+        if not rows:
+            continue
+        cells = []
+        quiet = [_speedup(r, "refdec") for r in rows]
+        cells.append(f"{statistics.median(quiet):.2f}x, {min(quiet):.2f}x")
+        for method in ("refdec-loaded", "refdec-loaded-fixed"):
+            ours = [_speedup(r, method) for r in rows]
+            ratio = [o / q for o, q in zip(ours, quiet)]
+            cells.append(f"{statistics.median(ours):.2f}x, {min(ours):.2f}x")
+            cells.append(f"{statistics.median(ratio):.2f}, {min(ratio):.2f}")
+        lines.append(f"| {workload} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
 
 
 def _agreement(tokens: list[int], reference: list[int]) -> dict:
@@ -161,6 +214,9 @@ def _line(row: dict) -> str:
     parts.append(f"refdec after the prefill {_decode_rate(row['refdec']) / _decode_rate(row['plain']):.2f}x")
     if "refdec-hf" in row:
         parts.append(f"refdec on transformers {_speedup(row, 'refdec-hf'):.2f}x")
+    for method in ("refdec-loaded", "refdec-loaded-fixed"):
+        if method in row:
+            parts.append(f"{method} {_speedup(row, method):.2f}x")
     if "tokens_per_pass" in row["refdec"]:
         parts.append(f"{row['refdec']['tokens_per_pass']:.2f} tokens/pass")
     return ", ".join(parts)

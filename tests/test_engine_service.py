@@ -150,3 +150,26 @@ def test_rows_with_budgets_of_different_kinds_each_report_their_steps_time_to_th
         got = [ticket.result(60)[0] for ticket in tickets]
     assert got == expected
     assert decoder._learnt_cost is learnt and learnt.version > before
+
+
+def test_each_request_starts_from_the_acceptance_the_earlier_ones_learnt(decoder):
+    """Every "auto" request of a decoder reads and teaches one acceptance table (a server's requests
+    would otherwise each start from the priors and draft small trees until they relearn them): the
+    same edit asked twice verifies larger trees the second time, in fewer passes, and the same tokens."""
+    from refdec.cost_curve import CALIBRATED_SIZES, CostCurve
+    from refdec.cost_model import LearntCost
+
+    decoder.timed_budget = False  # sizes then depend on the tokens and the table only
+    # a compute-bound machine's curve (every row costs a tenth of a plain step): unproven deep nodes do not pay
+    decoder._learnt_cost = LearntCost(CostCurve(CALIBRATED_SIZES, tuple(1.0 + 0.1 * n for n in CALIBRATED_SIZES)))
+    prompt = repetitive_prompts(1, seed=9)[0]
+    reference = hf_greedy(decoder.model, prompt, 48, eos_token_id=None)[len(prompt):]
+    with DecodingService(decoder, max_concurrent=1) as service:
+        first = service.submit(prompt, references=[reference], max_new_tokens=48, eos_token_id=[])
+        tokens, stats = first.result(60)
+        assert first.request.budget.acceptance is decoder.acceptance
+        learnt = decoder.acceptance.verified.sum()
+        second = service.submit(prompt, references=[reference], max_new_tokens=48, eos_token_id=[])
+        again, stats_again = second.result(60)
+    assert learnt > 0 and tokens == again == reference
+    assert stats_again.forward_passes < stats.forward_passes

@@ -168,7 +168,10 @@ def test_usage_adds_up_and_include_usage_sends_one_last_chunk(server, decoder):
     _, chunks = streamed(client.chat.completions.create(
         model=MODEL, messages=messages, max_tokens=30, temperature=0, stream=True,
         stream_options={"include_usage": True}, extra_body={"prediction": {"type": "content", "content": expected}}))
-    assert chunks[-1].choices == [] and chunks[-1].usage == usage
+    last = chunks[-1].usage  # the draft counts may differ: the second request starts from what the first learnt
+    assert chunks[-1].choices == [] and (last.prompt_tokens, last.completion_tokens, last.total_tokens) == (
+        usage.prompt_tokens, usage.completion_tokens, usage.total_tokens)
+    assert 0 < last.completion_tokens_details.accepted_prediction_tokens <= last.completion_tokens
     assert all(chunk.usage is None for chunk in chunks[:-1])
 
 

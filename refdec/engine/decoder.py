@@ -30,6 +30,7 @@ import time
 import numpy as np
 import torch
 
+from refdec.acceptance import AcceptanceTable
 from refdec.budget import AutoBudget, Budget
 from refdec.cost_model import LearntCost
 from refdec.engine import engine
@@ -163,6 +164,9 @@ class SpeculativeDecoder:
         self.joint_batch_budget = True
         self.timed_budget = True
         self._auto_budget = None  # single prompts: the "auto" policy persists across calls (its feedback carries over)
+        # the acceptance rates every "auto" request of this decoder reads and teaches, one after another or
+        # together (a server's): a request starts from what the earlier ones learnt, not from the priors
+        self.acceptance = AcceptanceTable()
         self._learnt_cost = None  # "auto": the backend's cost curve, refit from the steps (all calls and rows share it)
 
     @property
@@ -268,14 +272,15 @@ class SpeculativeDecoder:
         """A budget for one request of its own: a fresh AutoBudget for ``"auto"``, pricing with the
         backend's cost curve (measured once per model and machine) refit from the steps of every
         request (one LearntCost per decoder; with ``timed_budget`` False, the curve as it is and no
-        guard), else ``max_draft_tokens`` itself."""
+        guard) and reading the decoder's acceptance rates (``decoder.acceptance``, learnt from every
+        request), else ``max_draft_tokens`` itself."""
         if not isinstance(max_draft_tokens, str):
             return max_draft_tokens
         if self._learnt_cost is None:  # "auto" (refdec.engine.arguments checked it)
             self._learnt_cost = LearntCost(self.backend.auto_cost_curve())  # measured once (cached)
         if self.timed_budget:
-            return AutoBudget(self._learnt_cost)
-        return AutoBudget(self._learnt_cost.prior, learn=False, guard=False)
+            return AutoBudget(self._learnt_cost, acceptance=self.acceptance)
+        return AutoBudget(self._learnt_cost.prior, learn=False, guard=False, acceptance=self.acceptance)
 
     def _budgets(self, max_draft_tokens: Budget | str, single: bool, n_rows: int) -> list[Budget]:
         """One budget per row. A single prompt uses the decoder's own "auto" policy (its feedback
