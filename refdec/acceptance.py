@@ -7,7 +7,8 @@ were accepted 29% of the time, and live-context loop nodes scored under 0.02 in 
 :class:`AcceptanceTable` keeps one acceptance rate per *cell* -- (source, score bucket, depth
 bucket) -- counted from the nodes that were verified, so a policy prices nodes by what they
 do, not by what they were scored. Two policies read it: refdec's "auto" draft size
-(:class:`refdec.budget.AutoBudget`, one table per request) and the vLLM adapter's chain choice
+(:class:`refdec.budget.AutoBudget`; one table per decoder, ``SpeculativeDecoder.acceptance``,
+that each request reads and teaches, a copy per row of a batch) and the vLLM adapter's chain choice
 (:mod:`refdec.vllm.chain`, one table per vLLM worker).
 """
 
