@@ -7,7 +7,8 @@
 Each edit of ``../shared/data/edits-click.jsonl`` (its commit message as the instruction, the
 file before it as the text) is sent through the ``openai`` client as ``refdec edit --server``
 sends it: chat messages (refdec.edit_prompt.chat_edit_messages), ``prediction`` = the original
-file, greedy. Servers (each alone on the machine, one after another, started and stopped here):
+file, greedy. Servers (all started here at once; they take turns, edit by edit at one client and
+round by round at more, so the shared machine's slow and fast phases fall on each alike):
 
     refdec          refdec serve (--max-concurrent 4)
     lcp, lcp-pld    python -m llama_cpp.server, plain and --draft_model prompt-lookup-decoding
@@ -285,27 +286,39 @@ def main(argv: list[str] | None = None) -> int:
     logs.mkdir(parents=True)
     results: dict = {}
     answers_by: dict = {}
-    for k, name in enumerate(servers):
-        port = 8200 + k
-        print(f"[serve] {name}: starting", file=sys.stderr, flush=True)
-        server = Server(name, server_command(name, model, port, args.threads, args.follow_up), port,
-                        logs / f"{name}.log")
-        try:
-            run_clients(server.url, [warm_up], 1, 8)  # warm-up: the weights' first touch, the first prefill
-            if args.follow_up:
-                results[name] = follow_ups(server.url, rows, args.max_tokens)
-                pairs = [(p["first"]["seconds"], p["follow_up"]["seconds"], p["follow_up"]["cached"])
-                         for p in results[name]]
-                print(f"[serve] {name} (first s, follow-up s, cached): {pairs}", file=sys.stderr, flush=True)
-                continue
-            results[name], answers_by[name] = {}, {}
+    started: dict = {}
+    try:
+        for k, name in enumerate(servers):  # all up at once, idle but the one a request is sent to
+            print(f"[serve] {name}: starting", file=sys.stderr, flush=True)
+            started[name] = Server(name, server_command(name, model, 8200 + k, args.threads, args.follow_up),
+                                   8200 + k, logs / f"{name}.log")
+            run_clients(started[name].url, [warm_up], 1, 8)  # warm-up: the weights' first touch, the first prefill
+        if args.follow_up:
+            results = {name: [] for name in servers}
+            for row in rows:  # the servers take turns, edit by edit
+                for name in servers:
+                    results[name] += follow_ups(started[name].url, [row], args.max_tokens)
+            for name, pairs in results.items():
+                shown = [(p["first"]["seconds"], p["follow_up"]["seconds"], p["follow_up"]["cached"]) for p in pairs]
+                print(f"[serve] {name} (first s, follow-up s, cached): {shown}", file=sys.stderr, flush=True)
+        else:
+            results, answers_by = {name: {} for name in servers}, {name: {} for name in servers}
             for c in clients:
-                answers, wall = run_clients(server.url, rows, c, args.max_tokens)
-                results[name][str(c)] = summarize(answers, wall)
-                answers_by[name][str(c)] = answers
-                print(f"[serve] {name} at {c} clients: {json.dumps(results[name][str(c)])}", file=sys.stderr,
-                      flush=True)
-        finally:
+                if c == 1:  # the servers take turns, edit by edit
+                    got = {name: ([], 0.0) for name in servers}
+                    for row in rows:
+                        for name in servers:
+                            answers, wall = run_clients(started[name].url, [row], 1, args.max_tokens)
+                            got[name] = (got[name][0] + answers, got[name][1] + wall)
+                else:  # the servers take turns, round by round (every edit, c clients at once)
+                    got = {name: run_clients(started[name].url, rows, c, args.max_tokens) for name in servers}
+                for name, (answers, wall) in got.items():
+                    results[name][str(c)] = summarize(answers, wall)
+                    answers_by[name][str(c)] = answers
+                    print(f"[serve] {name} at {c} clients: {json.dumps(results[name][str(c)])}", file=sys.stderr,
+                          flush=True)
+    finally:
+        for server in started.values():
             server.stop()
     if args.follow_up:
         print(f"edits: {', '.join(row['path'] for row in rows)}; model {model.name}; {args.threads} threads")

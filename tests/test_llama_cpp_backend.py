@@ -392,7 +392,8 @@ def test_a_prefill_runs_a_decode_per_step_and_closed_early_releases_its_sequence
     prompt = np.array([4 + i % 150 for i in range(200)])  # 4 chunks of the Llama's n_batch (64)
 
     def request():
-        return SimpleNamespace(prompt=prompt, stats=SimpleNamespace(cached_prompt_tokens=0))
+        return SimpleNamespace(prompt=prompt, stats=SimpleNamespace(cached_prompt_tokens=0), done=False,
+                               cancel_requested=False)
 
     steps = backend.prefill_steps([request()], None)
     decodes = backend.ctx.decodes
@@ -403,3 +404,33 @@ def test_a_prefill_runs_a_decode_per_step_and_closed_early_releases_its_sequence
     batch, last = run_steps(backend.prefill_steps([request(), request()], None))
     assert backend.ctx.decodes == decodes + 1 + 8 and len(batch) == 2 and last.shape == (2, backend.vocab_size)
     assert torch.equal(last[0], last[1])
+
+
+def test_a_prefill_whose_requests_are_all_cancelled_stops_inside_its_decode(llm):
+    """llama.cpp polls the group's cancellation between the operations of a prefill's decode (its
+    abort callback): the decode stops part-way, the sequence is released, and the callback is unset
+    for the decodes after it."""
+    from refdec.engine.interface import PrefillCancelled
+
+    class Request:  # asks to be cancelled once the decode has polled it a few times
+        prompt = np.array([4 + i % 150 for i in range(60)])
+        stats = SimpleNamespace(cached_prompt_tokens=0)
+        done = False
+        polls = 0
+
+        @property
+        def cancel_requested(self):
+            self.polls += 1
+            return self.polls > 5
+
+    decoder = refdec.SpeculativeDecoder(llm, prefix_cache=0)
+    backend = decoder.backend
+    backend.new_batch()
+    free = len(backend._free_seqs)
+    request = Request()
+    with pytest.raises(PrefillCancelled):
+        next(backend.prefill_steps([request], None))  # one chunk: it never finishes
+    assert request.polls > 5 and len(backend._free_seqs) == free and backend.ctx.seq_pos_range(0) == (-1, -1)
+    prompt = _ids(llm, PROMPTS[0])
+    assert decoder.generate(prompt, max_new_tokens=8).sequences.tolist() == \
+        refdec.SpeculativeDecoder(llm, prefix_cache=0).generate(prompt, max_new_tokens=8).sequences.tolist()

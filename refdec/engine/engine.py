@@ -40,7 +40,7 @@ import numpy as np
 
 from refdec.budget import Budget, StepTime
 from refdec.engine.drafts import draft_for_step
-from refdec.engine.interface import Backend, PrefillSteps, RunningBatch, target_rule
+from refdec.engine.interface import Backend, PrefillCancelled, PrefillSteps, RunningBatch, target_rule
 from refdec.engine.requests import Request
 from refdec.engine.results import DecodingStats
 from refdec.engine.scheduler import Scheduler
@@ -148,6 +148,10 @@ class _Joining:
         t0 = time.perf_counter()
         try:
             next(self.steps)
+        except PrefillCancelled:  # every request was cancelled during the forward: the backend stopped it
+            stats.prefill_seconds += time.perf_counter() - t0
+            self.abandoned = True
+            return None
         except StopIteration as done:
             batch, last = done.value  # last: [G, V]
         else:

@@ -27,13 +27,18 @@ from refdec.engine.requests import Request
 from refdec.engine.sampling import TargetSampler
 from refdec.tree import DraftTree
 
-__all__ = ["Backend", "PrefillSteps", "RunningBatch", "SampledRule", "TargetRule", "Verified", "run_steps",
-           "target_rule"]
+__all__ = ["Backend", "PrefillCancelled", "PrefillSteps", "RunningBatch", "SampledRule", "TargetRule", "Verified",
+           "run_steps", "target_rule"]
 
 # (logits_row float [V], tree row, depth below the root) -> the target token
 TargetRule = Callable[[torch.Tensor, int, int], int]
 # a prefill, one forward per next(); returns (the group's running batch, float [G, V] last logits)
 PrefillSteps = Generator[None, None, tuple["RunningBatch", torch.Tensor]]
+
+
+class PrefillCancelled(Exception):
+    """A backend stopped a prefill's forward part-way because every request of its group was
+    cancelled (``request.cancel_requested`` or done); it released what the group had taken."""
 
 
 def run_steps(steps: Generator):
@@ -127,7 +132,10 @@ class Backend(Protocol):
         tokens; None: the backend's own size) per ``next()``: the generator returns (StopIteration's
         value) the batch and float [G, V], the logits after each prompt's last token; closed before
         that, it releases what it took. A backend that keeps finished rows' entries (a prefix
-        cache) sets ``request.stats.cached_prompt_tokens`` to the prompt tokens it did not feed."""
+        cache) sets ``request.stats.cached_prompt_tokens`` to the prompt tokens it did not feed. A
+        backend that can stop a forward part-way does so when every request of the group is
+        cancelled (``cancel_requested``, set from another thread) and raises
+        :class:`PrefillCancelled`."""
 
     def clear_prefix_cache(self) -> None:
         """Frees the finished rows' entries the backend keeps for later prompts (its prefix cache),

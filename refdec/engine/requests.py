@@ -52,6 +52,9 @@ class Request:
         self.on_tokens = on_tokens
         self.on_done = on_done
         self.done = False
+        # set from any thread to ask for the request to stop (a server's client went away): the loop
+        # finishes it between two steps; a backend may stop the prefill forward it is in (PrefillCancelled)
+        self.cancel_requested = False
 
     @property
     def root_pos(self) -> int:

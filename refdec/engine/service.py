@@ -76,6 +76,8 @@ class Ticket:
         comes with ``stop_reason == "cancelled"``. Nothing happens to a finished request."""
         if not self.finished.is_set():
             self.cancelled = True
+            if self.request is not None:
+                self.request.cancel_requested = True  # a llama.cpp prefill under way stops part-way
             self._service._wake()
 
     def tokens(self, timeout: float | None = None):

@@ -128,7 +128,7 @@ class TreeContext:
         rc = _lib.llama_decode(self.ctx, self._batch)
         if rc != 0:
             what = ("no KV cache slot: the context is full (create the Llama with a larger n_ctx)" if rc == 1
-                    else "the batch was refused")
+                    else "aborted" if rc == 2 else "the batch was refused")
             raise LlamaDecodeError(f"llama_decode returned {rc}: {what}", code=int(rc))
 
     def logits(self, i: int) -> np.ndarray:
@@ -138,6 +138,23 @@ class TreeContext:
         if not ptr:
             raise RuntimeError(f"llama.cpp holds no logits for batch entry {i}")
         return np.ctypeslib.as_array(ctypes.cast(ptr, ctypes.POINTER(ctypes.c_float)), shape=(self.n_vocab,))
+
+    def set_abort(self, check) -> None:
+        """While set, llama.cpp calls ``check()`` (-> bool) between the operations of every decode's
+        graph and stops the decode when it returns True (:meth:`decode` raises LlamaDecodeError,
+        code 2; llama.cpp removes what that decode wrote). None unsets it."""
+        if check is None:
+            _lib.llama_set_abort_callback(self.ctx, _lib.ggml_abort_callback(), None)
+            self._abort = None
+            return
+        def poll(_data) -> bool:
+            try:
+                return bool(check())
+            except Exception:  # noqa: BLE001 - an exception cannot cross into llama.cpp: decode on
+                return False
+
+        self._abort = _lib.ggml_abort_callback(poll)  # kept alive while set
+        _lib.llama_set_abort_callback(self.ctx, self._abort, None)
 
     # -- the KV cache's sequences
 

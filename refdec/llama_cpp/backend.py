@@ -36,7 +36,7 @@ import numpy as np
 import torch
 
 from refdec.engine.accept import accept_walk_steps
-from refdec.engine.interface import Verified
+from refdec.engine.interface import PrefillCancelled, Verified
 from refdec.engine.prefix_cache import PrefixCache
 from refdec.llama_cpp.api import MAX_SEQUENCES, LlamaDecodeError, TreeContext
 from refdec.llama_cpp.calibration import auto_cost_curve
@@ -240,9 +240,14 @@ class LlamaCppBackend:
         never the last token, whose logits give the first new token), the rest fed in chunks of
         the Llama's ``n_batch`` (as ``Llama.eval`` feeds it, prefix reuse included). ``chunk``
         (refdec's transformers setting) is not used. Returns the batch and float32 [G, V]; closed
-        early, it releases its sequences."""
+        early, it releases its sequences. A decode stops part-way when every request of the group is
+        cancelled (``request.cancel_requested``, llama.cpp's abort callback): PrefillCancelled."""
         ctx = self.ctx
         seqs, last = [], []
+
+        def cancelled() -> bool:
+            return all(request.done or getattr(request, "cancel_requested", False) for request in group)
+
         try:
             for request in group:
                 seq = self.take_seq()  # first: it may evict the entry the lookup would find
@@ -258,7 +263,15 @@ class LlamaCppBackend:
                     part = tokens[begin: begin + step]
                     want = np.zeros(len(part), dtype=bool)
                     want[-1] = begin + step >= len(tokens)
-                    self._decode(part, np.arange(begin, begin + len(part)), [[seq]] * len(part), want)
+                    ctx.set_abort(cancelled)
+                    try:
+                        self._decode(part, np.arange(begin, begin + len(part)), [[seq]] * len(part), want)
+                    except LlamaDecodeError as error:
+                        if error.code == 2 and cancelled():
+                            raise PrefillCancelled(f"every request of the group was cancelled: {error}") from None
+                        raise
+                    finally:
+                        ctx.set_abort(None)
                     if not want[-1]:
                         yield
                 last.append(torch.from_numpy(ctx.logits(len(part) - 1).copy()))  # the last chunk's last entry
