@@ -172,10 +172,12 @@ def test_tiny_models_are_the_test_suites_tiny_models_and_prompts(family):
 # refdec modules whose public names the benchmarks may use (the engine's modules move)
 PUBLIC_REFDEC_MODULES = {"refdec", "refdec.vllm", "refdec.vllm.proposer", "refdec.proposer", "refdec.budget", "refdec.transformers.calibration", "refdec.models",
                          "refdec.edit_prompt", "refdec.index", "refdec.retrieval", "refdec.acceptance",
-                         "refdec.gguf_files", "refdec.llama_cpp.plain", "refdec.llama_cpp.api"}
+                         "refdec.gguf_files", "refdec.llama_cpp.plain", "refdec.llama_cpp.api",
+                         "refdec.llama_cpp.calibration"}
 PUBLIC_FROM_SUBMODULES = {"refdec.proposer": {"CursorParams", "SourceParams"},
                           "refdec.index": {"tokenizer_fingerprint"},
-                          "refdec.llama_cpp.api": {"TreeContext"}}  # llama.cpp's context, for the numerics benchmark
+                          "refdec.llama_cpp.api": {"TreeContext"},  # llama.cpp's context, for the numerics benchmark
+                          "refdec.llama_cpp.calibration": {"measure"}}  # a curve measured under load (--load-curve)
 
 
 def _imports(tree: ast.AST):
