@@ -24,6 +24,7 @@ prefix that maximises tokens per second under the model's measured cost curve
 
 from __future__ import annotations
 
+import heapq
 import math
 from collections import deque
 from dataclasses import dataclass
@@ -65,7 +66,8 @@ class Budget(Protocol):
     def select(self, tree: DraftTree) -> DraftTree: ...
 
     @classmethod
-    def select_batch(cls, budgets: Sequence["Budget"], trees: Sequence[DraftTree]) -> list[DraftTree]: ...
+    def select_batch(cls, budgets: Sequence["Budget"], trees: Sequence[DraftTree],
+                     packed: bool = False) -> list[DraftTree]: ...
 
     def observe(self, tree: DraftTree, accepted_nodes: np.ndarray) -> None: ...
 
@@ -81,7 +83,8 @@ class _VerifyAsProposed:
         return tree
 
     @classmethod
-    def select_batch(cls, budgets: Sequence[Budget], trees: Sequence[DraftTree]) -> list[DraftTree]:
+    def select_batch(cls, budgets: Sequence[Budget], trees: Sequence[DraftTree],
+                     packed: bool = False) -> list[DraftTree]:
         return [budget.select(tree) for budget, tree in zip(budgets, trees)]
 
     @classmethod
@@ -297,6 +300,11 @@ class AutoBudget:
         np.cumsum(p, out=out[1:])
         return out
 
+    def node_probabilities_of(self, tree: DraftTree, cells: np.ndarray | None = None) -> np.ndarray:
+        """float64 [n]: each node's estimated probability of acceptance (``cells``: int64 [n], the
+        tree's :meth:`cells` when already computed)."""
+        return self.acceptance.rates[self.cells(tree) if cells is None else cells]
+
     def node_probabilities(self, tree: DraftTree) -> np.ndarray:
         """float64 [n]: each node's estimated probability of acceptance (its cell's learnt rate);
         for the tree :meth:`take_prefix` last returned, from the cells it remembered."""
@@ -321,13 +329,15 @@ class AutoBudget:
         return self.take_prefix(tree, self.best_prefix(self.expected_accepted(tree, cells)), cells=cells)
 
     @classmethod
-    def select_batch(cls, budgets: Sequence["AutoBudget"], trees: Sequence[DraftTree]) -> list[DraftTree]:
-        """The rows' prefixes chosen together (:func:`batch_prefix_sizes`): one row is
-        :meth:`select`; an empty draft is no step of the policy."""
+    def select_batch(cls, budgets: Sequence["AutoBudget"], trees: Sequence[DraftTree],
+                     packed: bool = False) -> list[DraftTree]:
+        """The rows' prefixes chosen together (:func:`batch_prefix_sizes`; ``packed``: the backend
+        packs the rows, :func:`packed_prefix_sizes`): one row is :meth:`select`; an empty draft
+        is no step of the policy."""
         if len(budgets) == 1:
             return [budgets[0].select(trees[0])]
         cells = [budget.cells(tree) for budget, tree in zip(budgets, trees)]  # once per row and step
-        sizes = batch_prefix_sizes(budgets, trees, cells)
+        sizes = (packed_prefix_sizes if packed else batch_prefix_sizes)(budgets, trees, cells)
         return [budget.take_prefix(tree, n, cells=row_cells) if len(tree) else tree
                 for budget, tree, n, row_cells in zip(budgets, trees, sizes, cells)]
 
@@ -435,6 +445,49 @@ def batch_prefix_sizes(budgets: list, trees: list[DraftTree], cells: list | None
     value = (1.0 + expected).sum(axis=0) / (backbone + head)
     best = int(np.argmax(value))
     return [min(best, len(t)) for t in trees]
+
+
+def packed_prefix_sizes(budgets: list, trees: list[DraftTree], cells: list | None = None) -> list[int]:
+    """Batch-aware "auto" for a backend that packs the rows of a forward (llama.cpp: one
+    ``llama_decode`` of every row's root and nodes, nothing padded): the forward costs about one
+    of ``sum_b (1 + n_b)`` entries, so each row takes its own size. The rows' nodes are added one
+    at a time, each time the next node (in its row's best-first order) with the highest estimated
+    acceptance, and the sizes kept are those of the best
+
+        (B + sum_b E_b(n_b)) / (backbone(sum_b (1 + n_b) - 1) + sum_b head_b)
+
+    along the way. Arguments as :func:`batch_prefix_sizes`."""
+    if len(budgets) != len(trees):
+        raise ValueError(f"budgets and trees differ in length: {len(budgets)} != {len(trees)}")
+    if cells is not None and len(cells) != len(trees):
+        raise ValueError(f"cells and trees differ in length: {len(cells)} != {len(trees)}")
+    if not trees:
+        return []
+    cost = budgets[0].cost
+    probs = [budget.node_probabilities_of(tree, None if cells is None else cells[b]) if len(tree) else np.zeros(0)
+             for b, (budget, tree) in enumerate(zip(budgets, trees))]
+    rows = len(trees)
+    total = sum(len(p) for p in probs)
+    backbone = cost.table(rows + total - 1)
+    sizes = [0] * rows
+    expected = np.zeros(rows)
+    best_sizes, best_value = list(sizes), -1.0
+    heap = [(-float(p[0]), b) for b, p in enumerate(probs) if len(p)]
+    heapq.heapify(heap)
+    added = 0
+    while True:
+        value = (rows + expected.sum()) / (backbone[rows + added - 1] + float(cost.head_seconds(expected).sum()))
+        if value > best_value:
+            best_value, best_sizes = value, list(sizes)
+        if not heap:
+            break
+        neg_p, b = heapq.heappop(heap)
+        expected[b] -= neg_p
+        sizes[b] += 1
+        added += 1
+        if sizes[b] < len(probs[b]):
+            heapq.heappush(heap, (-float(probs[b][sizes[b]]), b))
+    return best_sizes
 
 
 def _prefix(tree: DraftTree, n: int) -> DraftTree:

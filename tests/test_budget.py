@@ -13,7 +13,8 @@ import numpy as np
 import pytest
 
 from refdec.acceptance import AcceptanceTable
-from refdec.budget import AutoBudget, FixedBudget, PlainGuard, StepTime, batch_prefix_sizes, make_budget
+from refdec.budget import (AutoBudget, FixedBudget, PlainGuard, StepTime, batch_prefix_sizes, make_budget,
+                           packed_prefix_sizes)
 from refdec.cost_curve import CostCurve, flat_curve
 from refdec.cost_model import LearntCost
 from refdec.tree import MAX_NODES, DraftTree
@@ -388,3 +389,27 @@ def test_fixed_budgets_ignore_the_steps_time():
     budget = FixedBudget(8)
     FixedBudget.observe_step([budget], [sure_chain(8)], [np.zeros(0, np.int64)], StepTime(1, 8, 1.0, 1.0))
     assert budget.max_nodes == 8
+
+
+class KnownProbabilities(KnownAcceptance):
+    """A stand-in for packed_prefix_sizes: each node's acceptance probability given as literals."""
+
+    def node_probabilities_of(self, tree: DraftTree, cells=None) -> np.ndarray:
+        assert len(self.expected) == len(tree)
+        return self.expected
+
+
+def test_packed_rows_each_take_their_own_size():
+    """On LINEAR (t = 1 + 0.3 (entries - 1)) a sure row (p .9 .9 .9) and an unlikely one (.1 .1 .1):
+    packed, each entry is paid once: adding the sure row's nodes gives 2/1.3, 2.9/1.6, 3.8/1.9,
+    4.7/2.2 = 2.14*, then the unlikely row's first 4.8/2.5: [3, 0]. Padded to one size the
+    unlikely row's nodes come with the sure row's (n = 3: 5.0/3.1 = 1.61 beats n = 0..2): [3, 3]."""
+    chain = sure_chain(3)
+    rows = [KnownProbabilities(LINEAR, [0.9, 0.9, 0.9]), KnownProbabilities(LINEAR, [0.1, 0.1, 0.1])]
+    assert packed_prefix_sizes(rows, [chain, chain]) == [3, 0]
+    padded = [KnownAcceptance(LINEAR, [0.0, 0.9, 1.8, 2.7]), KnownAcceptance(LINEAR, [0.0, 0.1, 0.2, 0.3])]
+    assert batch_prefix_sizes(padded, [chain, chain]) == [3, 3]
+    assert packed_prefix_sizes([KnownProbabilities(LINEAR, [])], [DraftTree.empty()]) == [0]
+    assert packed_prefix_sizes([], []) == []
+    with pytest.raises(ValueError, match="differ in length"):
+        packed_prefix_sizes(rows, [chain])

@@ -179,10 +179,11 @@ class _Joining:
         return batch
 
 
-def _select(budgets: list[Budget], trees: list[DraftTree], joint: bool) -> list[DraftTree]:
-    """The prefixes to verify: chosen together by the budgets' policy, or each row alone."""
+def _select(budgets: list[Budget], trees: list[DraftTree], joint: bool, packed: bool) -> list[DraftTree]:
+    """The prefixes to verify: chosen together by the budgets' policy (``packed``: the backend
+    packs the rows of a forward, pads none), or each row alone."""
     if joint:
-        return type(budgets[0]).select_batch(budgets, trees)
+        return type(budgets[0]).select_batch(budgets, trees, packed=packed)
     return [budget.select(tree) for budget, tree in zip(budgets, trees)]
 
 
@@ -197,7 +198,8 @@ def _step(backend: Backend, batch: RunningBatch, stats: DecodingStats, max_depth
              for request in requests]
     drafted = [b for b, request in enumerate(requests) if request.drafter is not None]
     if drafted:
-        selected = _select([requests[b].budget for b in drafted], [trees[b] for b in drafted], joint_budget)
+        selected = _select([requests[b].budget for b in drafted], [trees[b] for b in drafted], joint_budget,
+                           backend.packed_rows)
         for b, tree in zip(drafted, selected):
             trees[b] = tree
     t1 = time.perf_counter()
@@ -222,8 +224,9 @@ def _step(backend: Backend, batch: RunningBatch, stats: DecodingStats, max_depth
         request.emit(emitted)
     stats.count_pass(int(max(accepted.shape[0] for accepted, _ in verified.walks)))
     if drafted:  # the budgets learn what the step cost (refdec.budget.StepTime)
-        timing = StepTime(len(trees), len(trees) * (1 + max(len(tree) for tree in trees)) - 1, t1 - t0,
-                          verified.prepare_seconds + verified.forward_seconds)
+        entries = (sum(1 + len(tree) for tree in trees) if backend.packed_rows
+                   else len(trees) * (1 + max(len(tree) for tree in trees)))  # padded to the longest tree
+        timing = StepTime(len(trees), entries - 1, t1 - t0, verified.prepare_seconds + verified.forward_seconds)
         kinds: dict[type, list[int]] = {}  # rows may bring budgets of different kinds: each its own
         for b in drafted:
             kinds.setdefault(type(requests[b].budget), []).append(b)

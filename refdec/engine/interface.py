@@ -123,6 +123,7 @@ class Backend(Protocol):
     device: torch.device  # where the sampling keys and the returned sequences live
     tokenizer: object | None  # the model's own tokenizer when it brings one (llama.cpp), else None
     generation_config: object | None  # transformers' GenerationConfig (eos, pad, logits settings) or None
+    packed_rows: bool  # a forward of several rows costs their entries' sum (True) or is padded to the longest tree
 
     def new_batch(self) -> RunningBatch:
         """An empty running batch."""

@@ -151,6 +151,7 @@ class LlamaCppBackend:
         self.vocab_size = self.ctx.n_vocab
         self.max_positions = self.ctx.n_ctx - 1  # positions 0 .. n_ctx - 1; the last token is never fed
         self.device = torch.device("cpu")
+        self.packed_rows = True  # one llama_decode of every row's entries, nothing padded
         eos = sorted(self.ctx.eos_ids())
         self.generation_config = SimpleNamespace(eos_token_id=eos or None, pad_token_id=None)
         self.tokenizer = GgufTokenizer(llm)

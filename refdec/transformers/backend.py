@@ -46,6 +46,7 @@ class TransformersBackend:
     ``prefix_cache``: finished rows whose entries are kept for later prompts (0: none)."""
 
     tokenizer = None  # a transformers model brings none: the caller passes its tokenizer
+    packed_rows = False  # the rows' query slots are padded to the longest tree
 
     def __init__(self, model, *, cuda_graphs: bool = False, prefix_cache: int = 4) -> None:
         if not isinstance(cuda_graphs, bool):
