@@ -9,7 +9,10 @@ bucket) -- counted from the nodes that were verified, so a policy prices nodes b
 do, not by what they were scored. Two policies read it: refdec's "auto" draft size
 (:class:`refdec.budget.AutoBudget`; one table per decoder, ``SpeculativeDecoder.acceptance``,
 that each request reads and teaches, a copy per row of a batch) and the vLLM adapter's chain choice
-(:mod:`refdec.vllm.chain`, one table per vLLM worker).
+(:mod:`refdec.vllm.chain`, one table per vLLM worker). The table does not say what a score is:
+the vLLM adapter gives node scores and learns how often a node is accepted; "auto" gives each
+node's step score (its score over its parent's) and learns how often a node is accepted once its
+parent was, so what the shallow steps of a chain teach carries to its deep ones.
 """
 
 from __future__ import annotations
@@ -34,13 +37,14 @@ class AcceptanceTable:
     the counts decay by ``decay`` per observed draft (the estimate follows the workload) and the
     prior of depth bucket 0 is the bucket's score centre, of bucket d the rate of bucket d - 1
     times ``prior_depth_decay`` ** (depth gap): deep cells never verified learn from the
-    shallow ones.
+    shallow ones. Scores are probabilities of a path or of a step; either way they already fall
+    with depth where acceptance does, so the default adds no decay of its own (1.0).
 
     Arrays (float64, flat over ``shape`` = (n_sources, score buckets, depth buckets)):
     ``accepted`` and ``verified`` (the decayed counts), ``rates`` (read them by :meth:`cells`).
     """
 
-    def __init__(self, n_sources: int = 3, *, prior_weight: float = 3.0, prior_depth_decay: float = 0.97,
+    def __init__(self, n_sources: int = 3, *, prior_weight: float = 3.0, prior_depth_decay: float = 1.0,
                  decay: float = 0.998) -> None:
         self.n_sources = check_int("n_sources", n_sources, 1)
         if not 0.0 < decay <= 1.0:

@@ -38,7 +38,8 @@ from refdec.cost_model import LearntCost
 from refdec.tokens import check_int, is_int
 from refdec.tree import MAX_NODES, DraftTree
 
-__all__ = ["AutoBudget", "Budget", "FixedBudget", "PlainGuard", "StepTime", "batch_prefix_sizes", "make_budget"]
+__all__ = ["AutoBudget", "Budget", "FixedBudget", "PlainGuard", "StepTime", "batch_prefix_sizes", "make_budget",
+           "packed_prefix_sizes", "path_products", "step_scores"]
 
 
 @dataclass(frozen=True)
@@ -196,10 +197,12 @@ class AutoBudget:
     Each step the proposer is asked for ``max_nodes`` nodes. Its nodes come in
     best-first order (parents before children), so every prefix of the node list
     is a valid subtree. Node ``i`` is accepted with an estimated probability
-    ``p_i`` = the calibrated acceptance rate of its cell (source, score bucket,
-    depth bucket, ``acceptance``: a :class:`~refdec.acceptance.AcceptanceTable`, its
-    settings and their defaults documented there): observed accepted / proposed nodes
-    of that cell, starting from a prior. The expected accepted length of the prefix of ``n`` nodes is
+    ``p_i`` = ``q_i * p_parent(i)`` (``p`` of the root: 1), where ``q_i`` is the learnt step rate of
+    its cell (source, bucket of its :func:`step_scores`, depth bucket; ``acceptance``: a
+    :class:`~refdec.acceptance.AcceptanceTable`, its settings and their defaults documented there):
+    of that cell's nodes the walk reached (their parent accepted), the share accepted, starting from
+    a prior. Steps are learnt where a chain is short and priced where it is long: one chain
+    accepted whole teaches the deep steps. The expected accepted length of the prefix of ``n`` nodes is
     ``E(n) = p_0 + ... + p_{n-1}`` and the verified prefix is
 
         argmax over n in 0..len(tree) of  (1 + E(n)) / cost(n, E(n))
@@ -209,11 +212,10 @@ class AutoBudget:
     for the ``1 + E(n)`` rows the walk is expected to visit). ``n = 0`` (plain decoding) wins whenever no prefix pays for its
     extra cost. While the policy keeps choosing no draft although the proposer had
     one, every ``explore_every``-th such step verifies the top ``explore_nodes``
-    nodes anyway, so that too pessimistic cells can recover. Deep cells that are never
-    verified keep their pessimistic prior (each depth bucket's prior decays from the
-    one above), so a policy whose verified prefixes are accepted whole would never
-    learn that longer ones pay: every ``explore_every``-th step after a prefix was
-    accepted whole verifies twice as many nodes (up to the tree's size).
+    nodes anyway, so that too pessimistic cells can recover. A policy whose verified prefixes
+    are accepted whole learns nothing of the nodes past them (a deep node whose step scores
+    lower than the shallow ones' sits in a cell of its own): every ``explore_every``-th step
+    after a prefix was accepted whole verifies twice as many nodes (up to the tree's size).
 
     ``cost``: the calibrated curve, or a :class:`~refdec.cost_model.LearntCost` to share (one per
     model and machine: refdec.engine.decoder's). With ``learn`` (the default) the curve is refit
@@ -252,6 +254,7 @@ class AutoBudget:
             raise ValueError(f"acceptance must be a refdec.acceptance.AcceptanceTable, got {type(acceptance).__name__}")
         self.acceptance = acceptance if acceptance is not None else AcceptanceTable()
         self._cells = None  # cells of the last selected tree
+        self._parents = None  # and its parents (int32 [n])
         self._skipped = 0
         self._accepted_whole = 0  # verified prefixes accepted whole
         self._grow_next = False  # the next verified prefix is doubled (deep cells explored)
@@ -289,27 +292,26 @@ class AutoBudget:
     # ---- policy protocol
 
     def cells(self, tree: DraftTree) -> np.ndarray:
-        """int64 [n]: the calibration cell of each node."""
-        return self.acceptance.cells(tree.scores, tree.depths, tree.source_ids)
+        """int64 [n]: the calibration cell of each node, keyed by its :func:`step_scores`."""
+        return self.acceptance.cells(step_scores(tree), tree.depths, tree.source_ids)
 
     def expected_accepted(self, tree: DraftTree, cells: np.ndarray | None = None) -> np.ndarray:
         """float64 [n + 1]: E(0) = 0, E(k) = expected accepted nodes of the prefix of k nodes.
         ``cells``: int64 [n], the tree's :meth:`cells` when already computed."""
-        p = self.acceptance.rates[self.cells(tree) if cells is None else cells]
         out = np.zeros(len(tree) + 1)
-        np.cumsum(p, out=out[1:])
+        np.cumsum(self.node_probabilities_of(tree, cells), out=out[1:])
         return out
 
     def node_probabilities_of(self, tree: DraftTree, cells: np.ndarray | None = None) -> np.ndarray:
-        """float64 [n]: each node's estimated probability of acceptance (``cells``: int64 [n], the
-        tree's :meth:`cells` when already computed)."""
-        return self.acceptance.rates[self.cells(tree) if cells is None else cells]
+        """float64 [n]: each node's estimated probability of acceptance, the product of its path's
+        step rates (``cells``: int64 [n], the tree's :meth:`cells` when already computed)."""
+        return path_products(self.acceptance.rates[self.cells(tree) if cells is None else cells], tree.parents)
 
     def node_probabilities(self, tree: DraftTree) -> np.ndarray:
-        """float64 [n]: each node's estimated probability of acceptance (its cell's learnt rate);
-        for the tree :meth:`take_prefix` last returned, from the cells it remembered."""
+        """float64 [n]: each node's estimated probability of acceptance; for the tree
+        :meth:`take_prefix` last returned, from the cells it remembered."""
         cells = self._cells if self._cells is not None and len(self._cells) == len(tree) else self.cells(tree)
-        return self.acceptance.rates[cells]
+        return path_products(self.acceptance.rates[cells], tree.parents)
 
     def best_prefix(self, expected: np.ndarray) -> int:
         """argmax over n of (1 + E(n)) / cost(n, E(n)) for ``expected`` = E(0..N)."""
@@ -363,19 +365,26 @@ class AutoBudget:
             if len(self.chosen) > 2 * CHOSEN_KEPT:  # a policy may live for weeks (a server's decoder)
                 del self.chosen[:-CHOSEN_KEPT]
         if n == 0:
-            self._cells = None
+            self._cells = self._parents = None
             return DraftTree.empty() if size else tree
         self._cells = (self.cells(tree) if cells is None else cells)[:n]
+        self._parents = tree.parents[:n]
         return tree if n == size else _prefix(tree, n)
 
     def observe(self, tree: DraftTree, accepted_nodes: np.ndarray) -> None:
-        """Counts the verified nodes of ``tree`` (the prefix :meth:`take_prefix` returned) in their
-        cells, the ``accepted_nodes`` (int64 [k]) as accepted."""
-        cells = self._cells
+        """Counts the verified nodes of ``tree`` (the prefix :meth:`take_prefix` returned) that the
+        walk reached (children of the root or of an accepted node) in their cells, the
+        ``accepted_nodes`` (int64 [k]) as accepted: each cell learns a step's rate, the chance a
+        node is accepted once its parent was."""
+        cells, parents = self._cells, self._parents
         if cells is None:
             return
-        self._cells = None
-        self.acceptance.observe(cells, cells[accepted_nodes])
+        self._cells = self._parents = None
+        on_path = np.zeros(len(cells) + 1, dtype=bool)  # index 0: the root; node i at i + 1
+        on_path[0] = True
+        on_path[np.asarray(accepted_nodes, dtype=np.int64) + 1] = True
+        reached = on_path[parents + 1]
+        self.acceptance.observe(cells[reached], cells[accepted_nodes])
         if len(accepted_nodes) == len(cells):
             self._accepted_whole += 1
             self._grow_next = bool(self.explore_every) and self._accepted_whole % self.explore_every == 0
@@ -488,6 +497,26 @@ def packed_prefix_sizes(budgets: list, trees: list[DraftTree], cells: list | Non
         if sizes[b] < len(probs[b]):
             heapq.heappush(heap, (-float(probs[b][sizes[b]]), b))
     return best_sizes
+
+
+def step_scores(tree: DraftTree) -> np.ndarray:
+    """float32 [n]: each node's score for the step from its parent: its score (the proposer's
+    estimate of its whole path) over its parent's, its own for a child of the root, in [0, 1]."""
+    scores = tree.scores
+    parent_scores = np.where(tree.parents >= 0, scores[np.maximum(tree.parents, 0)], np.float32(1.0))
+    with np.errstate(divide="ignore", invalid="ignore"):
+        ratio = np.where(parent_scores > 0, scores / parent_scores, np.float32(0.0))
+    return np.clip(ratio, 0.0, 1.0).astype(np.float32, copy=False)
+
+
+def path_products(step_rates: np.ndarray, parents: np.ndarray) -> np.ndarray:
+    """float64 [n]: each node's probability of acceptance, the product of the step rates
+    (float64 [n]) along its path from the root (``parents``: int32 [n], parents before children)."""
+    probs = step_rates.tolist()
+    for node_idx, parent in enumerate(parents.tolist()):
+        if parent >= 0:
+            probs[node_idx] *= probs[parent]
+    return np.asarray(probs, dtype=np.float64)
 
 
 def _prefix(tree: DraftTree, n: int) -> DraftTree:

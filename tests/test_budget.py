@@ -14,7 +14,7 @@ import pytest
 
 from refdec.acceptance import AcceptanceTable
 from refdec.budget import (AutoBudget, FixedBudget, PlainGuard, StepTime, batch_prefix_sizes, make_budget,
-                           packed_prefix_sizes)
+                           packed_prefix_sizes, path_products, step_scores)
 from refdec.cost_curve import CostCurve, flat_curve
 from refdec.cost_model import LearntCost
 from refdec.tree import MAX_NODES, DraftTree
@@ -125,26 +125,69 @@ def test_exploration_verifies_a_few_nodes_after_skipped_steps():
     assert sizes == [0, 0, 0, 2, 0, 0, 0, 2]
 
 
+def test_a_chain_accepted_whole_teaches_its_deep_steps():
+    """Cells learn step rates: a chain of sure steps accepted whole at its first prefix tells the
+    budget that the steps past it are sure too, so the next prefix is the whole chain."""
+    budget = AutoBudget(STEEP, explore_every=0)
+    verified = budget.select(sure_chain(64))
+    assert 4 <= len(verified) < 32
+    budget.observe(verified, np.arange(len(verified), dtype=np.int64))
+    assert len(budget.select(sure_chain(64))) == 64
+
+
+def stepped_chain(steps):
+    """A chain whose node scores are the products of ``steps`` (each node's step score)."""
+    tree = DraftTree.chain(np.arange(10, 10 + len(steps)))
+    return DraftTree(tree.token_ids, tree.parents, np.cumprod(steps).astype(np.float32))
+
+
 def test_prefixes_accepted_whole_explore_twice_as_many_nodes_and_learn_that_they_pay():
-    """Deep cells never verified keep a prior that decays with depth: on a steep curve a chain
-    accepted whole at 32 nodes would stay at 32. Every ``explore_every``-th prefix accepted whole
-    doubles the next one (at most the tree), whose acceptance teaches the deep cells."""
+    """Nodes whose steps score lower than the shallow ones' sit in cells of their own, whose
+    prior prices them out on a steep curve: a chain accepted whole at 16 nodes would stay at 16.
+    Every ``explore_every``-th prefix accepted whole doubles the next one (at most the tree),
+    whose acceptance teaches those cells."""
+    steps = np.r_[np.full(16, 0.97), np.full(48, 0.5)]
     budget = AutoBudget(STEEP, explore_every=4)
     sizes = []
-    for _ in range(12):
-        verified = budget.select(sure_chain(64))
+    for _ in range(16):
+        verified = budget.select(stepped_chain(steps))
         sizes.append(len(verified))
         budget.observe(verified, np.arange(len(verified), dtype=np.int64))
-    assert sizes == [16, 32, 32, 32, 64] + [64] * 7
+    # doubled after the 4th; the next prefixes, priced by what the deep cells learnt, grow to 64
+    assert sizes[:5] == [16] * 4 + [32] and 16 < sizes[5] < 32 and sizes[-4:] == [64] * 4, sizes
     # a prefix not accepted whole does not count; the doubled prefix stops at the tree's size
     budget = AutoBudget(STEEP, explore_every=1)
-    verified = budget.select(sure_chain(64))
+    verified = budget.select(stepped_chain(steps))
     budget.observe(verified, np.arange(len(verified) - 1, dtype=np.int64))
-    assert len(verified) == 16 and len(budget.select(sure_chain(64))) == 16
+    assert len(verified) == 16 and len(budget.select(stepped_chain(steps))) <= 16  # not doubled
     budget = AutoBudget(STEEP, explore_every=1)
-    verified = budget.select(sure_chain(20))
+    verified = budget.select(stepped_chain(steps[:20]))
     budget.observe(verified, np.arange(len(verified), dtype=np.int64))
-    assert len(verified) == 16 and len(budget.select(sure_chain(20))) == 20
+    assert len(verified) == 16 and len(budget.select(stepped_chain(steps[:20]))) == 20
+
+
+def test_step_scores_and_path_products():
+    # root -> a (0.8) -> b (0.4), root -> c (0.5), a -> d (0.9: above its parent, clipped to 1)
+    tree = DraftTree([1, 2, 3, 4], [-1, 0, -1, 0], [0.8, 0.4, 0.5, 0.9])
+    assert np.allclose(step_scores(tree), [0.8, 0.5, 0.5, 1.0])
+    assert np.allclose(path_products(np.array([0.5, 0.5, 0.9, 0.2]), tree.parents), [0.5, 0.25, 0.9, 0.1])
+    zero_parent = DraftTree([1, 2], [-1, 0], [0.0, 0.0])
+    assert step_scores(zero_parent).tolist() == [0.0, 0.0]
+
+
+def test_only_nodes_the_walk_reached_teach_their_cells():
+    """A node whose parent was rejected was never compared with the model's token: it counts in no
+    cell. root -> a -> b, root -> c; flat curve, so all three are verified."""
+    tree = DraftTree([1, 2, 3], [-1, 0, -1], [0.9, 0.8, 0.3])
+    for accepted, reached in (([], [0, 2]), ([0], [0, 1, 2]), ([2], [0, 2]), ([0, 1], [0, 1, 2])):
+        budget = AutoBudget(flat_curve(), explore_every=0)
+        cells = budget.cells(tree)
+        verified = budget.select(tree)
+        assert len(verified) == 3
+        budget.observe(verified, np.array(accepted, dtype=np.int64))
+        table = budget.acceptance
+        assert np.allclose(table.verified, np.bincount(cells[reached], minlength=len(table.verified)))
+        assert np.allclose(table.accepted, np.bincount(cells[accepted], minlength=len(table.accepted)))
 
 
 def test_empty_tree_stays_empty():
