@@ -24,7 +24,9 @@ __all__ = ["CALIBRATED_SIZES", "CostCurve", "DEFAULT_CPU_CURVE", "calibration_or
            "median_seconds",
            "repeats_disagree", "warn_not_cached"]
 
-_FORMAT = 2  # 2: head_chunk_seconds, head_chunk_rows
+# 2: head_chunk_seconds, head_chunk_rows; 3: measured after a warm-up round and cached only when the
+# rounds agree (a format-2 file may hold a curve measured under load: measured again)
+_FORMAT = 3
 
 
 def curve_table(xs: np.ndarray, ys: np.ndarray, max_nodes: int) -> np.ndarray:
