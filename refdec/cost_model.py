@@ -12,8 +12,10 @@ median ignores a stray slow step). Memory is fixed: ``len(BUCKETS) * window`` fl
 
 Sizes between observed buckets take the ratio interpolated between them (over ``log1p`` of the
 size), sizes past them the nearest one's; below the smallest observed bucket a size costs at most
-what that bucket's size costs (more rows never cost less: a calibration's warm-up-inflated first
-size is corrected by the steps above it).
+what that bucket's size costs. More rows never cost less: the corrected curve is then made
+non-decreasing (a weighted isotonic fit, each point weighing ``prior_weight`` plus its bucket's
+steps), so a calibration's warm-up-inflated size or a curve measured in a burst of load does not
+make a larger tree look cheaper than a smaller one.
 
 One LearntCost describes one model on one machine, so the budgets of all requests share it
 (refdec.engine.decoder makes one per decoder; a copy of a budget, one per batch row, keeps the
@@ -29,7 +31,7 @@ import numpy as np
 from refdec.cost_curve import CALIBRATED_SIZES, CostCurve, curve_table
 from refdec.tokens import check_int
 
-__all__ = ["BUCKETS", "LearntCost"]
+__all__ = ["BUCKETS", "LearntCost", "non_decreasing"]
 
 # The size buckets: the calibrated sizes, then sizes a batch's forward reaches (rows * (1 + n) - 1).
 # A step is counted in the bucket nearest its size in log1p; past the last, in the last.
@@ -59,6 +61,8 @@ class LearntCost:
         self._medians = np.full(len(BUCKETS), np.nan)  # float64 [buckets]: log_ratios(), kept up to date
         self._nodes = np.asarray(sorted(set(BUCKETS) | set(prior.nodes)), dtype=np.int64)
         self._log_nodes = np.log1p(self._nodes.astype(np.float64))
+        self._node_buckets = np.asarray([self.bucket(int(n)) for n in self._nodes], dtype=np.int64)
+        self._node_is_bucket = np.isin(self._nodes, self._buckets)  # bool [len(nodes)]: a bucket's own size
         self._prior_table = prior.table(int(self._nodes[-1]))  # float64 [largest node + 1]
         self._prior_at_nodes = self._prior_table[self._nodes]
         self.version = 0
@@ -114,7 +118,8 @@ class LearntCost:
             smallest = self._buckets[seen[0]]
             below = self._nodes < smallest
             seconds[below] = np.minimum(seconds[below], seconds[np.searchsorted(self._nodes, smallest)])
-            self._seconds, self._seconds_version = seconds, self.version
+            weights = self.prior_weight + self.observations()[self._node_buckets] * self._node_is_bucket
+            self._seconds, self._seconds_version = non_decreasing(seconds, weights), self.version
         return self._seconds
 
     def table(self, max_nodes: int) -> np.ndarray:
@@ -135,3 +140,23 @@ class LearntCost:
 
     def __repr__(self) -> str:
         return f"LearntCost(steps={int(self._counts.sum())}, window={self.window}, prior_weight={self.prior_weight})"
+
+
+def non_decreasing(values: np.ndarray, weights: np.ndarray) -> np.ndarray:
+    """float64 [n]: the non-decreasing sequence nearest ``values`` (float64 [n]) in weighted least
+    squares (``weights`` float64 [n], > 0): pool adjacent violators, each pooled run its weighted
+    mean."""
+    means: list[float] = []
+    totals: list[float] = []
+    lengths: list[int] = []
+    for value, weight in zip(np.asarray(values, dtype=np.float64).tolist(), np.asarray(weights, dtype=np.float64).tolist()):
+        means.append(value)
+        totals.append(weight)
+        lengths.append(1)
+        while len(means) > 1 and means[-2] > means[-1]:
+            weight = totals[-2] + totals[-1]
+            means[-2] = (means[-2] * totals[-2] + means[-1] * totals[-1]) / weight
+            totals[-2] = weight
+            lengths[-2] += lengths[-1]
+            del means[-1], totals[-1], lengths[-1]
+    return np.repeat(np.asarray(means), lengths)

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from refdec.cost_curve import CostCurve
-from refdec.cost_model import BUCKETS, LearntCost
+from refdec.cost_model import BUCKETS, LearntCost, non_decreasing
 
 # A CPU-like calibrated curve (seconds at 0 / 1 / 16 / 64 nodes), a lazy head of 10 ms a chunk.
 PRIOR = CostCurve((0, 1, 16, 64), (0.100, 0.200, 0.300, 0.500), head_chunk_seconds=0.010)
@@ -91,6 +91,28 @@ def test_a_warm_up_inflated_first_size_is_capped_by_the_steps_above_it():
     for _ in range(4):
         learnt.observe(0, 0.090)
     assert learnt.curve()(0) == pytest.approx(0.090)
+
+
+def test_non_decreasing_pools_adjacent_violators_by_weight():
+    assert non_decreasing(np.array([1.0, 2.0, 3.0]), np.ones(3)).tolist() == [1.0, 2.0, 3.0]
+    # 4 (weight 1) above 1 (weight 3): pooled to (4 + 3) / 4; then 0.5 joins them
+    assert np.allclose(non_decreasing(np.array([4.0, 1.0, 5.0]), np.array([1.0, 3.0, 1.0])), [1.75, 1.75, 5.0])
+    assert np.allclose(non_decreasing(np.array([3.0, 2.0, 1.0]), np.ones(3)), [2.0, 2.0, 2.0])
+
+
+def test_a_larger_tree_never_looks_cheaper_than_a_smaller_one():
+    """A cached curve measured in a burst of load: plain 482 ms, one node 244 ms, 32 nodes above 64.
+    The steps at one node (58 ms) and one plain step (36 ms) move their buckets; the refit curve
+    rises with size, plain no longer priced above a one-node tree."""
+    prior = CostCurve((0, 1, 2, 4, 8, 16, 24, 32, 48, 64),
+                      (0.482, 0.244, 1.051, 1.276, 2.321, 2.589, 2.567, 7.614, 6.687, 4.708))
+    learnt = LearntCost(prior)
+    learnt.observe(0, 0.036)
+    for _ in range(16):
+        learnt.observe(1, 0.058)
+    table = learnt.table(64)
+    assert (np.diff(table) >= -1e-12).all()
+    assert table[0] <= table[1] < 0.2
 
 
 def test_the_latest_steps_count_so_load_that_goes_away_is_forgotten():
