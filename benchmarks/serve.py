@@ -269,6 +269,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--threads", type=int, default=2, help="each server's CPU threads (default 2)")
     parser.add_argument("--max-tokens", type=int, default=1536, help="max_tokens of each request")
     parser.add_argument("--json", default=None, metavar="OUT", help="write every answer and summary here")
+    parser.add_argument("--held-out", action="store_true",
+                        help="the last --edits of the e2e benchmark's edits (1,000..5,000 characters; "
+                             "benchmarks.e2e --held-out's, never tuned on), not the first of 1,000..2,200")
     parser.add_argument("--follow-up", action="store_true",
                         help="each edit and then a second edit of the same file, the servers' prompt caches on")
     args = parser.parse_args(argv)
@@ -281,6 +284,10 @@ def main(argv: list[str] | None = None) -> int:
 
     model = Path(args.model) if args.model else gguf_files.editor_model_gguf()
     *rows, warm_up = choose_edits(args.edits + 1)  # the warm-up edit is not measured: no server reuses its prefill
+    if args.held_out:
+        from benchmarks.workloads import editor_edit_rows
+
+        rows = editor_edit_rows()[-args.edits:]
     logs = Path(os.environ.get("TMPDIR", "/tmp")) / "refdec-serve-bench"
     shutil.rmtree(logs, ignore_errors=True)
     logs.mkdir(parents=True)
