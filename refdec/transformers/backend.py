@@ -58,6 +58,13 @@ class TransformersBackend:
         self.max_positions = self.runner.max_positions
         self.device = self.runner.device
         self.generation_config = getattr(model, "generation_config", None)
+        if self.runner.hybrid is not None:
+            # a finished row's recurrent state is that of its last token only: a later prompt could
+            # reuse no shorter prefix of it, and the entries hold no state yet (refdec.transformers.hybrid)
+            prefix_cache = 0
+            if cuda_graphs:
+                raise ValueError("cuda_graphs=True does not go with a hybrid model (recurrent layers): its tree "
+                                 "step's kernels are refdec's own torch code, not captured")
         self.prefix_cache: PrefixCache[list] = PrefixCache(prefix_cache, max_size=PREFIX_CACHE_BYTES)
         if cuda_graphs:
             self._set_static_step(cuda_graphs=True)
@@ -88,6 +95,8 @@ class TransformersBackend:
         if not value:
             self.runner.static_step = None
         elif self.runner.static_step is None:
+            if self.runner.hybrid is not None:
+                raise ValueError("static_shapes=True does not go with a hybrid model (recurrent layers)")
             self._set_static_step(cuda_graphs=False)
 
     def _set_static_step(self, cuda_graphs: bool) -> None:
@@ -124,8 +133,12 @@ class TransformersBackend:
                     reused[i] = (entry.handle, cached)
         parts = []  # (group indices, batch, logits [g, V])
         rest = [i for i in range(len(group)) if i not in reused]
-        if rest:
-            parts.append((rest, *(yield from prefill_steps(self.runner, [group[i] for i in rest], chunk))))
+        # a hybrid model's prompts are prefilled one by one: left padding would run through its recurrent layers
+        together = ([rest] if rest else []) if self.runner.hybrid is None else [[i] for i in rest]
+        for indices in together:
+            if parts:
+                yield  # the forwards of the parts before this one were a step's
+            parts.append((indices, *(yield from prefill_steps(self.runner, [group[i] for i in indices], chunk))))
         for i, (entries, cached) in reused.items():
             if parts:
                 yield  # the forwards of the parts before this one were a step's

@@ -29,6 +29,7 @@ import torch.nn.functional as F
 
 from refdec.engine.requests import Request
 from refdec.transformers.cache import append_rows, gather_slots, row_entries, select_rows
+from refdec.transformers.hybrid.state import append_state_rows, commit_states, has_pending, select_state_rows
 from refdec.transformers.transfer import to_device
 
 __all__ = ["RunningBatch"]
@@ -81,7 +82,9 @@ class RunningBatch:
             self.requests, self.cache = other.requests, other.cache
             self.lengths, self.lead_holes, self.key_pos = other.lengths, other.lead_holes, other.key_pos
             return
-        n = append_rows(self.cache, other.cache)
+        # a model without KV layers (Mamba2) moves no slots: its rows' widths are the positions' alone
+        n = append_rows(self.cache, other.cache) or max(self.key_pos.shape[1], other.key_pos.shape[1])
+        append_state_rows(self.cache, other.cache)
         self.requests = self.requests + other.requests
         self.lengths = np.concatenate([self.lengths, other.lengths])
         self.lead_holes = np.concatenate([self.lead_holes, other.lead_holes])
@@ -93,7 +96,8 @@ class RunningBatch:
         nodes (``accepted_rows[b]``, int64 [k_b] node indices; node ``i`` sits at slot
         ``S + 1 + i``) at slots ``lengths[b] ..``; ``root_pos`` int64 [B] is each row's root
         position. The cache is cut to the longest row. One host-to-device copy (the slot moves
-        and the kept slots' positions), no host sync."""
+        and the kept slots' positions), no host sync. A hybrid model's recurrent layers take each
+        row's last kept tree row's state (refdec.transformers.hybrid.state.commit_states)."""
         slots = self.slots
         n_rows = len(self.requests)
         kmax = 1 + max(a.shape[0] for a in accepted_rows)
@@ -113,6 +117,9 @@ class RunningBatch:
         self.key_pos.scatter_(1, sent[1], sent[2])
         gather_slots(self.cache, torch.arange(n_rows, device=self.device)[:, None], sent[0], sent[1], new_len)
         self.key_pos = self.key_pos[:, :new_len]
+        if has_pending(self.cache):  # a hybrid model: each row's recurrent state becomes its last kept row's
+            final = np.array([a[-1] + 1 if a.shape[0] else 0 for a in accepted_rows], dtype=np.int64)
+            commit_states(self.cache, to_device(final, self.device))
 
     def drop_finished(self) -> None:
         """Removes finished rows (their cache rows included) and cuts holes no active row needs."""
@@ -137,6 +144,7 @@ class RunningBatch:
         start = int(self.lead_holes[keep].min())
         rows = to_device(np.asarray(keep, dtype=np.int64), self.device)
         select_rows(self.cache, rows, start, new_len)
+        select_state_rows(self.cache, rows)
         self.requests = [self.requests[b] for b in keep]
         self.lengths = lengths - start
         self.lead_holes = self.lead_holes[keep] - start

@@ -207,12 +207,15 @@ def new_cache(preallocate: bool = True) -> DynamicCache:
 
 
 def layers(cache: DynamicCache):
-    """The initialised layers of ``cache``; raises TypeError for a layer that may evict entries
-    (only :class:`GrowingLayer` and ``DynamicLayer`` keep them all)."""
+    """The initialised KV layers of ``cache`` (a hybrid model's recurrent layers are skipped: their
+    state moves with refdec.transformers.hybrid.state); raises TypeError for a layer that may evict
+    entries (only :class:`GrowingLayer` and ``DynamicLayer`` keep them all)."""
     for layer_idx, layer in enumerate(cache.layers):
+        if getattr(layer, "refdec_recurrent", False) and not isinstance(layer, GrowingLayer):
+            continue  # a recurrent layer holds no KV entries (refdec.transformers.hybrid.state)
         if not layer.is_initialized:
             continue
-        if type(layer) not in (GrowingLayer, DynamicLayer):
+        if type(layer) not in (GrowingLayer, DynamicLayer) and not getattr(layer, "refdec_recurrent", False):
             raise TypeError(
                 f"cache layer {layer_idx} is {type(layer).__name__}; tree verification needs full layers "
                 "(refdec.transformers.cache.new_cache(), or DynamicCache() without a config)"

@@ -47,7 +47,10 @@ class MaskSpec:
     """How a model wants its attention mask (refdec.transformers.model_support.mask_spec_for).
 
     kind: ``"single"`` (one mask for every layer), ``"dict"`` (a mapping from
-    layer type to mask, as Gemma 3 / Qwen2 with sliding layers take it).
+    layer type to mask, as Gemma 3 / Qwen2 with sliding layers take it), ``"hybrid"`` (a hybrid
+    model's mapping: the tree mask for ``full_attention``, None for its recurrent layer types,
+    which read the tree's paths instead: refdec.transformers.hybrid), ``"none"`` (a model without
+    attention layers takes no mask and no positions).
     window: the sliding window (``None`` for none); with ``kind="single"`` and a
     window, every layer slides (Mistral style).
     additive: eager attention adds the mask, so it must be float (0 / dtype min).
@@ -63,11 +66,19 @@ class MaskSpec:
 
 @dataclass
 class TreeInputs:
-    """Tensors for one verification forward (shapes in the module docstring)."""
+    """Tensors for one verification forward (shapes in the module docstring); ``paths``: a hybrid
+    model's tree paths for its recurrent layers (refdec.transformers.hybrid.paths.TreePaths), None
+    for an attention-only model."""
 
     input_ids: torch.Tensor
     position_ids: torch.Tensor
-    attention_mask: torch.Tensor | dict
+    attention_mask: torch.Tensor | dict | None
+    paths: object = None
+
+    def model_kwargs(self) -> dict:
+        """The keyword arguments of refdec.transformers.runner.ModelRunner's forwards."""
+        return dict(input_ids=self.input_ids, position_ids=self.position_ids, attention_mask=self.attention_mask,
+                    paths=self.paths)
 
 
 def ancestor_matrix(parents: np.ndarray) -> np.ndarray:
@@ -85,6 +96,11 @@ def ancestor_matrix(parents: np.ndarray) -> np.ndarray:
         anc[row] = anc[p]
         anc[row, row] = True
     return anc
+
+
+# The layer types a hybrid model looks its recurrent layers' masks up under (transformers: a 2D
+# padding mask, None when there is none; refdec's rows have no padding).
+_RECURRENT_MASK_KEYS = ("linear_attention", "conv", "hybrid", "mamba")
 
 
 def _finish(mask: torch.Tensor, spec: MaskSpec) -> torch.Tensor:
@@ -114,6 +130,10 @@ def _assemble(full: torch.Tensor, windowed: torch.Tensor | None, spec: MaskSpec,
               finish=_finish):
     """The model's mask(s) [B, 1, T, S] from ``full`` / ``windowed`` bool [B, T, S] (before / after the
     window; ``windowed`` None without one), each made by ``finish(mask, spec)``."""
+    if spec.kind == "none":
+        return None
+    if spec.kind == "hybrid":
+        return {"full_attention": finish(full, spec)[:, None], **dict.fromkeys(_RECURRENT_MASK_KEYS)}
     if spec.kind == "dict":
         return {"full_attention": finish(full, spec)[:, None],
                 "sliding_attention": finish(windowed[:, :, sliding_from:], spec)[:, None]}
@@ -148,8 +168,8 @@ def attention_masks(visible: np.ndarray, q_pos: np.ndarray, k_pos: np.ndarray, s
         windowed = full & torch.from_numpy((q_pos[:, :, None] - k_pos[:, None, :]) < spec.window)
     masks = _assemble(full, windowed, spec, sliding_from)
     if isinstance(masks, dict):
-        return {name: mask.to(device) for name, mask in masks.items()}
-    return masks.to(device)
+        return {name: None if mask is None else mask.to(device) for name, mask in masks.items()}
+    return None if masks is None else masks.to(device)
 
 
 def tree_step_inputs(trees: list[DraftTree], roots: np.ndarray, root_pos: np.ndarray, valid: np.ndarray,

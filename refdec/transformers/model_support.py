@@ -12,6 +12,9 @@ KV cache's slot indices. So a model type is one of:
 * **verified** (:data:`VERIFIED_MODEL_TYPES`): tree verification equals plain
   decoding in refdec's tests or in a randomized comparison against
   ``model.generate``;
+* **hybrid** (refdec.transformers.hybrid): recurrent layers (Gated DeltaNet, Mamba2 mixers, short
+  convolutions) beside attention, or alone; a recurrent family refdec cannot verify is refused,
+  by name (refdec.transformers.hybrid.families.hybrid_layout);
 * **anything else**: checked once, when its first decoder is made
   (refdec.transformers.selfcheck).
 
@@ -27,6 +30,7 @@ import inspect
 
 import torch
 
+from refdec.transformers.hybrid.families import find_hybrid
 from refdec.transformers.masks import MaskSpec
 
 __all__ = ["PLAIN_HEAD_MODEL_TYPES", "VERIFIED_MODEL_TYPES", "cache_kwarg", "check_supported", "mask_spec_for",
@@ -42,7 +46,9 @@ VERIFIED_MODEL_TYPES = frozenset({
 
 # Model types whose causal-LM head is exactly ``lm_head(last_hidden_state)`` (then Gemma's optional
 # final logit soft-capping): the verifier may compute those logits itself (refdec.transformers.plain_head).
-PLAIN_HEAD_MODEL_TYPES = frozenset({"gemma", "gemma2", "gemma3_text", "llama", "mistral", "qwen2", "qwen3", "gpt2"})
+PLAIN_HEAD_MODEL_TYPES = frozenset({"gemma", "gemma2", "gemma3_text", "llama", "mistral", "qwen2", "qwen3", "gpt2",
+                                    # hybrids (refdec.transformers.hybrid)
+                                    "qwen3_5_text", "qwen3_5_moe_text", "qwen3_next", "lfm2", "lfm2_moe", "bamba"})
 
 
 def text_config(model):
@@ -88,6 +94,10 @@ def mask_spec_for(model) -> MaskSpec:
             "explicit 4D mask; load the model with attn_implementation='sdpa' or 'eager'"
         )
     check_supported(model)
+    layout = find_hybrid(model, config)  # raises, naming the family, for a layer refdec cannot verify
+    if layout is not None:
+        return MaskSpec(kind="hybrid" if layout.has_attention else "none", window=None,
+                        additive=attn_impl == "eager", dtype=model.dtype)
     layer_types = list(getattr(config, "layer_types", None) or [])
     window = getattr(config, "sliding_window", None)
     unsupported = sorted(set(layer_types) - {"full_attention", "sliding_attention"})

@@ -31,7 +31,7 @@ from refdec.engine.requests import Request
 from refdec.engine.results import DecodingStats
 from refdec.engine.stops import StopChecker
 from refdec.transformers.batch import RunningBatch
-from refdec.transformers.cache import cache_from_entries, new_cache
+from refdec.transformers.cache import cache_from_entries
 from refdec.transformers.masks import attention_masks
 from refdec.transformers.runner import ModelRunner
 
@@ -65,7 +65,7 @@ def prefill_steps(runner: ModelRunner, group: list[Request], chunk: int | None):
     key_pos = np.where(valid, np.cumsum(valid, axis=1) - 1, -1).astype(np.int64)
     padded = not valid.all()
     q_pos = np.maximum(key_pos, 0)
-    cache = new_cache()
+    cache = runner.new_cache()
     for begin, end in prefill_spans(width, chunk):
         inputs = {"input_ids": torch.from_numpy(ids[:, begin:end]).to(device)}
         if padded:

@@ -12,7 +12,10 @@ from __future__ import annotations
 
 import torch
 
-from refdec.transformers.cache import set_prefill_window
+from refdec.transformers.cache import new_cache, set_prefill_window
+from refdec.transformers.hybrid.families import find_hybrid
+from refdec.transformers.hybrid.state import new_hybrid_cache
+from refdec.transformers.hybrid.step import install, tree_step
 from refdec.transformers.model_support import cache_kwarg, mask_spec_for, text_config
 from refdec.transformers.plain_head import split_forward_fn
 
@@ -35,6 +38,10 @@ class ModelRunner:
         self.model = model
         self.mask_spec = mask_spec_for(model)  # raises for unsupported models
         config = text_config(model)
+        # a hybrid model's recurrent side (refdec.transformers.hybrid), None for attention only
+        self.hybrid = find_hybrid(model, config)
+        if self.hybrid is not None:
+            install(set(self.hybrid.modules))
         self.max_positions = getattr(config, "max_position_embeddings", None)
         self.vocab_size = int(config.vocab_size)
         self.device = next(model.parameters()).device
@@ -53,11 +60,32 @@ class ModelRunner:
     def uses_lazy_head(self) -> bool:
         return self.lazy_head and self.head is not None
 
+    def new_cache(self):
+        """An empty cache for this model (refdec.transformers.cache.new_cache; a hybrid model's has
+        its recurrent layers: refdec.transformers.hybrid.state.new_hybrid_cache)."""
+        if self.hybrid is None:
+            return new_cache()
+        return new_hybrid_cache(list(self.hybrid.cache_layer_types))
+
+    def _tree_forward(self, call, cache, inputs: dict):
+        """``call(**inputs)`` with ``cache``: a tree's forward (``inputs["paths"]`` set, a hybrid
+        model) inside refdec.transformers.hybrid.step.tree_step; a model without attention
+        gets neither positions nor a mask."""
+        paths = inputs.pop("paths", None)
+        if self.mask_spec.kind == "none":
+            inputs.pop("position_ids", None)
+            inputs.pop("attention_mask", None)
+        inputs[self.cache_kw] = cache
+        if paths is None:
+            return call(**inputs)
+        with tree_step(cache, paths):
+            return call(**inputs)
+
     def logits(self, cache, **inputs) -> torch.Tensor:
         """float [B, T, V]: the model's own forward over ``inputs`` (input_ids, position_ids,
-        attention_mask as refdec.transformers.masks builds them)."""
-        inputs[self.cache_kw] = cache
-        return self.model(use_cache=True, **inputs).logits
+        attention_mask as refdec.transformers.masks builds them; ``paths``: a hybrid model's tree
+        paths, refdec.transformers.masks.TreeInputs)."""
+        return self._tree_forward(lambda **kw: self.model(use_cache=True, **kw).logits, cache, inputs)
 
     def verify_forward(self, forward, cache, **inputs) -> torch.Tensor:
         """``forward(cache, **inputs)`` (:meth:`hidden` or :meth:`logits`) as a verification step runs
@@ -94,7 +122,11 @@ class ModelRunner:
 
     def hidden(self, cache, **inputs) -> torch.Tensor:
         """float [B, T, D]: the backbone's last hidden states (plain-head models only)."""
-        return self.backbone(cache, **inputs)
+        paths = inputs.pop("paths", None)
+        if paths is None:
+            return self.backbone(cache, **inputs)
+        with tree_step(cache, paths):
+            return self.backbone(cache, **inputs)
 
     def sliding_prefill_start(self, begin: int) -> int:
         """The first key column the sliding-window layers present to the prefill chunk that

@@ -78,8 +78,7 @@ def check_tree_verification(runner: ModelRunner, prompt_len: int = 24) -> None:
         for tree, root_token, root_pos, path in steps:
             roots, root_pos = np.array([root_token]), np.array([root_pos])
             inputs, _ = step_inputs(runner, batch, [tree], roots, root_pos)
-            logits = runner.logits(batch.cache, input_ids=inputs.input_ids, position_ids=inputs.position_ids,
-                                   attention_mask=inputs.attention_mask)[0].float()  # [1 + n, V]
+            logits = runner.logits(batch.cache, **inputs.model_kwargs())[0].float()  # [1 + n, V]
             got.append(logits[np.concatenate([[0], path + 1])])  # the root, then the path
             batch.keep_accepted(root_pos, [path])
     got = torch.cat(got)
@@ -87,6 +86,8 @@ def check_tree_verification(runner: ModelRunner, prompt_len: int = 24) -> None:
     scale = float(want.abs().max()) or 1.0
     diff = float((got - want).abs().max())
     tolerance = _REL_TOLERANCE.get(model.dtype, 1e-2) * scale
+    if runner.hybrid is not None:  # transformers computes the recurrent kernels in float32 whatever the dtype
+        tolerance = max(tolerance, _REL_TOLERANCE[torch.float32] * scale)
     if not diff <= tolerance:
         raise TreeVerificationError(
             f"model type {model_type(model)!r}: verifying a draft tree gives other logits than plain decoding "

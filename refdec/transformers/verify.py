@@ -33,6 +33,7 @@ from refdec.engine.accept import accept_walk, accept_walk_lazy, accept_walks_on_
 from refdec.engine.interface import SampledRule, TargetRule, Verified
 from refdec.engine.sampling import position_keys, seed_key
 from refdec.transformers.batch import RunningBatch
+from refdec.transformers.hybrid.paths import tree_paths
 from refdec.transformers.lazy_head import LockstepLazyWalks
 from refdec.transformers.masks import DeviceTrees, TreeInputs, device_tree_inputs, tree_step_inputs
 from refdec.transformers.runner import ModelRunner
@@ -50,10 +51,15 @@ def step_inputs(runner: ModelRunner, batch: RunningBatch, trees: list[DraftTree]
     b's draft tree; ``roots`` int64 [B]: each row's last token; ``root_pos`` int64 [B]: its position."""
     if runner.uses_lazy_head:
         key_pos = batch.host_key_pos()
-        return tree_step_inputs(trees, roots, root_pos, key_pos >= 0, key_pos, runner.mask_spec, runner.device), None
-    if runner.static_step is not None:  # fixed shapes (refdec.transformers.static_step)
-        return runner.static_step.prepare(batch, trees, roots, root_pos)
-    return device_tree_inputs(trees, roots, root_pos, batch.key_pos, runner.mask_spec, runner.device)
+        inputs, on_device = tree_step_inputs(trees, roots, root_pos, key_pos >= 0, key_pos, runner.mask_spec,
+                                             runner.device), None
+    elif runner.static_step is not None:  # fixed shapes (refdec.transformers.static_step)
+        inputs, on_device = runner.static_step.prepare(batch, trees, roots, root_pos)
+    else:
+        inputs, on_device = device_tree_inputs(trees, roots, root_pos, batch.key_pos, runner.mask_spec, runner.device)
+    if runner.hybrid is not None:  # the recurrent layers read each row's path (refdec.transformers.hybrid)
+        inputs.paths = tree_paths(trees, int(inputs.input_ids.shape[1]), runner.device)
+    return inputs, on_device
 
 
 def verify_step(runner: ModelRunner, batch: RunningBatch, trees: list[DraftTree], roots: np.ndarray,
@@ -84,7 +90,7 @@ def verify_trees(runner: ModelRunner, cache, inputs: TreeInputs, trees: list[Dra
     model's head runs on the rows the walks visit (lazily, whatever the device); another model's
     own forward computes every row's logits."""
     t0 = time.perf_counter()
-    kwargs = dict(input_ids=inputs.input_ids, position_ids=inputs.position_ids, attention_mask=inputs.attention_mask)
+    kwargs = inputs.model_kwargs()
     if runner.head is not None:
         hidden = runner.verify_forward(runner.hidden, cache, **kwargs)  # [B, T, D]
         forward_seconds = time.perf_counter() - t0
@@ -140,8 +146,7 @@ def verify_on_device(runner: ModelRunner, cache, inputs: TreeInputs, trees: Devi
     (refdec.engine.accept.accept_walks_on_device); their result, a few ints per row, comes to the
     host in the step's one host sync."""
     t0 = time.perf_counter()
-    targets = runner.row_targets(cache, choose, input_ids=inputs.input_ids, position_ids=inputs.position_ids,
-                                 attention_mask=inputs.attention_mask)  # [B, T], on the head's device
+    targets = runner.row_targets(cache, choose, **inputs.model_kwargs())  # [B, T], on the head's device
     # to the inputs' device (under device_map="auto" the first layer's, not the head's)
     targets = targets.to(trees.token_rows.device, non_blocking=True)
     result = accept_walks_on_device(trees.token_rows, trees.parent_rows, trees.ancestors, trees.depth, targets)
