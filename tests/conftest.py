@@ -108,6 +108,18 @@ def tiny_gguf(tmp_path_factory):
     return write_tiny_gguf(tmp_path_factory.mktemp("gguf") / "tiny.gguf")
 
 
+@pytest.fixture(scope="session")
+def tiny_lfm2_llm(tmp_path_factory):
+    """A ``llama_cpp.Llama`` on a tiny random LFM2 model (tiny_gguf.write_tiny_lfm2_gguf: llama.cpp's
+    ``lfm2`` architecture, short convolutions beside attention), once per session."""
+    llama_cpp = pytest.importorskip("llama_cpp")
+    pytest.importorskip("gguf")
+    from tiny_gguf import write_tiny_lfm2_gguf
+
+    path = write_tiny_lfm2_gguf(tmp_path_factory.mktemp("gguf") / "tiny-lfm2.gguf")
+    return llama_cpp.Llama(str(path), n_ctx=512, n_threads=1, n_batch=64, verbose=False)
+
+
 @pytest.fixture(scope="module")
 def fresh_refdec_cache(tmp_path_factory):
     """``$REFDEC_CACHE`` in a folder of the module's own while it runs: what the module's decoders

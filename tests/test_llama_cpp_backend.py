@@ -434,3 +434,82 @@ def test_a_prefill_whose_requests_are_all_cancelled_stops_inside_its_decode(llm)
     prompt = _ids(llm, PROMPTS[0])
     assert decoder.generate(prompt, max_new_tokens=8).sequences.tolist() == \
         refdec.SpeculativeDecoder(llm, prefix_cache=0).generate(prompt, max_new_tokens=8).sequences.tolist()
+
+
+# -- a model with recurrent layers (tiny_gguf.write_tiny_lfm2_gguf): chains, the rejected tail rolled back
+
+def _hybrid_prompts(llm):
+    return [_ids(llm, text) for text in (b"abc abc abc abc abc", b"def add(a, b):\n    return a")]
+
+
+@pytest.mark.parametrize("max_draft_tokens", [4, 16, "auto"])
+def test_a_hybrid_gguf_gives_llama_cpps_plain_tokens_up_to_a_near_tie(tiny_lfm2_llm, max_draft_tokens):
+    llm = tiny_lfm2_llm
+    compared = accepted = rejected = 0
+    for prompt in _hybrid_prompts(llm):
+        plain, _ = plain_greedy(llm, prompt, 48)
+        reference = list(plain)
+        for j in range(5, len(reference), 9):  # drafts accepted up to each corruption
+            reference[j] = (reference[j] + 1) % VOCAB
+        out = refdec.generate(llm, prompt, max_new_tokens=48, max_draft_tokens=max_draft_tokens,
+                              references=[prompt[-3:] + reference], eos_token_id=[])
+        new = out.sequences[0, len(prompt):].tolist()
+        margins = _margins(llm, prompt, plain)
+        clear = next((i for i, m in enumerate(margins) if m < 1e-3), len(plain))
+        assert new[:clear] == plain[:clear], (prompt, clear)
+        compared += clear
+        accepted += out.stats.accepted_tokens
+        rejected += out.stats.proposed_tokens - out.stats.accepted_tokens
+    assert compared >= 60 and accepted > 10 and rejected > 5, (compared, accepted, rejected)
+
+
+def test_a_hybrid_row_verifies_a_chain_and_keeps_exactly_its_sequence(tiny_lfm2_llm, monkeypatch):
+    decoder = refdec.SpeculativeDecoder(tiny_lfm2_llm)
+    backend = decoder.backend
+    assert backend.recurrent and backend.max_tree <= 16 and backend.prefix_cache.max_entries == 0
+    branchy = DraftTree(np.array([5, 6, 7, 8]), np.array([-1, -1, 0, 2]), np.ones(4, np.float32))
+    chain = backend.fit_tree(branchy, 1)
+    assert chain.token_ids.tolist() == [5, 7, 8] and chain.parents.tolist() == [-1, 0, 1]
+    ctx = backend.ctx
+    checked = []
+    original_keep = type(backend.new_batch()).keep_accepted
+
+    def keep_and_check(self, root_pos, accepted_rows):
+        original_keep(self, root_pos, accepted_rows)
+        for b, base in enumerate(self.base_seqs):
+            kept = int(root_pos[b]) + 1 + int(accepted_rows[b].shape[0])
+            # the rejected tail rolled back (a recurrent cell holds the last position only: the largest)
+            assert ctx.seq_pos_range(base)[1] == kept - 1
+        checked.append(len(accepted_rows))
+
+    monkeypatch.setattr(type(backend.new_batch()), "keep_accepted", keep_and_check)
+    prompt = _hybrid_prompts(tiny_lfm2_llm)[0]
+    plain, _ = plain_greedy(tiny_lfm2_llm, prompt, 40)
+    reference = list(plain)
+    for j in range(4, len(reference), 7):
+        reference[j] = (reference[j] + 1) % VOCAB
+    out = decoder.generate(prompt, max_new_tokens=40, max_draft_tokens=8, references=[prompt[-3:] + reference],
+                           eos_token_id=[])
+    assert checked and out.stats.forward_passes < 40
+    assert out.stats.accepted_tokens < out.stats.proposed_tokens  # tails were rolled back
+
+
+def test_a_batch_on_a_hybrid_gguf_matches_each_prompt_alone(tiny_lfm2_llm):
+    llm = tiny_lfm2_llm
+    prompts = _hybrid_prompts(llm) + [_ids(llm, b"hello world, hello")]
+    alone = [refdec.generate(llm, p, max_new_tokens=24, max_draft_tokens=8, eos_token_id=[])
+             .sequences[0, len(p):].tolist() for p in prompts]
+    done = {}
+    refdec.generate(llm, prompts, max_new_tokens=24, max_draft_tokens=8, max_batch_size=2, eos_token_id=[],
+                    on_row_done=lambda b, new, stats: done.__setitem__(b, new))
+    assert [done[b] for b in range(3)] == alone
+
+
+def test_rolling_a_hybrid_sequence_back_too_far_says_why(tiny_lfm2_llm):
+    backend = LlamaCppBackend(tiny_lfm2_llm)
+    ctx = backend.ctx
+    tokens = np.arange(3, 43, dtype=np.int32)
+    ctx.decode(tokens, np.arange(40), [[0]] * 40, np.zeros(40, bool))
+    ctx.seq_remove(0, 40 - backend.max_tree, -1)  # within the states llama.cpp keeps
+    with pytest.raises(RuntimeError, match="recurrent layers.*last 17 tokens"):
+        ctx.seq_remove(0, 5, -1)

@@ -24,7 +24,8 @@ try:
 except ImportError as exc:  # pragma: no cover - depends on the environment
     raise ImportError("refdec on llama.cpp needs llama-cpp-python: pip install 'refdec[llama]'") from exc
 
-__all__ = ["LlamaDecodeError", "TreeContext", "chat_template", "chat_template_prompt", "llama_version"]
+__all__ = ["LlamaDecodeError", "TreeContext", "chat_template", "chat_template_prompt", "is_recurrent",
+           "llama_version"]
 
 MAX_SEQUENCES = int(_lib.llama_max_parallel_sequences())
 
@@ -38,6 +39,12 @@ class LlamaDecodeError(RuntimeError):
         self.code = code
 
 
+def is_recurrent(model) -> bool:
+    """Whether the llama.cpp model (a ``llama_model_p``) keeps a recurrent state per sequence: a recurrent
+    model (Mamba, RWKV) or a hybrid one (Qwen3.5, LFM2, Granite 4, Nemotron-H, Falcon-H1)."""
+    return bool(_lib.llama_model_is_recurrent(model)) or bool(_lib.llama_model_is_hybrid(model))
+
+
 def llama_version() -> str:
     return getattr(llama_cpp, "__version__", "unknown")
 
@@ -46,13 +53,15 @@ class TreeContext:
     """A llama.cpp context for tree verification on ``llm``'s model.
 
     ``n_seq_max``: sequences (1 + the most leaves the trees of a step may hold in all, plus one
-    per extra batch row); ``n_batch``: the most tokens one ``decode`` takes (a tree's nodes + 1,
+    per extra batch row); ``rollback``: a recurrent model's states kept per sequence, for its last
+    ``rollback`` tokens (llama.cpp's ``n_rs_seq``; 0 for an attention model); ``n_batch``: the most tokens one ``decode`` takes (a tree's nodes + 1,
     or a prefill chunk); ``n_outputs`` (default ``n_batch``): the most entries of one ``decode``
     that want logits (llama.cpp aborts the process past its ``n_outputs_max``; its worst-case graph,
     reserved up front, holds that many vocabulary-sized rows). The batch buffers are allocated once.
     """
 
-    def __init__(self, llm, *, n_seq_max: int, n_batch: int, n_outputs: int | None = None) -> None:
+    def __init__(self, llm, *, n_seq_max: int, n_batch: int, n_outputs: int | None = None,
+                 rollback: int = 0) -> None:
         if not 1 <= n_seq_max <= MAX_SEQUENCES:
             raise ValueError(f"n_seq_max must be in [1, {MAX_SEQUENCES}] (llama.cpp's limit), got {n_seq_max}")
         self.llm = llm
@@ -74,6 +83,10 @@ class TreeContext:
         params.n_outputs_max = max(int(n_batch if n_outputs is None else n_outputs), int(n_seq_max))
         params.n_outputs_max_per_seq = 0  # a tree's sequence has a logits row per node
         params.embeddings = False
+        # a recurrent state cannot be cut back to an earlier position: llama.cpp keeps the states of a
+        # sequence's last ``rollback`` tokens so that seq_remove of at most that many tokens restores one
+        params.n_rs_seq = int(rollback)
+        self.rollback = int(rollback)
         self.n_batch = int(params.n_batch)
         self.n_outputs = int(params.n_outputs_max)
         self.prefill_chunk = int(llm.n_batch)  # prompts are fed as Llama.eval feeds them
@@ -165,7 +178,11 @@ class TreeContext:
     def seq_remove(self, seq: int, p0: int = -1, p1: int = -1) -> None:
         """Removes ``seq`` from its cells at positions [p0, p1) (-1: open); freed cells are reused."""
         if not _lib.llama_memory_seq_rm(self.memory, seq, p0, p1):
-            raise RuntimeError(f"llama.cpp could not remove positions [{p0}, {p1}) of sequence {seq}")
+            why = ""
+            if is_recurrent(self.model):
+                why = (f": the model has recurrent layers, whose state llama.cpp restores only for a "
+                       f"sequence's last {self.rollback} tokens (n_rs_seq), never further back")
+            raise RuntimeError(f"llama.cpp could not remove positions [{p0}, {p1}) of sequence {seq}{why}")
 
     def seq_pos_range(self, seq: int) -> tuple[int, int]:
         """(smallest, largest) position of ``seq``'s cells; (-1, -1) when it has none."""

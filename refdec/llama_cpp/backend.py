@@ -22,6 +22,14 @@ later prompt that begins with the same tokens copies those cells into its own ba
 (``seq_cp``) and is prefilled from the first token that differs. An entry gives its sequence id
 back when the trees need more sequences, and its cells when a decode finds no free slot.
 
+A model with recurrent layers (a hybrid: Qwen3.5, LFM2, Granite 4, Nemotron-H; or Mamba) keeps one
+recurrent state per sequence, which ``seq_cp`` shares between sequences and llama.cpp cannot split
+by tree branch, nor cut back past the last ``n_rs_seq`` tokens it keeps states for. On such a
+model a row verifies a *chain* (its tree's best path, at most :data:`MAX_RECURRENT_CHAIN` nodes)
+in its base sequence alone, in a decode of its own, and the rejected tail is rolled back with
+``seq_rm`` (the context keeps ``1 + MAX_RECURRENT_CHAIN`` states per sequence); its prefix cache is
+off (a kept sequence's state is that of its last token only). docs/llama_cpp.md has the measured cost.
+
 Every entry asks for logits: a leaf's are read only if it is accepted, but without them an
 accepted leaf would yield no bonus token. (A policy that skipped the logits of leaves unlikely to
 be accepted was measured no faster, and removed; CHANGELOG.md.)
@@ -38,13 +46,17 @@ import torch
 from refdec.engine.accept import accept_walk_steps
 from refdec.engine.interface import PrefillCancelled, Verified
 from refdec.engine.prefix_cache import PrefixCache
-from refdec.llama_cpp.api import MAX_SEQUENCES, LlamaDecodeError, TreeContext
+from refdec.llama_cpp.api import MAX_SEQUENCES, LlamaDecodeError, TreeContext, is_recurrent
 from refdec.llama_cpp.calibration import auto_cost_curve
 from refdec.llama_cpp.tokenizer import GgufTokenizer
 from refdec.tree import MAX_NODES, DraftTree, keep_nodes
 
-__all__ = ["LlamaCppBackend", "LlamaRunningBatch", "tree_layout"]
+__all__ = ["MAX_RECURRENT_CHAIN", "LlamaCppBackend", "LlamaRunningBatch", "best_path", "tree_layout"]
 
+# The longest chain a row verifies on a model with recurrent layers: llama.cpp keeps one recurrent
+# state per token of a sequence's last 1 + this many (n_rs_seq), so that a rejected tail can be rolled
+# back; each costs a copy of every recurrent layer's state per decoded token (docs/llama_cpp.md).
+MAX_RECURRENT_CHAIN = 16
 
 
 def tree_layout(tree: DraftTree) -> tuple[list[list[int]], np.ndarray]:
@@ -62,6 +74,18 @@ def tree_layout(tree: DraftTree) -> tuple[list[list[int]], np.ndarray]:
         if parent >= 0:
             below[parent][:0] = below[node]  # the lower-index (better) child's leaves first
     return below, np.flatnonzero(~has_child)
+
+
+def best_path(tree: DraftTree) -> np.ndarray:
+    """int64 [d]: the node indices of ``tree``'s best path (best-first: the lowest-index child of the
+    root, then of each node on it), root to leaf."""
+    path = []
+    parent = -1
+    for node, node_parent in enumerate(tree.parents.tolist()):
+        if node_parent == parent:
+            path.append(node)
+            parent = node
+    return np.asarray(path, dtype=np.int64)
 
 
 def prefix_with_leaves(tree: DraftTree, max_leaves: int) -> DraftTree:
@@ -107,6 +131,11 @@ class LlamaRunningBatch:
         sequence; every branch sequence of the step is removed. ``root_pos`` int64 [B]."""
         ctx = self.backend.ctx
         pending, self.pending = self.pending, None
+        if self.backend.recurrent:  # each row's chain sits in its base sequence: roll the rejected tail back
+            for b, accepted in enumerate(accepted_rows):
+                if int(accepted.shape[0]) < pending[b]:
+                    ctx.seq_remove(self.base_seqs[b], int(root_pos[b]) + 1 + int(accepted.shape[0]), -1)
+            return
         for b, accepted in enumerate(accepted_rows):
             node_seq, branch_seqs = pending[b]
             k = int(accepted.shape[0])
@@ -142,12 +171,18 @@ class LlamaCppBackend:
     def __init__(self, llm, *, max_tree: int = MAX_NODES, n_seq_max: int | None = None, max_rows: int = 1,
                  prefix_cache: int = 4) -> None:
         self.llm = llm
-        self.max_tree = int(max_tree)
+        # recurrent layers: one chain per row in its base sequence, its rejected tail rolled back (module docstring)
+        self.recurrent = is_recurrent(llm.model)
+        self.max_tree = min(int(max_tree), MAX_RECURRENT_CHAIN) if self.recurrent else int(max_tree)
         n_batch = 1 + self.max_tree
         # llama.cpp reserves a logits row per sequence: more sequences than batch entries cost memory
         # (a row is the vocabulary's size) and buy nothing, as a tree has fewer leaves than entries
-        n_seq_max = min(MAX_SEQUENCES, n_batch) if n_seq_max is None else int(n_seq_max)
-        self.ctx = TreeContext(llm, n_seq_max=n_seq_max, n_batch=int(max_rows) * n_batch)
+        if n_seq_max is None:
+            n_seq_max = min(MAX_SEQUENCES, int(max_rows) + 1 if self.recurrent else n_batch)
+        if self.recurrent:
+            prefix_cache = 0  # a kept sequence's recurrent state is its last token's: no shorter prefix reusable
+        self.ctx = TreeContext(llm, n_seq_max=int(n_seq_max), n_batch=int(max_rows) * n_batch,
+                               rollback=n_batch if self.recurrent else 0)
         self.vocab_size = self.ctx.n_vocab
         self.max_positions = self.ctx.n_ctx - 1  # positions 0 .. n_ctx - 1; the last token is never fed
         self.device = torch.device("cpu")
@@ -230,6 +265,8 @@ class LlamaCppBackend:
         ``max_tree``), and no more leaves than its share of the branch sequences (what the rows'
         base sequences leave)."""
         most = min(self.max_tree, min(self.ctx.n_batch, self.ctx.n_outputs) // max(1, rows) - 1)
+        if self.recurrent:  # a chain: the tree's best path
+            return keep_nodes(tree, best_path(tree)[:self.max_tree])
         if len(tree) > most:
             tree = keep_nodes(tree, np.arange(max(0, most)))
         share = (self.ctx.n_seq_max - rows) // max(1, rows)
@@ -289,6 +326,8 @@ class LlamaCppBackend:
         """One ``llama_decode`` of every row's ``[root] + tree`` (module docstring), then each row's
         walk. ``roots`` int64 [B], ``root_pos`` int64 [B]; ``rules[b]`` the row's target rule
         (None: greedy)."""
+        if self.recurrent:
+            return self._verify_chains(batch, trees, roots, root_pos, rules)
         t0 = time.perf_counter()
         ctx = self.ctx
         tokens, positions, seq_ids, starts = [], [], [], []
@@ -337,6 +376,27 @@ class LlamaCppBackend:
             walks.append(self._walk(tree, starts[b], rules[b]))
             head_rows.append(1 + len(tree))
         return Verified(walks, head_rows, forward_seconds=t2 - t1, prepare_seconds=t1 - t0)
+
+    def _verify_chains(self, batch: LlamaRunningBatch, trees: list[DraftTree], roots: np.ndarray,
+                       root_pos: np.ndarray, rules: list) -> Verified:
+        """:meth:`verify` on a model with recurrent layers: each row's ``[root] + chain`` (``fit_tree``
+        made every tree a chain) decoded in its base sequence, a decode per row (llama.cpp splits a
+        batch of recurrent sequences into equal-length parts), its walk read before the next."""
+        forward = 0.0
+        walks, head_rows = [], []
+        for b, tree in enumerate(trees):
+            if len(tree) and not np.array_equal(tree.parents, np.arange(-1, len(tree) - 1)):
+                raise ValueError("a model with recurrent layers verifies chains on llama.cpp: fit_tree makes them")
+            base = batch.base_seqs[b]
+            tokens = np.concatenate([[int(roots[b])], tree.token_ids]).astype(np.int32)
+            t0 = time.perf_counter()
+            self._decode(tokens, int(root_pos[b]) + np.arange(len(tokens), dtype=np.int32), [[base]] * len(tokens),
+                         np.ones(len(tokens), dtype=bool))
+            forward += time.perf_counter() - t0
+            walks.append(self._walk(tree, 0, rules[b]))
+            head_rows.append(len(tokens))
+        batch.pending = [len(tree) for tree in trees]
+        return Verified(walks, head_rows, forward_seconds=forward)
 
     def _walk(self, tree: DraftTree, start: int, rule) -> tuple[np.ndarray, int]:
         """The acceptance walk (refdec.engine.accept) over the rows of the last decode from
