@@ -31,17 +31,7 @@ def write_tiny_gguf(path: Path, *, seed: int = 0, n_embd: int = 64, n_layer: int
     writer.add_rope_dimension_count(n_embd // n_head)
     writer.add_layer_norm_rms_eps(1e-5)
     writer.add_file_type(gguf.LlamaFileType.ALL_F32)
-    writer.add_tokenizer_model("llama")
-    tokens = [b"<unk>", b"<s>", b"</s>", b"<pad>"] + [f"<0x{i:02X}>".encode() for i in range(256)]
-    writer.add_token_list(tokens)
-    writer.add_token_scores([0.0] * VOCAB)
-    types = [gguf.TokenType.UNKNOWN, gguf.TokenType.CONTROL, gguf.TokenType.CONTROL, gguf.TokenType.CONTROL]
-    writer.add_token_types(types + [gguf.TokenType.BYTE] * 256)
-    writer.add_bos_token_id(BOS)
-    writer.add_eos_token_id(EOS)
-    writer.add_add_bos_token(True)
-    writer.add_chat_template("{% for m in messages %}<s>{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}"
-                             "{% if add_generation_prompt %}assistant: {% endif %}")
+    _add_byte_vocab(writer, gguf)
 
     def weight(*shape, std=scale):
         return (rng.standard_normal(shape) * std).astype(np.float32)
