@@ -403,7 +403,11 @@ def test_a_prefill_runs_a_decode_per_step_and_closed_early_releases_its_sequence
     assert len(backend._free_seqs) == free and backend.ctx.seq_pos_range(0) == (-1, -1)
     batch, last = run_steps(backend.prefill_steps([request(), request()], None))
     assert backend.ctx.decodes == decodes + 1 + 8 and len(batch) == 2 and last.shape == (2, backend.vocab_size)
-    assert torch.equal(last[0], last[1])
+    # the same prompt in two sequences: the same logits, up to llama.cpp's rounding where the two sit at
+    # KV cells of another alignment (without flash attention, softmax and KQV sum a row over the cells in
+    # SIMD lanes: docs/llama_cpp.md, "Where plain and refdec part"); a stale cell of the closed prefill
+    # left in either sequence's attention would move them by far more
+    assert torch.allclose(last[0], last[1], rtol=0, atol=1e-4), float((last[0] - last[1]).abs().max())
 
 
 def test_a_prefill_whose_requests_are_all_cancelled_stops_inside_its_decode(llm):
