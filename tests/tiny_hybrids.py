@@ -182,9 +182,10 @@ def hybrid(name: str):
 def plain_greedy(model, prompt: list[int], new: int) -> tuple[list[int], float]:
     """``model.generate`` greedy (the prompt and ``new`` tokens) and the smallest top-1 / top-2 logit
     margin over its steps."""
-    with torch.no_grad():
-        out = model.generate(torch.tensor([prompt]), do_sample=False, max_new_tokens=new, eos_token_id=None,
-                             pad_token_id=0, output_scores=True, return_dict_in_generate=True)
+    ids = torch.tensor([prompt])
+    with torch.no_grad():  # the mask given: generate would take a prompt's token 0 (the pad id) for padding
+        out = model.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False, max_new_tokens=new,
+                             eos_token_id=None, pad_token_id=0, output_scores=True, return_dict_in_generate=True)
     margin = min(float(step[0].topk(2).values[0] - step[0].topk(2).values[1]) for step in out.scores)
     return out.sequences[0].tolist(), margin
 
