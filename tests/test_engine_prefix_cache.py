@@ -1,5 +1,5 @@
 """Specifies refdec.engine.prefix_cache: the longest shared prefix, what an added entry frees,
-least-recently-used eviction."""
+least-recently-used eviction, whole-entry reuse (a hybrid model's)."""
 
 from __future__ import annotations
 
@@ -38,6 +38,21 @@ def test_an_entry_that_adds_nothing_is_freed_and_one_it_extends_goes():
     assert cache.add("short", _a(1, 2, 3)) == ["short"]  # all of it is held already
     assert cache.add("longer", _a(1, 2, 3, 4, 5)) == ["long"]  # it extends "long"
     assert cache.handles() == ["longer"]
+
+
+def test_a_whole_cache_reuses_an_entry_only_by_a_prompt_that_begins_with_all_of_it():
+    """A hybrid model's entry holds a recurrent state after its last token: no shorter prefix of it."""
+    cache = PrefixCache(4, whole=True)
+    cache.add("long", _a(1, 2, 3, 4))
+    assert cache.longest(_a(1, 2, 3, 9)) == (None, 0)  # shares 3 of its 4 tokens: not reusable
+    entry, n = cache.longest(_a(1, 2, 3, 4, 5))
+    assert (entry.handle, n) == ("long", 4)
+    assert cache.add("short", _a(1, 2)) == []  # held by "long", but only a prefix of it: kept
+    entry, n = cache.longest(_a(1, 2, 7))
+    assert (entry.handle, n) == ("short", 2)
+    assert cache.add("same", _a(1, 2, 3, 4)) == ["same"]  # all of "long": nothing new
+    assert sorted(cache.add("longer", _a(1, 2, 3, 4, 5))) == ["long", "short"]  # it extends both
+    assert PrefixCache(2).whole is False
 
 
 def test_the_oldest_entries_go_beyond_max_entries_and_zero_keeps_nothing():

@@ -4,7 +4,8 @@ Qwen3.5-MoE, Qwen3-Next), the Mamba2 mixers (Mamba2, GraniteMoeHybrid, Bamba, Fa
 Nemotron-H, Zamba2) and LFM2's short convolution (LFM2, LFM2-MoE) -- decodes through refdec to
 ``model.generate``'s greedy tokens, with drafts accepted whole, in part and not at all, from trees
 that branch at several depths; same-seed sampling gives refdec's plain sampler's tokens; a batch
-of prompts of different lengths and a chunked prefill give each prompt's own tokens; outside
+of prompts of different lengths, a chunked prefill and a prompt reusing a finished request's
+entries and state give each prompt's own tokens; outside
 refdec's step the wrapped kernels are transformers' own.
 
 transformers computes the recurrent kernels in float32 whatever the model's dtype, so plain
@@ -101,6 +102,52 @@ def test_a_chunked_prefill_gives_the_same_tokens(name):
     out = decoder.generate(prompt, max_new_tokens=NEW, eos_token_id=[],
                            references=[corrupted_reference(want, len(prompt))], max_draft_tokens=16)
     assert out.sequences[0].tolist() == want
+
+
+@pytest.mark.parametrize("name", _params(("qwen3_5", "lfm2", "granitemoehybrid", "falcon_h1", "zamba2", "mamba2")))
+def test_a_prompt_that_extends_a_finished_one_reuses_its_entry_and_state(name):
+    """A chat's next turn: the prompt begins with the whole of an earlier request's prompt and reply.
+    Its KV entries and its recurrent state after them are reused, the rest prefilled on top; a
+    prompt sharing only part of an entry cannot take the state (it is past that part) and is
+    prefilled whole."""
+    model = hybrid(name)
+    first, more = repetitive_prompts(2, seed=21)
+    decoder = refdec.SpeculativeDecoder(model)
+    done = decoder.generate(first, max_new_tokens=NEW, eos_token_id=[], max_draft_tokens=16).sequences[0].tolist()
+    follow_up = done + more[:9]
+    want, margin = plain_greedy(model, follow_up, NEW)
+    out = decoder.generate(follow_up, max_new_tokens=NEW, eos_token_id=[], max_draft_tokens=16,
+                           references=[corrupted_reference(want, len(follow_up))])
+    assert out.stats.cached_prompt_tokens == len(done) - 1  # the reply's last token was never run
+    assert out.sequences[0].tolist() == want, (name, f"smallest plain margin {margin:.3g}")
+    assert out.stats.accepted_tokens > 5
+    part = first[:-2] + more[:5]  # shares all but the first prompt's last two tokens
+    want, _ = plain_greedy(model, part, NEW)
+    out = decoder.generate(part, max_new_tokens=NEW, eos_token_id=[], max_draft_tokens=16,
+                           references=[corrupted_reference(want, len(part))])
+    assert out.stats.cached_prompt_tokens == 0 and out.sequences[0].tolist() == want
+
+
+def test_a_request_that_ends_inside_an_accepted_draft_is_kept_to_its_last_token():
+    """An end-of-sequence token in the middle of an accepted chain: the entries past it are dropped
+    with the step (refdec.engine.engine), so the row's state is its last kept token's and the row
+    goes to the prefix cache; a follow-up prompt reuses it."""
+    model = hybrid("qwen3_5")
+    prompt, more = repetitive_prompts(2, seed=21)
+    prompt = prompt * 2  # long enough to be worth reusing (refdec.transformers.backend.MIN_REUSED_TOKENS)
+    want, _ = plain_greedy(model, prompt, NEW)
+    eos = want[len(prompt) + 6]
+    decoder = refdec.SpeculativeDecoder(model)
+    out = decoder.generate(prompt, max_new_tokens=NEW, eos_token_id=[eos], max_draft_tokens=16,
+                           references=[want[len(prompt) - 3:]])
+    done = out.sequences[0].tolist()
+    assert done[-1] == eos and out.stats.accepted_tokens > len(done) - len(prompt)  # drafts ran past it
+    assert [entry.tokens.tolist() for entry in decoder.backend.prefix_cache.entries] == [done[:-1]]
+    follow_up = done + more[:5]
+    want, margin = plain_greedy(model, follow_up, 16)
+    out = decoder.generate(follow_up, max_new_tokens=16, eos_token_id=[], max_draft_tokens=16)
+    assert out.stats.cached_prompt_tokens == len(done) - 1
+    assert out.sequences[0].tolist() == want, f"smallest plain margin {margin:.3g}"
 
 
 def test_outside_a_tree_step_a_wrapped_kernel_is_transformers_own_and_wrapped_once():

@@ -211,7 +211,8 @@ def _step(backend: Backend, batch: RunningBatch, stats: DecodingStats, max_depth
     t2 = t1 + verified.prepare_seconds
     # -- 4. accept
     accepted_rows = []
-    for request, tree, (accepted, bonus), head_rows in zip(requests, trees, verified.walks, verified.head_rows):
+    for b, (request, tree, (accepted, bonus), head_rows) in enumerate(
+            zip(requests, trees, verified.walks, verified.head_rows)):
         emitted = tree.token_ids[accepted].tolist() + [bonus]
         accepted_rows.append(accepted)
         request.stats.head_rows += head_rows
@@ -222,6 +223,8 @@ def _step(backend: Backend, batch: RunningBatch, stats: DecodingStats, max_depth
         if request.drafter is not None and len(tree):
             request.budget.observe(tree, accepted)
         request.emit(emitted)
+        if request.done:  # no entry past the last token it kept: a hybrid's state must be that token's
+            accepted_rows[-1] = accepted[:max(0, len(request.seq) - 2 - int(root_pos[b]))]
     stats.count_pass(int(max(accepted.shape[0] for accepted, _ in verified.walks)))
     if drafted:  # the budgets learn what the step cost (refdec.budget.StepTime)
         entries = (sum(1 + len(tree) for tree in trees) if backend.packed_rows

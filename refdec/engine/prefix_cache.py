@@ -44,15 +44,18 @@ class CachedPrefix(Generic[Handle]):
 
 class PrefixCache(Generic[Handle]):
     """At most ``max_entries`` (an int >= 0; 0 keeps nothing) kept entries of at most ``max_size``
-    in all (None: no bound), least recently used evicted first."""
+    in all (None: no bound), least recently used evicted first. ``whole``: an entry is reused only
+    whole, by a prompt that begins with all its tokens (a hybrid model's entry holds a recurrent state
+    after its last token, which cannot be cut back to a shorter prefix)."""
 
-    def __init__(self, max_entries: int, max_size: int | None = None) -> None:
+    def __init__(self, max_entries: int, max_size: int | None = None, *, whole: bool = False) -> None:
         if not isinstance(max_entries, int) or isinstance(max_entries, bool) or max_entries < 0:
             raise ValueError(f"max_entries must be an int >= 0, got {max_entries!r}")
         if max_size is not None and (not isinstance(max_size, int) or isinstance(max_size, bool) or max_size < 0):
             raise ValueError(f"max_size must be an int >= 0 or None, got {max_size!r}")
         self.max_entries = max_entries
         self.max_size = max_size
+        self.whole = bool(whole)
         self.entries: list[CachedPrefix[Handle]] = []
         self._clock = 0
 
@@ -64,10 +67,13 @@ class PrefixCache(Generic[Handle]):
 
     def longest(self, prompt: np.ndarray) -> tuple[CachedPrefix[Handle] | None, int]:
         """The entry sharing the longest prefix with ``prompt`` (int array [L]) and that length (None
-        and 0 when none shares a token). The entry counts as used now."""
+        and 0 when none shares a token; with ``whole``, only an entry all of whose tokens begin
+        ``prompt``). The entry counts as used now."""
         best, best_len = None, 0
         for entry in self.entries:
             n = common_prefix(entry.tokens, prompt)
+            if self.whole and n < entry.tokens.shape[0]:
+                continue
             if n > best_len:
                 best, best_len = entry, n
         if best is not None:
@@ -90,7 +96,7 @@ class PrefixCache(Generic[Handle]):
         freed = []
         for entry in list(self.entries):
             n = common_prefix(entry.tokens, tokens)
-            if n == tokens.shape[0]:  # an entry holds all of it already
+            if n == tokens.shape[0] and (not self.whole or n == entry.tokens.shape[0]):  # an entry holds it already
                 self._clock += 1
                 entry.last_used = self._clock
                 return freed + [handle]

@@ -59,13 +59,13 @@ class TransformersBackend:
         self.device = self.runner.device
         self.generation_config = getattr(model, "generation_config", None)
         if self.runner.hybrid is not None:
-            # a finished row's recurrent state is that of its last token only: a later prompt could
-            # reuse no shorter prefix of it, and the entries hold no state yet (refdec.transformers.hybrid)
-            prefix_cache = 0
             if cuda_graphs:
                 raise ValueError("cuda_graphs=True does not go with a hybrid model (recurrent layers): its tree "
                                  "step's kernels are refdec's own torch code, not captured")
-        self.prefix_cache: PrefixCache[list] = PrefixCache(prefix_cache, max_size=PREFIX_CACHE_BYTES)
+        # an entry: (KV entries, a hybrid's recurrent states or None); a hybrid's state is that after the
+        # entry's last token, so a later prompt reuses the entry whole or not at all
+        self.prefix_cache: PrefixCache[tuple] = PrefixCache(prefix_cache, max_size=PREFIX_CACHE_BYTES,
+                                                            whole=self.runner.hybrid is not None)
         if cuda_graphs:
             self._set_static_step(cuda_graphs=True)
 
@@ -113,12 +113,13 @@ class TransformersBackend:
     def clear_prefix_cache(self) -> None:
         self.prefix_cache.clear()
 
-    def _retire(self, request, entries: list) -> None:
-        """A finished row's entries (refdec.transformers.cache.row_entries) into the prefix cache."""
+    def _retire(self, request, n: int, entries: list, states: list | None) -> None:
+        """A finished row's entries for its first ``n`` tokens (refdec.transformers.cache.row_entries;
+        a hybrid's recurrent states, refdec.transformers.hybrid.state.row_states) into the prefix cache."""
         if self.prefix_cache.max_entries:
-            n = int(entries[0][0].shape[2]) if entries else 0
             size = sum(keys.nbytes + values.nbytes for keys, values in entries)
-            self.prefix_cache.add(entries, np.asarray(request.seq[:n], dtype=np.int64), size)
+            size += sum(state.nbytes for state in states or ())
+            self.prefix_cache.add((entries, states), np.asarray(request.seq[:n], dtype=np.int64), size)
 
     def prefill_steps(self, group: list, chunk: int | None):
         """The group's prompts (refdec.transformers.prefill), a chunk per ``next()``: those that
@@ -129,6 +130,8 @@ class TransformersBackend:
             for i, request in enumerate(group):
                 entry, cached = self.prefix_cache.longest(request.prompt)
                 cached = min(cached, request.prompt_len - 1)
+                if self.prefix_cache.whole and entry is not None and cached < entry.tokens.shape[0]:
+                    continue  # the prompt is the entry itself: a hybrid's state cannot give its last logits
                 if cached >= MIN_REUSED_TOKENS:
                     reused[i] = (entry.handle, cached)
         parts = []  # (group indices, batch, logits [g, V])
@@ -143,7 +146,7 @@ class TransformersBackend:
             if parts:
                 yield  # the forwards of the parts before this one were a step's
             group[i].stats.cached_prompt_tokens = cached
-            parts.append(([i], *(yield from prefill_reusing(self.runner, group[i], entries, cached, chunk))))
+            parts.append(([i], *(yield from prefill_reusing(self.runner, group[i], *entries, cached, chunk))))
         batch = parts[0][1]
         batch.retire = self._retire
         last = torch.empty((len(group), parts[0][2].shape[-1]), dtype=parts[0][2].dtype, device=parts[0][2].device)

@@ -29,7 +29,8 @@ import torch.nn.functional as F
 
 from refdec.engine.requests import Request
 from refdec.transformers.cache import append_rows, gather_slots, row_entries, select_rows
-from refdec.transformers.hybrid.state import append_state_rows, commit_states, has_pending, select_state_rows
+from refdec.transformers.hybrid.state import (append_state_rows, commit_states, has_pending, recurrent_layers,
+                                               row_states, select_state_rows)
 from refdec.transformers.transfer import to_device
 
 __all__ = ["RunningBatch"]
@@ -42,9 +43,12 @@ class RunningBatch:
     ``key_pos`` int64 [B, S] **on the device**, kept there: the absolute position of each slot
     (-1 for a hole), from which the step's masks are built (a slot is valid iff its position is
     >= 0). The constructor takes ``key_pos`` from the host (int64 [B, S] numpy, every row with a
-    valid slot). ``retire(request, entries)``, when set, receives each finished row's cache
+    valid slot). ``retire(request, n, entries, states)``, when set, receives each finished row's cache
     entries before they go (refdec.transformers.cache.row_entries of its positions
-    ``0 .. n - 1``, the tokens ``request.seq[:n]`` it kept)."""
+    ``0 .. n - 1``, the tokens ``request.seq[:n]`` it kept) and, a hybrid model's, its recurrent
+    state after those ``n`` tokens (refdec.transformers.hybrid.state.row_states; None for an
+    attention model). A hybrid row whose state is past its ``n`` tokens (a stop string cut
+    tokens it ran) is not retired: its state cannot be rolled back."""
 
     retire = None
 
@@ -131,9 +135,11 @@ class RunningBatch:
                 if request.done:
                     held = int(self.lengths[b] - self.lead_holes[b])
                     n = min(len(request.seq) - 1, held)  # a stop string may have cut tokens whose entries exist
-                    if n > 0:
+                    hybrid = bool(recurrent_layers(self.cache))
+                    if n > 0 and (n == held or not hybrid):
                         lead = int(self.lead_holes[b])
-                        self.retire(request, row_entries(self.cache, b, lead, lead + n))
+                        self.retire(request, n, row_entries(self.cache, b, lead, lead + n),
+                                    row_states(self.cache, b) if hybrid else None)
         if not keep:
             self.requests, self.cache = [], None
             self.lengths, self.lead_holes, self.key_pos = self.lengths[:0], self.lead_holes[:0], self.key_pos[:0]

@@ -32,6 +32,7 @@ from refdec.engine.results import DecodingStats
 from refdec.engine.stops import StopChecker
 from refdec.transformers.batch import RunningBatch
 from refdec.transformers.cache import cache_from_entries
+from refdec.transformers.hybrid.state import KV_LAYER_TYPES, restore_row_states
 from refdec.transformers.masks import attention_masks
 from refdec.transformers.runner import ModelRunner
 
@@ -88,16 +89,32 @@ def prefill_steps(runner: ModelRunner, group: list[Request], chunk: int | None):
     return RunningBatch(device, list(group), cache, lengths, key_pos), last
 
 
-def prefill_reusing(runner: ModelRunner, request: Request, entries: list, cached: int, chunk: int | None):
+def prefill_reusing(runner: ModelRunner, request: Request, entries: list, states: list | None, cached: int,
+                    chunk: int | None):
     """Prefills ``request``'s prompt (L tokens) on top of the first ``cached`` (1 <= cached < L) of
     ``entries`` (per layer (keys, values) float [1, H, n >= cached, D], the KV entries of a sequence
-    that begins with the same ``cached`` tokens): the remaining tokens in chunks of ``chunk``,
-    yielding after each but the last. Returns the one-row running batch and float [1, V], the
-    logits after the prompt's last token."""
+    that begins with the same ``cached`` tokens) and, for a hybrid model, ``states`` (its recurrent
+    layers' states after exactly those ``cached`` tokens, refdec.transformers.hybrid.state.row_states):
+    the remaining tokens in chunks of ``chunk``, yielding after each but the last. Returns the
+    one-row running batch and float [1, V], the logits after the prompt's last token."""
     length = request.prompt_len
     if not 1 <= cached < length:
         raise ValueError(f"cached must be in [1, {length - 1}] for a prompt of {length} tokens, got {cached}")
-    cache = cache_from_entries(entries, cached)
+    if (runner.hybrid is not None) != (states is not None):
+        raise ValueError("a hybrid model's cached prefix needs its recurrent states, and only a hybrid's has them")
+    if states is not None:
+        if entries and int(entries[0][0].shape[2]) != cached:
+            raise ValueError(f"a hybrid's recurrent states follow all {int(entries[0][0].shape[2])} tokens of its "
+                             f"entry, so it is reused whole, not for {cached}")
+        cache = runner.new_cache()
+        kv_layers = [i for i, kind in enumerate(runner.hybrid.cache_layer_types) if kind in KV_LAYER_TYPES]
+        if len(kv_layers) != len(entries):
+            raise ValueError(f"{len(entries)} layers of KV entries for a model with {len(kv_layers)} attention layers")
+        for layer_idx, (keys, values) in zip(kv_layers, entries):
+            cache.update(keys, values, layer_idx)
+        restore_row_states(cache, states, cached)
+    else:
+        cache = cache_from_entries(entries, cached)
     ids = torch.from_numpy(np.asarray(request.prompt, dtype=np.int64)[None]).to(runner.device)
     last = None
     for begin, end in prefill_spans(length - cached, chunk):

@@ -14,11 +14,13 @@ accepted: the state becomes the accepted node's, computed from what the forward 
 produced, with nothing run again.
 
 The row API here mirrors refdec.transformers.cache's for the KV layers: rows appended
-(:func:`append_state_rows`), kept (:func:`select_state_rows`).
+(:func:`append_state_rows`), kept (:func:`select_state_rows`), copied out for the prefix cache
+(:func:`row_states`) and back into a new cache (:func:`restore_row_states`).
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Callable
 
 import torch
@@ -26,8 +28,9 @@ from transformers.cache_utils import LinearAttentionLayer
 
 from refdec.transformers.cache import GrowingLayer, _GrowingCache
 
-__all__ = ["GrowingRecurrentLayer", "RecurrentLayer", "append_state_rows", "commit_states", "has_pending",
-           "new_hybrid_cache", "recurrent_layers", "select_state_rows", "state_bytes"]
+__all__ = ["KV_LAYER_TYPES", "GrowingRecurrentLayer", "RecurrentLayer", "append_state_rows", "commit_states", "has_pending",
+           "new_hybrid_cache", "recurrent_layers", "restore_row_states", "row_states", "RowState",
+           "select_state_rows", "state_bytes"]
 
 # A pending commit: ``commit(final_rows)`` with ``final_rows`` int64 [B] (each row's accepted tree row:
 # 0 = the root, ``1 + i`` = node i) writes the state of that row into the layer.
@@ -104,6 +107,10 @@ _LAYER_CLASSES = {"full_attention": GrowingLayer, "linear_attention": RecurrentL
                   "dummy": GrowingLayer}  # a layer that caches nothing (never initialised, skipped)
 
 
+# the cache layer types that hold KV entries (refdec.transformers.cache.layers yields them, in order)
+KV_LAYER_TYPES = frozenset({"full_attention", "hybrid"})
+
+
 def new_hybrid_cache(layer_types: list[str]) -> _GrowingCache:
     """An empty cache with one layer per entry of ``layer_types`` (a hybrid model's cache layer
     types, refdec.transformers.hybrid.families.cache_layer_types): refdec's never-evicting KV layers
@@ -160,6 +167,50 @@ def select_state_rows(cache, rows: torch.Tensor) -> None:
     for layer in recurrent_layers(cache):
         for kind, i, tensor in list(layer.state_tensors()):
             layer.set_state(kind, i, tensor.index_select(0, rows.to(tensor.device)))
+
+
+# a recurrent layer's bookkeeping beside its tensors (transformers' LinearAttentionCacheLayerMixin), per state index
+_STATE_FLAGS = ("is_conv_states_initialized", "is_recurrent_states_initialized", "has_previous_state",
+                "conv_kernel_size")
+
+
+@dataclass
+class RowState:
+    """One recurrent layer's state for one row: ``tensors[(kind, index)]`` float [1, ...] (copies of
+    the layer's conv windows and recurrent states), ``flags`` the layer's per-state bookkeeping."""
+
+    tensors: dict
+    flags: dict
+    dtype: torch.dtype | None
+    device: torch.device | None
+
+    @property
+    def nbytes(self) -> int:
+        return sum(tensor.nbytes for tensor in self.tensors.values())
+
+
+def row_states(cache, row: int) -> list[RowState]:
+    """Copies of batch row ``row``'s state in every recurrent layer (a prefix-cache entry's)."""
+    return [RowState({(kind, i): tensor[row:row + 1].clone() for kind, i, tensor in layer.state_tensors()},
+                     {name: dict(getattr(layer, name)) for name in _STATE_FLAGS}, layer.dtype, layer.device)
+            for layer in recurrent_layers(cache)]
+
+
+def restore_row_states(cache, states: list[RowState], length: int) -> None:
+    """Sets the recurrent layers of ``cache`` (a new one-row cache of the same model) to ``states``
+    (:func:`row_states`, the state after ``length`` tokens), copied. The layers' token count is
+    ``length``: transformers reads a cache's length from its first layer (the positions of what is fed
+    next), which in a hybrid is often a recurrent one."""
+    layers = recurrent_layers(cache)
+    if len(layers) != len(states):
+        raise ValueError(f"states for {len(states)} recurrent layers given to a cache with {len(layers)}")
+    for layer, state in zip(layers, states):
+        for name, value in state.flags.items():
+            setattr(layer, name, dict(value))
+        for (kind, i), tensor in state.tensors.items():
+            layer.set_state(kind, i, tensor.clone())
+        layer.dtype, layer.device = state.dtype, state.device
+        layer.cumulative_length_linear = torch.tensor(int(length), device=state.device)
 
 
 def state_bytes(cache) -> int:
