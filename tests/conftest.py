@@ -101,20 +101,32 @@ def tiny_model_dir(tmp_path_factory):
 
 @pytest.fixture(scope="session")
 def tiny_gguf(tmp_path_factory):
-    """A tiny random llama model written as a GGUF file (tiny_gguf.py), once per session."""
+    """A tiny random llama model written as a GGUF file (benchmarks/random_gguf.py), once per session."""
     pytest.importorskip("gguf")
-    from tiny_gguf import write_tiny_gguf
+    from benchmarks.random_gguf import write_tiny_gguf
 
     return write_tiny_gguf(tmp_path_factory.mktemp("gguf") / "tiny.gguf")
 
 
 @pytest.fixture(scope="session")
+def tiny_qwen35_llm(tmp_path_factory):
+    """A ``llama_cpp.Llama`` on a tiny random Qwen3.5 model (benchmarks.random_gguf.write_tiny_qwen35_gguf: llama.cpp's
+    ``qwen35`` architecture, Gated DeltaNet layers beside gated attention), once per session."""
+    llama_cpp = pytest.importorskip("llama_cpp")
+    pytest.importorskip("gguf")
+    from benchmarks.random_gguf import write_tiny_qwen35_gguf
+
+    path = write_tiny_qwen35_gguf(tmp_path_factory.mktemp("gguf") / "tiny-qwen35.gguf")
+    return llama_cpp.Llama(str(path), n_ctx=512, n_threads=1, n_batch=64, verbose=False)
+
+
+@pytest.fixture(scope="session")
 def tiny_lfm2_llm(tmp_path_factory):
-    """A ``llama_cpp.Llama`` on a tiny random LFM2 model (tiny_gguf.write_tiny_lfm2_gguf: llama.cpp's
+    """A ``llama_cpp.Llama`` on a tiny random LFM2 model (benchmarks.random_gguf.write_tiny_lfm2_gguf: llama.cpp's
     ``lfm2`` architecture, short convolutions beside attention), once per session."""
     llama_cpp = pytest.importorskip("llama_cpp")
     pytest.importorskip("gguf")
-    from tiny_gguf import write_tiny_lfm2_gguf
+    from benchmarks.random_gguf import write_tiny_lfm2_gguf
 
     path = write_tiny_lfm2_gguf(tmp_path_factory.mktemp("gguf") / "tiny-lfm2.gguf")
     return llama_cpp.Llama(str(path), n_ctx=512, n_threads=1, n_batch=64, verbose=False)

@@ -176,7 +176,7 @@ CROSS_CUTTING = {
 
 # modules the test files import (tests/ is on pytest's pythonpath), not test files
 HELPERS = {"conftest.py", "drawn_trees.py", "kv_labels.py", "live_server.py", "naive_index.py", "sync_counter.py",
-           "hybrid_trees.py", "tiny_gguf.py", "tiny_hybrids.py", "tiny_models.py", "word_tokenizer.py"}
+           "hybrid_trees.py", "tiny_hybrids.py", "tiny_models.py", "word_tokenizer.py"}
 
 
 def refdec_modules() -> dict[str, Path]:

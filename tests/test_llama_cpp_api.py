@@ -3,7 +3,7 @@ context of its own on the model of a user's ``Llama`` whose entries carry sequen
 branches share their prefix's cells and attend to their own sequence only, giving the logits a
 plain decode of each branch gives), with its cells' positions per sequence, and refusals that say
 what is wrong (a full context is a ``LlamaDecodeError``); ``chat_template_prompt``, the GGUF
-file's chat template rendered. Tiny random GGUF model (tests/tiny_gguf.py); marked llama.
+file's chat template rendered. Tiny random GGUF model (benchmarks/random_gguf.py); marked llama.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ llama_cpp = pytest.importorskip("llama_cpp")
 
 from refdec.llama_cpp.api import (MAX_SEQUENCES, LlamaDecodeError, TreeContext,  # noqa: E402
                                   chat_template_prompt, llama_version)
-from tiny_gguf import EOS  # noqa: E402
+from benchmarks.random_gguf import EOS  # noqa: E402
 
 pytestmark = pytest.mark.llama
 

@@ -1,5 +1,5 @@
 """Specifies refdec.llama_cpp.backend, refdec on llama.cpp, with a tiny random GGUF model
-(tests/tiny_gguf.py).
+(benchmarks/random_gguf.py).
 
 llama.cpp's batched evaluation is not bit-identical to its one-token evaluation (shown and
 measured in benchmarks/llama_cpp.py), so greedy identity with llama.cpp's plain decoding is
@@ -23,7 +23,7 @@ from refdec.llama_cpp.api import LlamaDecodeError  # noqa: E402
 from refdec.llama_cpp.backend import LlamaCppBackend, prefix_with_leaves, tree_layout  # noqa: E402
 from refdec.llama_cpp.plain import plain_greedy  # noqa: E402
 from refdec.tree import DraftTree  # noqa: E402
-from tiny_gguf import VOCAB  # noqa: E402
+from benchmarks.random_gguf import VOCAB  # noqa: E402
 
 pytestmark = pytest.mark.llama
 
@@ -53,10 +53,14 @@ def _margins(llm, prompt: list[int], new: list[int]) -> list[float]:
     """The top-1 minus top-2 logit of plain one-token decoding before each new token."""
     ctx = LlamaCppBackend(llm, n_seq_max=2).ctx
     seq = list(prompt)
-    ctx.decode(np.array(seq), np.arange(len(seq)), [[0]] * len(seq), np.eye(1, len(seq), len(seq) - 1, dtype=bool)[0])
+    for begin in range(0, len(seq), ctx.n_batch):  # the prompt in decodes of at most n_batch tokens
+        part = seq[begin:begin + ctx.n_batch]
+        ctx.decode(np.array(part), np.arange(begin, begin + len(part)), [[0]] * len(part),
+                   np.arange(begin, begin + len(part)) == len(seq) - 1)
+    last_entry = (len(seq) - 1) % ctx.n_batch
     out = []
     for token in new:
-        top2 = np.sort(ctx.logits(0 if len(seq) > len(prompt) else len(seq) - 1))[-2:]
+        top2 = np.sort(ctx.logits(0 if len(seq) > len(prompt) else last_entry))[-2:]
         out.append(float(top2[1] - top2[0]))
         ctx.decode(np.array([token]), np.array([len(seq)]), [[0]], np.ones(1, dtype=bool))
         seq.append(token)
@@ -440,15 +444,21 @@ def test_a_prefill_whose_requests_are_all_cancelled_stops_inside_its_decode(llm)
         refdec.SpeculativeDecoder(llm, prefix_cache=0).generate(prompt, max_new_tokens=8).sequences.tolist()
 
 
-# -- a model with recurrent layers (tiny_gguf.write_tiny_lfm2_gguf): chains, the rejected tail rolled back
+# -- models with recurrent layers (benchmarks.random_gguf: LFM2's short convolutions, Qwen3.5's Gated DeltaNet):
+# chains, the rejected tail rolled back
+
+@pytest.fixture(params=["tiny_lfm2_llm", "tiny_qwen35_llm"])
+def hybrid_llm(request):
+    return request.getfixturevalue(request.param)
+
 
 def _hybrid_prompts(llm):
     return [_ids(llm, text) for text in (b"abc abc abc abc abc", b"def add(a, b):\n    return a")]
 
 
 @pytest.mark.parametrize("max_draft_tokens", [4, 16, "auto"])
-def test_a_hybrid_gguf_gives_llama_cpps_plain_tokens_up_to_a_near_tie(tiny_lfm2_llm, max_draft_tokens):
-    llm = tiny_lfm2_llm
+def test_a_hybrid_gguf_gives_llama_cpps_plain_tokens_up_to_a_near_tie(hybrid_llm, max_draft_tokens):
+    llm = hybrid_llm
     compared = accepted = rejected = 0
     for prompt in _hybrid_prompts(llm):
         plain, _ = plain_greedy(llm, prompt, 48)
@@ -467,10 +477,10 @@ def test_a_hybrid_gguf_gives_llama_cpps_plain_tokens_up_to_a_near_tie(tiny_lfm2_
     assert compared >= 60 and accepted > 10 and rejected > 5, (compared, accepted, rejected)
 
 
-def test_a_hybrid_row_verifies_a_chain_and_keeps_exactly_its_sequence(tiny_lfm2_llm, monkeypatch):
-    decoder = refdec.SpeculativeDecoder(tiny_lfm2_llm)
+def test_a_hybrid_row_verifies_a_chain_and_keeps_exactly_its_sequence(hybrid_llm, monkeypatch):
+    decoder = refdec.SpeculativeDecoder(hybrid_llm)
     backend = decoder.backend
-    assert backend.recurrent and backend.max_tree <= 16 and backend.prefix_cache.max_entries == 0
+    assert backend.recurrent and backend.max_tree <= 16 and backend.prefix_cache.whole
     branchy = DraftTree(np.array([5, 6, 7, 8]), np.array([-1, -1, 0, 2]), np.ones(4, np.float32))
     chain = backend.fit_tree(branchy, 1)
     assert chain.token_ids.tolist() == [5, 7, 8] and chain.parents.tolist() == [-1, 0, 1]
@@ -487,8 +497,8 @@ def test_a_hybrid_row_verifies_a_chain_and_keeps_exactly_its_sequence(tiny_lfm2_
         checked.append(len(accepted_rows))
 
     monkeypatch.setattr(type(backend.new_batch()), "keep_accepted", keep_and_check)
-    prompt = _hybrid_prompts(tiny_lfm2_llm)[0]
-    plain, _ = plain_greedy(tiny_lfm2_llm, prompt, 40)
+    prompt = _hybrid_prompts(hybrid_llm)[0]
+    plain, _ = plain_greedy(hybrid_llm, prompt, 40)
     reference = list(plain)
     for j in range(4, len(reference), 7):
         reference[j] = (reference[j] + 1) % VOCAB
@@ -498,8 +508,8 @@ def test_a_hybrid_row_verifies_a_chain_and_keeps_exactly_its_sequence(tiny_lfm2_
     assert out.stats.accepted_tokens < out.stats.proposed_tokens  # tails were rolled back
 
 
-def test_a_batch_on_a_hybrid_gguf_matches_each_prompt_alone(tiny_lfm2_llm):
-    llm = tiny_lfm2_llm
+def test_a_batch_on_a_hybrid_gguf_matches_each_prompt_alone(hybrid_llm):
+    llm = hybrid_llm
     prompts = _hybrid_prompts(llm) + [_ids(llm, b"hello world, hello")]
     alone = [refdec.generate(llm, p, max_new_tokens=24, max_draft_tokens=8, eos_token_id=[])
              .sequences[0, len(p):].tolist() for p in prompts]
@@ -509,8 +519,31 @@ def test_a_batch_on_a_hybrid_gguf_matches_each_prompt_alone(tiny_lfm2_llm):
     assert [done[b] for b in range(3)] == alone
 
 
-def test_rolling_a_hybrid_sequence_back_too_far_says_why(tiny_lfm2_llm):
-    backend = LlamaCppBackend(tiny_lfm2_llm)
+def test_a_hybrid_prompt_that_extends_a_finished_one_reuses_its_sequence(hybrid_llm):
+    """A chat's next turn begins with all of the last request's prompt and reply: its base sequence
+    takes that kept sequence's cells and recurrent state; a prompt sharing only part of it cannot
+    (the state is past that part) and is prefilled whole."""
+    llm = hybrid_llm
+    prompt = _hybrid_prompts(llm)[0]
+    decoder = refdec.SpeculativeDecoder(llm)
+    first = decoder.generate(prompt, max_new_tokens=24, max_draft_tokens=8, eos_token_id=[])
+    done = first.sequences[0].tolist()
+    follow_up = done + _ids(llm, b"more text")[1:]
+    plain, _ = plain_greedy(llm, follow_up, 24)
+    out = decoder.generate(follow_up, max_new_tokens=24, max_draft_tokens=8, eos_token_id=[],
+                           references=[follow_up[-3:] + plain])
+    assert out.stats.cached_prompt_tokens == len(done) - 1  # the reply's last token was never fed
+    new = out.sequences[0, len(follow_up):].tolist()
+    margins = _margins(llm, follow_up, plain)
+    clear = next((i for i, m in enumerate(margins) if m < 1e-3), len(plain))
+    assert clear >= 8 and new[:clear] == plain[:clear]
+    part = prompt[:-2] + _ids(llm, b"xyz")[1:]
+    out = decoder.generate(part, max_new_tokens=8, max_draft_tokens=8, eos_token_id=[])
+    assert out.stats.cached_prompt_tokens == 0
+
+
+def test_rolling_a_hybrid_sequence_back_too_far_says_why(hybrid_llm):
+    backend = LlamaCppBackend(hybrid_llm)
     ctx = backend.ctx
     tokens = np.arange(3, 43, dtype=np.int32)
     ctx.decode(tokens, np.arange(40), [[0]] * 40, np.zeros(40, bool))

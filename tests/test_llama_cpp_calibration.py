@@ -5,7 +5,7 @@ disagree, leaving the context's cells as it found them; ``auto_cost_curve`` meas
 file and context settings, says so on stderr, caches the curve as JSON under
 ``$REFDEC_CACHE/calibration/`` and reads it afterwards (measuring over a damaged file), and keeps a
 curve whose rounds disagree for the process only, with a warning. Tiny random GGUF model
-(tests/tiny_gguf.py); marked llama.
+(benchmarks/random_gguf.py); marked llama.
 """
 
 from __future__ import annotations

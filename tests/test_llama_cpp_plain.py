@@ -1,7 +1,7 @@
 """Specifies refdec.llama_cpp.plain, llama.cpp's own plain greedy decoding (the baseline refdec is
 compared and timed against): each token is the argmax of the logits after the ones before, from a
 fresh state whatever ran before; it ends at ``max_new_tokens``, after an ``eos`` id (emitted) or
-where ``stop`` says. Tiny random GGUF model (tests/tiny_gguf.py); marked llama.
+where ``stop`` says. Tiny random GGUF model (benchmarks/random_gguf.py); marked llama.
 """
 
 from __future__ import annotations

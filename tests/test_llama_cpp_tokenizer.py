@@ -3,7 +3,7 @@ of the transformers interface refdec uses (encode / ``__call__`` with or without
 tokens written in the text parsed as such, decode, the vocabulary size, eos, the GGUF file's chat
 template), and a fingerprint equal to the one of the tokenizer transformers reads from the same
 file, so a corpus index built with that one drafts for the GGUF model. Tiny random GGUF model
-(tests/tiny_gguf.py: a byte vocabulary, byte b is id 4 + b); marked llama.
+(benchmarks/random_gguf.py: a byte vocabulary, byte b is id 4 + b); marked llama.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ import refdec  # noqa: E402
 from refdec.index import CorpusIndex, tokenizer_fingerprint  # noqa: E402
 from refdec.llama_cpp import tokenizer as gguf_tokenizer  # noqa: E402
 from refdec.llama_cpp.tokenizer import GgufTokenizer  # noqa: E402
-from tiny_gguf import BOS, EOS, VOCAB  # noqa: E402
+from benchmarks.random_gguf import BOS, EOS, VOCAB  # noqa: E402
 
 pytestmark = pytest.mark.llama
 

@@ -1,5 +1,5 @@
 """Specifies ``refdec serve``'s HTTP side (refdec.serve.app) through a live server on 127.0.0.1, answered by the
-real ``openai`` client (``max_retries=0``), on the tiny GGUF model (tests/tiny_gguf.py) on
+real ``openai`` client (``max_retries=0``), on the tiny GGUF model (benchmarks/random_gguf.py) on
 llama.cpp.
 
 What a client gets equals what the library gives the same prompt alone (greedy: the same text;

@@ -27,8 +27,10 @@ recurrent state per sequence, which ``seq_cp`` shares between sequences and llam
 by tree branch, nor cut back past the last ``n_rs_seq`` tokens it keeps states for. On such a
 model a row verifies a *chain* (its tree's best path, at most :data:`MAX_RECURRENT_CHAIN` nodes)
 in its base sequence alone, in a decode of its own, and the rejected tail is rolled back with
-``seq_rm`` (the context keeps ``1 + MAX_RECURRENT_CHAIN`` states per sequence); its prefix cache is
-off (a kept sequence's state is that of its last token only). docs/llama_cpp.md has the measured cost.
+``seq_rm`` (the context keeps ``1 + MAX_RECURRENT_CHAIN`` states per sequence). A kept sequence's
+state is that of its last token, so its prefix-cache entry is reused whole or not at all: by a
+prompt that begins with all its tokens (a chat's next turn), whose base sequence then shares its
+state (llama.cpp copies it on the first decode). docs/llama_cpp.md has the measured cost.
 
 Every entry asks for logits: a leaf's are read only if it is accepted, but without them an
 accepted leaf would yield no bonus token. (A policy that skipped the logits of leaves unlikely to
@@ -179,8 +181,6 @@ class LlamaCppBackend:
         # (a row is the vocabulary's size) and buy nothing, as a tree has fewer leaves than entries
         if n_seq_max is None:
             n_seq_max = min(MAX_SEQUENCES, int(max_rows) + 1 if self.recurrent else n_batch)
-        if self.recurrent:
-            prefix_cache = 0  # a kept sequence's recurrent state is its last token's: no shorter prefix reusable
         self.ctx = TreeContext(llm, n_seq_max=int(n_seq_max), n_batch=int(max_rows) * n_batch,
                                rollback=n_batch if self.recurrent else 0)
         self.vocab_size = self.ctx.n_vocab
@@ -190,7 +190,8 @@ class LlamaCppBackend:
         eos = sorted(self.ctx.eos_ids())
         self.generation_config = SimpleNamespace(eos_token_id=eos or None, pad_token_id=None)
         self.tokenizer = GgufTokenizer(llm)
-        self.prefix_cache: PrefixCache[int] = PrefixCache(prefix_cache)
+        # a kept sequence's recurrent state is its last token's: reused whole or not at all
+        self.prefix_cache: PrefixCache[int] = PrefixCache(prefix_cache, whole=self.recurrent)
         self._free_all_seqs()
         self._cost_curve = None
 
@@ -226,6 +227,9 @@ class LlamaCppBackend:
             self.release_seq(seq)
             return
         if n < held:
+            if self.recurrent and held - n > self.ctx.rollback:  # its state is past what can be restored
+                self.release_seq(seq)
+                return
             self.ctx.seq_remove(seq, n, -1)
         for freed in self.prefix_cache.add(seq, np.asarray(tokens[:n], dtype=np.int64)):
             self.release_seq(freed)
@@ -293,6 +297,8 @@ class LlamaCppBackend:
                 tokens = request.prompt
                 entry, cached = self.prefix_cache.longest(tokens)
                 cached = min(cached, len(tokens) - 1)
+                if self.recurrent and entry is not None and cached < entry.tokens.shape[0]:
+                    cached = 0  # the prompt is the entry itself: its state is past the last prompt token
                 if cached > 0:
                     ctx.seq_copy(entry.handle, seq, 0, cached)
                 request.stats.cached_prompt_tokens = max(0, cached)
