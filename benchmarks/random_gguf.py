@@ -1,4 +1,4 @@
-"""Random models written as GGUF files (the ``gguf`` package): llama, LFM2 and Qwen3.5 architectures,
+"""Random models written as GGUF files (the ``gguf`` package): llama, LFM2, Qwen3.5 and Mamba2 architectures,
 tiny for the llama.cpp tests (tests/conftest.py's fixtures), real-size for benchmarks/hybrid_llama_cpp.py.
 
 Float32 weights, a few layers, a 64-wide residual stream and a byte-level SentencePiece-style
@@ -187,6 +187,57 @@ def write_tiny_qwen35_gguf(path: Path, *, seed: int = 0, n_embd: int = 64, n_lay
         _put(writer, gguf, q8, f"{prefix}.ffn_gate.weight", weight(n_ff, n_embd))
         _put(writer, gguf, q8, f"{prefix}.ffn_up.weight", weight(n_ff, n_embd))
         _put(writer, gguf, q8, f"{prefix}.ffn_down.weight", weight(n_embd, n_ff))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return path
+
+
+def write_tiny_mamba2_gguf(path: Path, *, seed: int = 0, n_embd: int = 64, n_layer: int = 2, d_state: int = 16,
+                           n_heads: int = 8, n_group: int = 1, d_conv: int = 4, n_ctx: int = 2048,
+                           scale: float = 0.08, n_vocab: int = VOCAB, q8: bool = False) -> Path:
+    """A tiny random Mamba2 model (llama.cpp's ``mamba2`` architecture: recurrent throughout, a
+    ``2 * n_embd``-wide SSD mixer of ``n_heads`` heads per layer), same vocabulary as
+    :func:`write_tiny_gguf`. llama.cpp keeps no state snapshots for it (``n_rs_seq`` is 0)."""
+    import gguf
+
+    rng = np.random.default_rng(seed)
+    arch = "mamba2"
+    d_inner = 2 * n_embd
+    conv_dim = d_inner + 2 * n_group * d_state
+    writer = gguf.GGUFWriter(str(path), arch)
+    writer.add_name("refdec tiny test mamba2")
+    writer.add_context_length(n_ctx)
+    writer.add_embedding_length(n_embd)
+    writer.add_block_count(n_layer)
+    writer.add_head_count(0)
+    writer.add_layer_norm_rms_eps(1e-5)
+    writer.add_uint32(f"{arch}.ssm.conv_kernel", d_conv)
+    writer.add_uint32(f"{arch}.ssm.inner_size", d_inner)
+    writer.add_uint32(f"{arch}.ssm.state_size", d_state)
+    writer.add_uint32(f"{arch}.ssm.time_step_rank", n_heads)
+    writer.add_uint32(f"{arch}.ssm.group_count", n_group)
+    writer.add_file_type(gguf.LlamaFileType.MOSTLY_Q8_0 if q8 else gguf.LlamaFileType.ALL_F32)
+    _add_byte_vocab(writer, gguf, n_vocab)
+
+    def weight(*shape, std=scale):
+        return (rng.standard_normal(shape) * std).astype(np.float32)
+
+    _put(writer, gguf, q8, "token_embd.weight", weight(n_vocab, n_embd, std=1.0))
+    _put(writer, gguf, q8, "output_norm.weight", np.ones(n_embd, dtype=np.float32))
+    _put(writer, gguf, q8, "output.weight", weight(n_vocab, n_embd, std=0.5))
+    for layer in range(n_layer):
+        prefix = f"blk.{layer}"
+        _put(writer, gguf, q8, f"{prefix}.attn_norm.weight", np.ones(n_embd, dtype=np.float32))
+        _put(writer, gguf, q8, f"{prefix}.ssm_in.weight", weight(d_inner + conv_dim + n_heads, n_embd, std=0.3))
+        _put(writer, gguf, q8, f"{prefix}.ssm_conv1d.weight", weight(conv_dim, d_conv, std=0.5))
+        _put(writer, gguf, q8, f"{prefix}.ssm_conv1d.bias", weight(conv_dim))
+        _put(writer, gguf, q8, f"{prefix}.ssm_dt.bias", weight(n_heads, std=0.5))
+        _put(writer, gguf, q8, f"{prefix}.ssm_a", -np.exp(weight(n_heads, 1, std=0.5)))  # -exp(A_log)
+        _put(writer, gguf, q8, f"{prefix}.ssm_d", np.ones((n_heads, 1), dtype=np.float32))
+        _put(writer, gguf, q8, f"{prefix}.ssm_norm.weight", np.ones((n_group, d_inner // n_group), dtype=np.float32))
+        _put(writer, gguf, q8, f"{prefix}.ssm_out.weight", weight(n_embd, d_inner))
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()

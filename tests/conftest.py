@@ -121,6 +121,18 @@ def tiny_qwen35_llm(tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
+def tiny_mamba2_llm(tmp_path_factory):
+    """A ``llama_cpp.Llama`` on a tiny random Mamba2 model (benchmarks.random_gguf.write_tiny_mamba2_gguf:
+    recurrent throughout, an architecture whose state llama.cpp cannot roll back), once per session."""
+    llama_cpp = pytest.importorskip("llama_cpp")
+    pytest.importorskip("gguf")
+    from benchmarks.random_gguf import write_tiny_mamba2_gguf
+
+    path = write_tiny_mamba2_gguf(tmp_path_factory.mktemp("gguf") / "tiny-mamba2.gguf")
+    return llama_cpp.Llama(str(path), n_ctx=512, n_threads=1, n_batch=64, verbose=False)
+
+
+@pytest.fixture(scope="session")
 def tiny_lfm2_llm(tmp_path_factory):
     """A ``llama_cpp.Llama`` on a tiny random LFM2 model (benchmarks.random_gguf.write_tiny_lfm2_gguf: llama.cpp's
     ``lfm2`` architecture, short convolutions beside attention), once per session."""

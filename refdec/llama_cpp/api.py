@@ -54,7 +54,8 @@ class TreeContext:
 
     ``n_seq_max``: sequences (1 + the most leaves the trees of a step may hold in all, plus one
     per extra batch row); ``rollback``: a recurrent model's states kept per sequence, for its last
-    ``rollback`` tokens (llama.cpp's ``n_rs_seq``; 0 for an attention model); ``n_batch``: the most tokens one ``decode`` takes (a tree's nodes + 1,
+    ``rollback`` tokens (llama.cpp's ``n_rs_seq``; 0 for an attention model; ``self.rollback`` is what
+    llama.cpp granted: 0 for an architecture it cannot roll back); ``n_batch``: the most tokens one ``decode`` takes (a tree's nodes + 1,
     or a prefill chunk); ``n_outputs`` (default ``n_batch``): the most entries of one ``decode``
     that want logits (llama.cpp aborts the process past its ``n_outputs_max``; its worst-case graph,
     reserved up front, holds that many vocabulary-sized rows). The batch buffers are allocated once.
@@ -86,7 +87,6 @@ class TreeContext:
         # a recurrent state cannot be cut back to an earlier position: llama.cpp keeps the states of a
         # sequence's last ``rollback`` tokens so that seq_remove of at most that many tokens restores one
         params.n_rs_seq = int(rollback)
-        self.rollback = int(rollback)
         self.n_batch = int(params.n_batch)
         self.n_outputs = int(params.n_outputs_max)
         self.prefill_chunk = int(llm.n_batch)  # prompts are fed as Llama.eval feeds them
@@ -94,6 +94,8 @@ class TreeContext:
         self.ctx = _lib.llama_init_from_model(self.model, params)
         if not self.ctx:
             raise RuntimeError("llama.cpp could not create a context for tree verification (out of memory?)")
+        # llama.cpp keeps no snapshots (0) for an architecture whose recurrent state it cannot roll back
+        self.rollback = int(_lib.llama_n_rs_seq(self.ctx))
         self.memory = _lib.llama_get_memory(self.ctx)
         self._batch = _lib.llama_batch_init(self.n_batch, 0, self.n_seq_max)
         b = self._batch
@@ -181,7 +183,9 @@ class TreeContext:
             why = ""
             if is_recurrent(self.model):
                 why = (f": the model has recurrent layers, whose state llama.cpp restores only for a "
-                       f"sequence's last {self.rollback} tokens (n_rs_seq), never further back")
+                       f"sequence's last {self.rollback} tokens (n_rs_seq), never further back"
+                       if self.rollback else ": the model has recurrent layers, whose state llama.cpp cannot "
+                       "restore to an earlier position for this architecture (n_rs_seq is 0)")
             raise RuntimeError(f"llama.cpp could not remove positions [{p0}, {p1}) of sequence {seq}{why}")
 
     def seq_pos_range(self, seq: int) -> tuple[int, int]:

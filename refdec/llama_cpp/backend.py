@@ -27,7 +27,11 @@ recurrent state per sequence, which ``seq_cp`` shares between sequences and llam
 by tree branch, nor cut back past the last ``n_rs_seq`` tokens it keeps states for. On such a
 model a row verifies a *chain* (its tree's best path, at most :data:`MAX_RECURRENT_CHAIN` nodes)
 in its base sequence alone, in a decode of its own, and the rejected tail is rolled back with
-``seq_rm`` (the context keeps ``1 + MAX_RECURRENT_CHAIN`` states per sequence). A kept sequence's
+``seq_rm`` (the context keeps ``1 + MAX_RECURRENT_CHAIN`` states per sequence). Where llama.cpp
+keeps no such states (``scratch_chains``: Mamba2, Granite 4, Falcon-H1, Qwen3-Next in 0.3.36), the
+chain runs in a scratch copy of the row's sequence (``seq_cp`` shares the state, the decode copies
+it): accepted whole, the copy becomes the row's sequence; else it is dropped and the root and the
+accepted nodes are decoded again on the row's sequence (one more decode). A kept sequence's
 state is that of its last token, so its prefix-cache entry is reused whole or not at all: by a
 prompt that begins with all its tokens (a chat's next turn), whose base sequence then shares its
 state (llama.cpp copies it on the first decode). docs/llama_cpp.md has the measured cost.
@@ -133,6 +137,21 @@ class LlamaRunningBatch:
         sequence; every branch sequence of the step is removed. ``root_pos`` int64 [B]."""
         ctx = self.backend.ctx
         pending, self.pending = self.pending, None
+        if self.backend.scratch_chains:  # each row's chain ran in a scratch copy of its base sequence
+            for b, accepted in enumerate(accepted_rows):
+                tokens, scratch = pending[b]
+                if scratch is None:
+                    continue  # no drafts: the root went into the base sequence itself
+                k = int(accepted.shape[0])
+                if k == len(tokens) - 1:  # all accepted: the copy becomes the row's sequence
+                    self.backend.release_seq(self.base_seqs[b])
+                    self.base_seqs[b] = scratch
+                    continue
+                self.backend.release_seq(scratch)
+                kept = tokens[:1 + k]  # the root and the accepted nodes, run again on the base sequence
+                self.backend._decode(kept, int(root_pos[b]) + np.arange(1 + k, dtype=np.int32),
+                                     [[self.base_seqs[b]]] * (1 + k), np.zeros(1 + k, dtype=bool))
+            return
         if self.backend.recurrent:  # each row's chain sits in its base sequence: roll the rejected tail back
             for b, accepted in enumerate(accepted_rows):
                 if int(accepted.shape[0]) < pending[b]:
@@ -179,10 +198,18 @@ class LlamaCppBackend:
         n_batch = 1 + self.max_tree
         # llama.cpp reserves a logits row per sequence: more sequences than batch entries cost memory
         # (a row is the vocabulary's size) and buy nothing, as a tree has fewer leaves than entries
+        chosen = n_seq_max
         if n_seq_max is None:
             n_seq_max = min(MAX_SEQUENCES, int(max_rows) + 1 if self.recurrent else n_batch)
         self.ctx = TreeContext(llm, n_seq_max=int(n_seq_max), n_batch=int(max_rows) * n_batch,
                                rollback=n_batch if self.recurrent else 0)
+        # an architecture whose state llama.cpp cannot roll back (Mamba2, Granite 4, Falcon-H1, Qwen3-Next
+        # in 0.3.36): each row verifies its chain in a scratch copy of its sequence (module docstring)
+        self.scratch_chains = self.recurrent and self.ctx.rollback < n_batch
+        if self.scratch_chains and chosen is None:
+            self.ctx.close()
+            self.ctx = TreeContext(llm, n_seq_max=min(MAX_SEQUENCES, 2 * int(max_rows) + 1),
+                                   n_batch=int(max_rows) * n_batch)
         self.vocab_size = self.ctx.n_vocab
         self.max_positions = self.ctx.n_ctx - 1  # positions 0 .. n_ctx - 1; the last token is never fed
         self.device = torch.device("cpu")
@@ -389,19 +416,24 @@ class LlamaCppBackend:
         made every tree a chain) decoded in its base sequence, a decode per row (llama.cpp splits a
         batch of recurrent sequences into equal-length parts), its walk read before the next."""
         forward = 0.0
-        walks, head_rows = [], []
+        walks, head_rows, pending = [], [], []
         for b, tree in enumerate(trees):
             if len(tree) and not np.array_equal(tree.parents, np.arange(-1, len(tree) - 1)):
                 raise ValueError("a model with recurrent layers verifies chains on llama.cpp: fit_tree makes them")
             base = batch.base_seqs[b]
             tokens = np.concatenate([[int(roots[b])], tree.token_ids]).astype(np.int32)
+            seq, scratch = base, None
+            if self.scratch_chains and len(tree):  # the state cannot be rolled back: run the chain on a copy
+                scratch = seq = self.take_seq()
+                self.ctx.seq_copy(base, scratch)
             t0 = time.perf_counter()
-            self._decode(tokens, int(root_pos[b]) + np.arange(len(tokens), dtype=np.int32), [[base]] * len(tokens),
+            self._decode(tokens, int(root_pos[b]) + np.arange(len(tokens), dtype=np.int32), [[seq]] * len(tokens),
                          np.ones(len(tokens), dtype=bool))
             forward += time.perf_counter() - t0
             walks.append(self._walk(tree, 0, rules[b]))
             head_rows.append(len(tokens))
-        batch.pending = [len(tree) for tree in trees]
+            pending.append((tokens, scratch) if self.scratch_chains else len(tree))
+        batch.pending = pending
         return Verified(walks, head_rows, forward_seconds=forward)
 
     def _walk(self, tree: DraftTree, start: int, rule) -> tuple[np.ndarray, int]:

@@ -71,6 +71,7 @@ def measure(backend, nodes=CALIBRATED_SIZES, *, cache_len: int = 512, repeats: i
     times = {all_rows: {n: [] for n in nodes} for all_rows in (False, True)}
     backend.clear_prefix_cache()  # its cells would leave the measured context no room
     seq = backend.take_seq()
+    scratch = backend.take_seq() if getattr(backend, "scratch_chains", False) else None
     try:
         context = rng.integers(0, high, cache_len).astype(np.int32)
         for begin in range(0, cache_len, ctx.prefill_chunk):
@@ -83,14 +84,23 @@ def measure(backend, nodes=CALIBRATED_SIZES, *, cache_len: int = 512, repeats: i
             last_only = np.zeros(rows, dtype=bool)
             last_only[-1] = True
             for all_rows in ((True,) if rnd < warmup else (False, True)):
+                into = seq
+                if scratch is not None:  # a state llama.cpp cannot roll back: decode on a copy, then drop it
+                    ctx.seq_copy(seq, scratch)
+                    into = scratch
                 t0 = time.perf_counter()
-                ctx.decode(tokens, positions, [[seq]] * rows, np.ones(rows, bool) if all_rows else last_only)
+                ctx.decode(tokens, positions, [[into]] * rows, np.ones(rows, bool) if all_rows else last_only)
                 elapsed = time.perf_counter() - t0
-                ctx.seq_remove(seq, cache_len, -1)
+                if scratch is not None:
+                    ctx.seq_remove(scratch)
+                else:
+                    ctx.seq_remove(seq, cache_len, -1)
                 if rnd >= warmup:
                     times[all_rows][n].append(elapsed)
     finally:
         backend.release_seq(seq)
+        if scratch is not None:
+            backend.release_seq(scratch)
     one, every = median_seconds(times[False]), median_seconds(times[True])
     per_row = [(e - o) / n for n, o, e in zip(nodes, one, every) if n > 0]
     head = max(0.0, float(np.median(per_row))) if per_row else 0.0
