@@ -3,6 +3,7 @@
     python -m benchmarks.serve [--edits 4] [--clients 1,2,4] [--servers refdec,lcp,lcp-pld,ls,ls-ngram-mod]
                                [--model F.gguf] [--threads 2] [--max-tokens 1536] [--json OUT]
     python -m benchmarks.serve --follow-up [--edits 3] [--servers refdec,refdec-nocache,lcp,ls,ls-ngram-mod]
+    python -m benchmarks.serve --no-prediction [--servers refdec,refdec-noimplicit,lcp,ls-ngram-mod]
 
 Each edit of ``../shared/data/edits-click.jsonl`` (its commit message as the instruction, the
 file before it as the text) is sent through the ``openai`` client as ``refdec edit --server``
@@ -23,6 +24,10 @@ per request tokens/s (completion tokens over its latency) and latency, the total
 tokens over the wall time), accepted prediction tokens where the server reports them, and how
 many replies equal refdec's at one client. Every server prefills each request from scratch here
 (refdec ``--prefix-cache 0``, llama-server ``--no-cache-prompt``): the edits repeat per client count.
+
+``--no-prediction``: the requests send the file in the prompt only, as most editing tools do;
+``refdec-noimplicit`` is refdec serve with ``--no-implicit-reference`` (drafting from the context
+alone), to compare with refdec's implicit reference, the largest fenced block of the messages.
 
 ``--follow-up``: the same file edited again. One client sends each edit and then, at once, a
 second edit of the same file (:data:`FOLLOW_UP` as the instruction; the prompt shares the system
@@ -51,7 +56,7 @@ from pathlib import Path
 
 from benchmarks import data
 
-SERVERS = ("refdec", "lcp", "lcp-pld", "ls", "ls-ngram-mod", "ls-ngram-map-k", "refdec-nocache")
+SERVERS = ("refdec", "lcp", "lcp-pld", "ls", "ls-ngram-mod", "ls-ngram-map-k", "refdec-nocache", "refdec-noimplicit")
 FOLLOW_UP = "Also add a one-line comment at the very top of the file that says what the file is for."
 MODEL_ID = "editor"  # the id every server answers to here
 CONTEXT = 8192  # tokens per request slot
@@ -100,7 +105,8 @@ def server_command(name: str, model: Path, port: int, threads: int, prompt_cache
         cache = 4 if prompt_cache and name == "refdec" else 0
         return [sys.executable, "-m", "refdec.cli", "serve", "--model", str(model), "--port", str(port),
                 "--served-model-name", MODEL_ID, "--max-concurrent", str(SLOTS), "--ctx", str(CONTEXT),
-                "--threads", str(threads), "--prefix-cache", str(cache)]
+                "--threads", str(threads), "--prefix-cache", str(cache)] + (
+                    ["--no-implicit-reference"] if name == "refdec-noimplicit" else [])
     if name.startswith("lcp"):
         command = [sys.executable, "-m", "llama_cpp.server", "--model", str(model), "--port", str(port),
                    "--model_alias", MODEL_ID, "--n_ctx", str(CONTEXT), "--n_threads", str(threads),
@@ -145,15 +151,17 @@ class Server:
                 self.process.wait()
 
 
-def ask(client, row: dict, max_tokens: int, instruction: str | None = None) -> dict:
-    """One edit through ``client`` (``instruction``: instead of the row's commit message): its reply
-    text, completion tokens, latency, prediction counts and cached prompt tokens."""
+def ask(client, row: dict, max_tokens: int, instruction: str | None = None, prediction: bool = True) -> dict:
+    """One edit through ``client`` (``instruction``: instead of the row's commit message; ``prediction``:
+    the file sent as ``prediction`` too, not only in the prompt): its reply text, completion tokens,
+    latency, prediction counts and cached prompt tokens."""
     from refdec.edit_prompt import chat_edit_messages
 
     messages, _ = chat_edit_messages(row["before"], instruction or row["message"])
     started = time.perf_counter()
+    extra = {"prediction": {"type": "content", "content": row["before"]}} if prediction else None
     reply = client.chat.completions.create(model=MODEL_ID, messages=messages, temperature=0, max_tokens=max_tokens,
-                                           extra_body={"prediction": {"type": "content", "content": row["before"]}})
+                                           extra_body=extra)
     seconds = time.perf_counter() - started
     details = getattr(reply.usage, "completion_tokens_details", None)
     prompt_details = getattr(reply.usage, "prompt_tokens_details", None)
@@ -192,8 +200,10 @@ def follow_up_table(results: dict) -> str:
     return "\n".join(lines)
 
 
-def run_clients(url: str, rows: list[dict], clients: int, max_tokens: int) -> tuple[list[dict], float]:
-    """Every row sent once by ``clients`` concurrent clients; (the answers in row order, wall seconds)."""
+def run_clients(url: str, rows: list[dict], clients: int, max_tokens: int,
+                prediction: bool = True) -> tuple[list[dict], float]:
+    """Every row sent once by ``clients`` concurrent clients (``prediction``: as :func:`ask`); (the
+    answers in row order, wall seconds)."""
     import openai
 
     todo: queue.Queue = queue.Queue()
@@ -210,7 +220,7 @@ def run_clients(url: str, rows: list[dict], clients: int, max_tokens: int) -> tu
             except queue.Empty:
                 return
             try:
-                answers[i] = ask(client, row, max_tokens)
+                answers[i] = ask(client, row, max_tokens, prediction=prediction)
             except Exception as error:  # noqa: BLE001 - recorded and reported
                 errors.append(f"{row['path']}: {error}")
 
@@ -272,6 +282,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--held-out", action="store_true",
                         help="the last --edits of the e2e benchmark's edits (1,000..5,000 characters; "
                              "benchmarks.e2e --held-out's, never tuned on), not the first of 1,000..2,200")
+    parser.add_argument("--no-prediction", action="store_true",
+                        help="send no `prediction`: the file only in the prompt, as most editing tools send it "
+                             "(refdec-noimplicit: refdec serve --no-implicit-reference)")
     parser.add_argument("--follow-up", action="store_true",
                         help="each edit and then a second edit of the same file, the servers' prompt caches on")
     args = parser.parse_args(argv)
@@ -315,10 +328,12 @@ def main(argv: list[str] | None = None) -> int:
                     got = {name: ([], 0.0) for name in servers}
                     for row in rows:
                         for name in servers:
-                            answers, wall = run_clients(started[name].url, [row], 1, args.max_tokens)
+                            answers, wall = run_clients(started[name].url, [row], 1, args.max_tokens,
+                                                        not args.no_prediction)
                             got[name] = (got[name][0] + answers, got[name][1] + wall)
                 else:  # the servers take turns, round by round (every edit, c clients at once)
-                    got = {name: run_clients(started[name].url, rows, c, args.max_tokens) for name in servers}
+                    got = {name: run_clients(started[name].url, rows, c, args.max_tokens, not args.no_prediction)
+                           for name in servers}
                 for name, (answers, wall) in got.items():
                     results[name][str(c)] = summarize(answers, wall)
                     answers_by[name][str(c)] = answers

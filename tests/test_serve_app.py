@@ -11,6 +11,8 @@ come in OpenAI's shape with OpenAI's status codes, and the server answers afterw
 from __future__ import annotations
 
 import json
+import logging
+import re
 import threading
 import time
 import urllib.error
@@ -137,6 +139,26 @@ def test_library_http_and_stream_give_the_same_text(server, decoder, prediction)
         assert details.accepted_prediction_tokens == details.rejected_prediction_tokens == 0
     else:
         assert details.accepted_prediction_tokens > 0 and details.rejected_prediction_tokens > 0
+
+
+def test_a_request_without_prediction_drafts_from_the_file_in_its_messages(server, decoder, caplog):
+    """The fenced file is the implicit reference (refdec.serve.implicit): the same text as the library
+    gives the prompt alone, the drafts from it logged, and no prediction tokens reported (the client
+    sent none)."""
+    seed = chat_ids(decoder, PROMPTS[0])
+    file = library_text(decoder, seed, max_new_tokens=120)[0]  # text the tiny model writes
+    content = f"Copy this file:\n```\n{file * 2}\n```\n"
+    expected, _ = library_text(decoder, chat_ids(decoder, content), max_new_tokens=48)
+    client = server.client()
+    with caplog.at_level(logging.INFO, logger="refdec.serve"):
+        reply = client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": content}],
+                                               max_tokens=48, temperature=0)
+    assert reply.choices[0].message.content == expected
+    details = reply.usage.completion_tokens_details
+    assert details.accepted_prediction_tokens == details.rejected_prediction_tokens == 0
+    line = next(record.getMessage() for record in caplog.records if "implicit reference" in record.getMessage())
+    accepted, rejected = map(int, re.search(r"implicit reference accepted (\d+) rejected (\d+)", line).groups())
+    assert accepted + rejected > 0, line
 
 
 def test_completions_endpoint_agrees_with_the_library_for_text_and_token_prompts(server, decoder):

@@ -3,9 +3,11 @@
     refdec serve [--model NAME|DIR|F.gguf] [--engine llama.cpp|transformers] [--index CORPUS.refdec]
                  [--host 127.0.0.1] [--port 8000] [--served-model-name NAME ...] [--api-key KEY]
                  [--max-concurrent N] [--max-waiting N] [--ctx N] [--prefix-cache N] [--threads N]
+                 [--no-implicit-reference]
 
 The editor model on llama.cpp by default. Every request decodes as one row of one running batch
-(refdec.engine.service) with its own settings; its ``prediction`` drafts as its reference. The
+(refdec.engine.service) with its own settings; its ``prediction`` drafts as its reference (without
+one, the largest fenced code block of its messages: refdec.serve.implicit). The
 API key may come from the environment (``REFDEC_API_KEY``) rather than the command line, where
 other users of the machine could read it. docs/serve.md shows clients.
 """
@@ -56,6 +58,9 @@ def register(subparsers) -> None:
                         "(default: 4; 0: none)")
     p.add_argument("--threads", type=int, default=None, metavar="N",
                    help="CPU threads, llama.cpp's or torch's (default: one per core)")
+    p.add_argument("--no-implicit-reference", action="store_true",
+                   help="a request without `prediction` drafts from its context alone (by default also from "
+                        "the largest fenced code block of its messages: the file an editing tool put there)")
     p.set_defaults(handler=run)
 
 
@@ -101,7 +106,8 @@ def run(args) -> int:
     service = DecodingService(decoder, max_concurrent=args.max_concurrent, max_waiting=args.max_waiting)
     names = args.served_model_name or [Path(model_name).stem if is_gguf(model_name) else model_name]
     api_key = args.api_key or os.environ.get(API_KEY_ENV) or None
-    app = create_app(service, model_names=names, context_length=context, api_key=api_key)
+    app = create_app(service, model_names=names, context_length=context, api_key=api_key,
+                     implicit_references=not args.no_implicit_reference)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s", stream=sys.stderr)
     print(f"refdec serve: {names[0]} on {engine}, {args.max_concurrent} concurrent requests of up to {context} "
           f"tokens, at http://{args.host}:{args.port}/v1 (models: {', '.join(names)}; API key: "

@@ -4,8 +4,9 @@
 
 Routes: ``POST /v1/chat/completions`` (the model's chat template), ``POST /v1/completions``,
 ``GET /v1/models``, ``GET /health``. A request's ``prediction`` is its reference (editing mode:
-the copy cursor follows the completion through it); greedy when ``temperature`` is 0, else
-sampled with its ``seed``. Each request decodes as one row of the service's running batch and
+the copy cursor follows the completion through it); without one, the largest fenced code block of
+its messages is (refdec.serve.implicit: the file an editing tool put in the prompt). Greedy when
+``temperature`` is 0, else sampled with its ``seed``. Each request decodes as one row of the service's running batch and
 gives what a ``SpeculativeDecoder.generate`` call alone gives. Errors come in OpenAI's shape
 (refdec.serve.protocol.ApiError); a failure mid-stream as a ``data: {"error": ...}`` chunk. A
 client that goes away cancels its request at the next step. One log line per request, without
@@ -28,6 +29,7 @@ from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from refdec.engine.service import CANCELLED, DecodingService, ServiceBusy, ServiceClosed
+from refdec.serve.implicit import implicit_reference
 from refdec.serve.protocol import ApiError, ChatCompletionRequest, CompletionRequest, api_error_from_validation
 from refdec.serve.text import TextStream
 
@@ -43,10 +45,13 @@ log = logging.getLogger("refdec.serve")
 
 
 def create_app(service: DecodingService, *, model_names: list[str], context_length: int,
-               api_key: str | None = None, max_body_bytes: int = DEFAULT_MAX_BODY_BYTES) -> FastAPI:
+               api_key: str | None = None, max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+               implicit_references: bool = True) -> FastAPI:
     """The server's app. ``model_names``: the ids it answers to (the first is the one it reports);
     ``context_length``: the most tokens a request's prompt and completion hold together;
-    ``api_key``: when given, every /v1 route needs ``Authorization: Bearer <key>``."""
+    ``api_key``: when given, every /v1 route needs ``Authorization: Bearer <key>``;
+    ``implicit_references``: a request without ``prediction`` drafts from the largest fenced code
+    block of its messages (refdec.serve.implicit)."""
     if not model_names:
         raise ValueError("model_names must name at least one model")
     app = FastAPI(title="refdec", docs_url=None, redoc_url=None, openapi_url=None)
@@ -131,7 +136,7 @@ def create_app(service: DecodingService, *, model_names: list[str], context_leng
         except ValueError as error:
             raise ApiError(400, f"the chat template could not render the messages: {error}", param="messages",
                            code="invalid_value") from None
-        return await complete(request, body, prompt, chat=True)
+        return await complete(request, body, prompt, chat=True, texts=[m["content"] for m in messages])
 
     @app.post("/v1/completions")
     async def completions(request: Request):
@@ -145,9 +150,10 @@ def create_app(service: DecodingService, *, model_names: list[str], context_leng
             ids = _token_ids(tokenizer(text, add_special_tokens=True)["input_ids"])
         if not ids:
             raise ApiError(400, "the prompt holds no token", param="prompt", code="invalid_value")
-        return await complete(request, body, ids, chat=False)
+        texts = [] if isinstance(prompt, list) and isinstance(prompt[0], int) else [text]
+        return await complete(request, body, ids, chat=False, texts=texts)
 
-    async def complete(request: Request, body, prompt: list[int], chat: bool):
+    async def complete(request: Request, body, prompt: list[int], chat: bool, texts: list[str]):
         limit = body.token_limit
         room = context_length - len(prompt)
         if room < 1 or (limit is not None and limit > room):
@@ -166,8 +172,12 @@ def create_app(service: DecodingService, *, model_names: list[str], context_leng
             except RuntimeError:  # the event loop has closed (shutdown): nobody is listening
                 pass
 
+        predicted = body.prediction is not None and bool(body.prediction.text)
+        # without a prediction, the file the prompt holds, if any (refdec.serve.implicit): same output
+        reference = (body.prediction.text if predicted
+                     else implicit_reference(texts) if implicit_references else None)
         settings = dict(
-            references=[body.prediction.text] if body.prediction is not None and body.prediction.text else None,
+            references=[reference] if reference else None,
             max_new_tokens=limit if limit is not None else room, do_sample=body.temperature > 0,
             temperature=body.temperature if body.temperature > 0 else 1.0,
             top_p=body.top_p if body.top_p < 1.0 else None, seed=body.seed, stop_strings=stops or None)
@@ -181,7 +191,7 @@ def create_app(service: DecodingService, *, model_names: list[str], context_leng
         except ValueError as error:
             raise ApiError(400, str(error), code="invalid_value") from None
         text = TextStream(tokenizer, stops, eos_ids)
-        reply = _Reply(body, chat, body.model, len(prompt))
+        reply = _Reply(body, chat, body.model, len(prompt), predicted)
         if body.stream:
             return StreamingResponse(_stream(reply, ticket, events, text), media_type="text/event-stream",
                                      headers={"Cache-Control": "no-cache"})
@@ -254,8 +264,9 @@ async def _stream(reply: "_Reply", ticket, events: asyncio.Queue, text: TextStre
 class _Reply:
     """One request's answer in OpenAI's shapes (whole, or as SSE chunks)."""
 
-    def __init__(self, body, chat: bool, model: str, prompt_tokens: int) -> None:
+    def __init__(self, body, chat: bool, model: str, prompt_tokens: int, predicted: bool) -> None:
         self.body = body
+        self.predicted = predicted  # the request sent a prediction (its drafts are its prediction tokens)
         self.chat = chat
         self.model = model
         self.prompt_tokens = prompt_tokens
@@ -268,11 +279,12 @@ class _Reply:
 
     def usage(self, stats) -> dict:
         """OpenAI's usage; accepted prediction tokens: drafted from the prediction and emitted;
-        rejected: drafted from it and thrown away by verification; cached tokens: prompt tokens
-        an earlier request's KV entries held (not prefilled again)."""
+        rejected: drafted from it and thrown away by verification (0 without a prediction: drafts
+        from an implicit reference are not the client's); cached tokens: prompt tokens an earlier
+        request's KV entries held (not prefilled again)."""
         completion = stats.new_tokens
-        proposed = stats.proposed_by_source.get(PREDICTION_SOURCE, 0)
-        accepted = stats.accepted_by_source.get(PREDICTION_SOURCE, 0)
+        proposed = stats.proposed_by_source.get(PREDICTION_SOURCE, 0) if self.predicted else 0
+        accepted = stats.accepted_by_source.get(PREDICTION_SOURCE, 0) if self.predicted else 0
         return {"prompt_tokens": self.prompt_tokens, "completion_tokens": completion,
                 "total_tokens": self.prompt_tokens + completion,
                 "prompt_tokens_details": {"cached_tokens": stats.cached_prompt_tokens},
@@ -317,10 +329,12 @@ class _Reply:
             log.info("%s %s: %s after %.2f s", self.id, "chat" if self.chat else "completion", outcome or "failed",
                      seconds)
             return
-        usage = self.usage(stats)["completion_tokens_details"]
-        log.info("%s %s: prompt %d (%d cached, prefill %.2f s), completion %d tokens in %d passes, prediction "
+        proposed = stats.proposed_by_source.get(PREDICTION_SOURCE, 0)
+        accepted = min(stats.accepted_by_source.get(PREDICTION_SOURCE, 0), stats.new_tokens)
+        log.info("%s %s: prompt %d (%d cached, prefill %.2f s), completion %d tokens in %d passes, %s "
                  "accepted %d rejected %d, %.1f tokens/s, %s%s", self.id, "chat" if self.chat else "completion",
-                 self.prompt_tokens, stats.cached_prompt_tokens, stats.prefill_seconds, stats.new_tokens, stats.forward_passes, usage["accepted_prediction_tokens"],
-                 usage["rejected_prediction_tokens"], stats.new_tokens / seconds if seconds > 0 else 0.0,
+                 self.prompt_tokens, stats.cached_prompt_tokens, stats.prefill_seconds, stats.new_tokens,
+                 stats.forward_passes, "prediction" if self.predicted else "implicit reference", accepted,
+                 proposed - accepted, stats.new_tokens / seconds if seconds > 0 else 0.0,
                  self.finish_reason(stats) if stats.stop_reason != CANCELLED else CANCELLED,
                  f" ({outcome})" if outcome else "")
