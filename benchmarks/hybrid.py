@@ -179,32 +179,50 @@ def main(argv=None) -> int:
             f"{k}: {cost[k] / cost[0]:.2f}" for k in SIZES if k), file=sys.stderr)
         print(f"{name}: " + ", ".join(f"{k} {v:.3g}" for k, v in rates.items()), file=sys.stderr)
         del model
-    print("| model | " + " | ".join(f"k={k}" for k in SIZES if k) + " |")
-    print("|---|" + "---|" * (len(SIZES) - 1))
-    for name, r in results.items():
-        base = r["step_seconds"]["0"]
-        print(f"| {name} (1 step {base * 1e3:.0f} ms) | " + " | ".join(
-            f"{r['step_seconds'][str(k)] / base:.2f}" for k in SIZES if k) + " |")
+    print_step_costs(results, [k for k in SIZES if k])
     print()
-    print("| model | HF generate tok/s | refdec, no drafts | drafts | 100% right | 90% | 70% | "
-          "speed-up vs HF, 100 / 90 / 70 | / the attention model's |")
-    print("|---|---|---|---|---|---|---|---|---|")
-    attn = results.get(ATTENTION_MODEL, {}).get("rates")
-    for name, r in results.items():
-        rates = r["rates"]
-        for shape in ("chain", "tree"):
-            keys = [f"refdec_{shape}_{p}" for p in (100, 90, 70)]
-            ups = [rates[k] / rates["hf_generate"] for k in keys]
-            rel = "–" if attn is None or name == ATTENTION_MODEL else " / ".join(
-                f"{up / (attn[k] / attn['hf_generate']):.2f}" for up, k in zip(ups, keys))
-            print(f"| {name} | {rates['hf_generate']:.1f} | {rates['refdec_plain']:.1f} | {shape} | "
-                  + " | ".join(f"{rates[k]:.1f} ({rates[k + '_tokens_per_pass']:.1f}/pass)" for k in keys)
-                  + f" | {' / '.join(f'{u:.2f}' for u in ups)} | {rel} |")
+    print_oracle_table(results, "hf_generate", ["HF generate tok/s", "refdec, no drafts"],
+                       lambda rates: [f"{rates['hf_generate']:.1f}", f"{rates['refdec_plain']:.1f}"])
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"args": vars(args), "results": results}, f, indent=1)
     return 0
 
+
+def print_step_costs(results: dict, sizes) -> None:
+    """Prints the verify-cost table: each model's one-token step and its ``k``-node verifications over
+    it, for each ``k`` of ``sizes`` ("–" where not measured)."""
+    print("| model | " + " | ".join(f"k={k}" for k in sizes) + " |")
+    print("|---|" + "---|" * len(sizes))
+    for name, r in results.items():
+        steps = r["step_seconds"]
+        base = steps["0"]
+        print(f"| {name} (1 step {base * 1e3:.0f} ms) | " + " | ".join(
+            f"{steps[str(k)] / base:.2f}" if str(k) in steps else "–" for k in sizes) + " |")
+
+
+def print_oracle_table(results: dict, baseline: str, lead_columns: list[str], lead, tail_column: str = "",
+                       tail=None) -> None:
+    """Prints the oracle-draft table: for each model and draft shape (chain, tree), the rates at 100 /
+    90 / 70 % right, their speed-ups over ``baseline``'s rate and over the attention model's. ``lead``
+    gives a model's first cells (headed ``lead_columns``) from its rates; ``tail``, when given, one last
+    cell (headed ``tail_column``) from its rates and the three rate keys."""
+    columns = ["model", *lead_columns, "drafts", "100% right", "90%", "70%", "speed-up, 100 / 90 / 70",
+               "/ the attention model's"] + ([tail_column] if tail else [])
+    print("| " + " | ".join(columns) + " |")
+    print("|" + "---|" * len(columns))
+    attn = results.get(ATTENTION_MODEL, {}).get("rates")
+    for name, r in results.items():
+        rates = r["rates"]
+        for shape in ("chain", "tree"):
+            keys = [f"refdec_{shape}_{p}" for p in (100, 90, 70)]
+            ups = [rates[k] / rates[baseline] for k in keys]
+            rel = "–" if attn is None or name == ATTENTION_MODEL else " / ".join(
+                f"{up / (attn[k] / attn[baseline]):.2f}" for up, k in zip(ups, keys))
+            cells = [name, *lead(rates), shape,
+                     *(f"{rates[k]:.1f} ({rates[k + '_tokens_per_pass']:.1f}/pass)" for k in keys),
+                     " / ".join(f"{u:.2f}" for u in ups), rel] + ([tail(rates, keys)] if tail else [])
+            print("| " + " | ".join(cells) + " |")
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -37,7 +37,7 @@ import numpy as np
 
 import refdec
 from benchmarks import random_gguf
-from benchmarks.hybrid import OracleDrafter
+from benchmarks.hybrid import OracleDrafter, print_oracle_table, print_step_costs
 from refdec.llama_cpp.calibration import measure
 from refdec.llama_cpp.plain import plain_greedy
 
@@ -56,7 +56,6 @@ MODELS = {
     "qwen2_5-0.5b": ("write_tiny_gguf", dict(
         n_embd=896, n_layer=24, n_head=14, n_head_kv=2, n_ff=4864, n_vocab=151936)),
 }
-ATTENTION_MODEL = "qwen2_5-0.5b"
 SIZES = (1, 2, 4, 8, 16, 32, 64)
 
 
@@ -171,28 +170,13 @@ def main(argv=None) -> int:
                          "seconds": time.perf_counter() - t0}
         print(f"{name}: " + ", ".join(f"{k} {v:.3g}" for k, v in rates.items()), file=sys.stderr, flush=True)
         del backend, llm
-    print("| model | 1 step | " + " | ".join(f"k={k}" for k in SIZES) + " |")
-    print("|---|---|" + "---|" * len(SIZES))
-    for name, r in results.items():
-        base = r["step_seconds"]["0"]
-        print(f"| {name} | {base * 1e3:.0f} ms | " + " | ".join(
-            f"{r['step_seconds'][str(k)] / base:.2f}" if str(k) in r["step_seconds"] else "–" for k in SIZES) + " |")
+    print_step_costs(results, SIZES)
     print()
-    print("| model | plain tok/s (before / after) | drafts | 100% right | 90% | 70% | "
-          "speed-up, 100 / 90 / 70 | / the attention model's | tokens equal to plain's |")
-    print("|---|---|---|---|---|---|---|---|---|")
-    attn = results.get(ATTENTION_MODEL, {}).get("rates")
-    for name, r in results.items():
-        rates = r["rates"]
-        for shape in ("chain", "tree"):
-            keys = [f"refdec_{shape}_{p}" for p in (100, 90, 70)]
-            ups = [rates[k] / rates["plain"] for k in keys]
-            rel = "–" if attn is None or name == ATTENTION_MODEL else " / ".join(
-                f"{up / (attn[k] / attn['plain']):.2f}" for up, k in zip(ups, keys))
-            print(f"| {name} | {rates['plain_before']:.1f} / {rates['plain_after']:.1f} | {shape} | "
-                  + " | ".join(f"{rates[k]:.1f} ({rates[k + '_tokens_per_pass']:.1f}/pass)" for k in keys)
-                  + f" | {' / '.join(f'{u:.2f}' for u in ups)} | {rel} | "
-                  + " / ".join(str(rates[k + "_agree"]) for k in keys) + f" of {args.new} |")
+    print_oracle_table(
+        results, "plain", ["plain tok/s (before / after)"],
+        lambda rates: [f"{rates['plain_before']:.1f} / {rates['plain_after']:.1f}"],
+        "tokens equal to plain's",
+        lambda rates, keys: " / ".join(str(rates[k + "_agree"]) for k in keys) + f" of {args.new}")
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"args": {**vars(args), "dir": str(args.dir)}, "results": results}, f, indent=1)

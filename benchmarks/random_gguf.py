@@ -20,45 +20,24 @@ BOS, EOS = 1, 2
 def write_tiny_gguf(path: Path, *, seed: int = 0, n_embd: int = 64, n_layer: int = 2, n_head: int = 4,
                     n_head_kv: int = 2, n_ff: int = 128, n_ctx: int = 2048, scale: float = 0.08,
                     n_vocab: int = VOCAB, q8: bool = False) -> Path:
-    import gguf
-
-    rng = np.random.default_rng(seed)
-    writer = gguf.GGUFWriter(str(path), "llama")
-    writer.add_name("refdec tiny test llama")
-    writer.add_context_length(n_ctx)
-    writer.add_embedding_length(n_embd)
-    writer.add_block_count(n_layer)
+    model = _Model(path, "llama", "refdec tiny test llama", seed=seed, scale=scale, q8=q8, n_vocab=n_vocab,
+                   n_ctx=n_ctx, n_embd=n_embd, n_layer=n_layer)
+    writer = model.writer
     writer.add_feed_forward_length(n_ff)
     writer.add_head_count(n_head)
     writer.add_head_count_kv(n_head_kv)
     writer.add_rope_dimension_count(n_embd // n_head)
     writer.add_layer_norm_rms_eps(1e-5)
-    writer.add_file_type(gguf.LlamaFileType.MOSTLY_Q8_0 if q8 else gguf.LlamaFileType.ALL_F32)
-    _add_byte_vocab(writer, gguf, n_vocab)
 
-    def weight(*shape, std=scale):
-        return (rng.standard_normal(shape) * std).astype(np.float32)
-
-    _put(writer, gguf, q8, "token_embd.weight", weight(n_vocab, n_embd, std=1.0))
-    _put(writer, gguf, q8, "output_norm.weight", np.ones(n_embd, dtype=np.float32))
-    _put(writer, gguf, q8, "output.weight", weight(n_vocab, n_embd, std=0.5))
+    model.ends()
     head_dim = n_embd // n_head
     for layer in range(n_layer):
         prefix = f"blk.{layer}"
-        _put(writer, gguf, q8, f"{prefix}.attn_norm.weight", np.ones(n_embd, dtype=np.float32))
-        _put(writer, gguf, q8, f"{prefix}.attn_q.weight", weight(n_embd, n_embd))
-        _put(writer, gguf, q8, f"{prefix}.attn_k.weight", weight(n_head_kv * head_dim, n_embd))
-        _put(writer, gguf, q8, f"{prefix}.attn_v.weight", weight(n_head_kv * head_dim, n_embd))
-        _put(writer, gguf, q8, f"{prefix}.attn_output.weight", weight(n_embd, n_embd))
-        _put(writer, gguf, q8, f"{prefix}.ffn_norm.weight", np.ones(n_embd, dtype=np.float32))
-        _put(writer, gguf, q8, f"{prefix}.ffn_gate.weight", weight(n_ff, n_embd))
-        _put(writer, gguf, q8, f"{prefix}.ffn_up.weight", weight(n_ff, n_embd))
-        _put(writer, gguf, q8, f"{prefix}.ffn_down.weight", weight(n_embd, n_ff))
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
-    return path
+        model.put(f"{prefix}.attn_norm.weight", model.ones(n_embd))
+        model.attention(prefix, n_embd, n_head_kv * head_dim)
+        model.put(f"{prefix}.ffn_norm.weight", model.ones(n_embd))
+        model.ffn(prefix, n_ff)
+    return model.finish()
 
 
 def write_tiny_lfm2_gguf(path: Path, *, seed: int = 0, n_embd: int = 64, n_head: int = 4, n_head_kv: int = 2,
@@ -68,14 +47,9 @@ def write_tiny_lfm2_gguf(path: Path, *, seed: int = 0, n_embd: int = 64, n_head:
     beside attention), same vocabulary as :func:`write_tiny_gguf`. ``layers``: one letter a layer,
     ``c`` a short convolution (``l_cache`` inputs), ``a`` attention. A hybrid: llama.cpp keeps a
     recurrent state per sequence for the convolution layers."""
-    import gguf
-
-    rng = np.random.default_rng(seed)
-    writer = gguf.GGUFWriter(str(path), "lfm2")
-    writer.add_name("refdec tiny test lfm2")
-    writer.add_context_length(n_ctx)
-    writer.add_embedding_length(n_embd)
-    writer.add_block_count(len(layers))
+    model = _Model(path, "lfm2", "refdec tiny test lfm2", seed=seed, scale=scale, q8=q8, n_vocab=n_vocab,
+                   n_ctx=n_ctx, n_embd=n_embd, n_layer=len(layers))
+    writer, weight = model.writer, model.weight
     writer.add_feed_forward_length(n_ff)
     writer.add_head_count(n_head)
     writer.add_head_count_kv([n_head_kv if kind == "a" else 0 for kind in layers])
@@ -83,39 +57,23 @@ def write_tiny_lfm2_gguf(path: Path, *, seed: int = 0, n_embd: int = 64, n_head:
     writer.add_rope_freq_base(10000.0)
     writer.add_layer_norm_rms_eps(1e-5)
     writer.add_uint32("lfm2.shortconv.l_cache", l_cache)
-    writer.add_file_type(gguf.LlamaFileType.MOSTLY_Q8_0 if q8 else gguf.LlamaFileType.ALL_F32)
-    _add_byte_vocab(writer, gguf, n_vocab)
-
-    def weight(*shape, std=scale):
-        return (rng.standard_normal(shape) * std).astype(np.float32)
 
     head_dim = n_embd // n_head
-    _put(writer, gguf, q8, "token_embd.weight", weight(n_vocab, n_embd, std=1.0))
-    _put(writer, gguf, q8, "token_embd_norm.weight", np.ones(n_embd, dtype=np.float32))  # LFM2's output norm
-    _put(writer, gguf, q8, "output.weight", weight(n_vocab, n_embd, std=0.5))
+    model.ends(norm="token_embd_norm.weight")  # LFM2's output norm
     for layer, kind in enumerate(layers):
         prefix = f"blk.{layer}"
-        _put(writer, gguf, q8, f"{prefix}.attn_norm.weight", np.ones(n_embd, dtype=np.float32))
+        model.put(f"{prefix}.attn_norm.weight", model.ones(n_embd))
         if kind == "a":
-            _put(writer, gguf, q8, f"{prefix}.attn_q_norm.weight", np.ones(head_dim, dtype=np.float32))
-            _put(writer, gguf, q8, f"{prefix}.attn_k_norm.weight", np.ones(head_dim, dtype=np.float32))
-            _put(writer, gguf, q8, f"{prefix}.attn_q.weight", weight(n_embd, n_embd))
-            _put(writer, gguf, q8, f"{prefix}.attn_k.weight", weight(n_head_kv * head_dim, n_embd))
-            _put(writer, gguf, q8, f"{prefix}.attn_v.weight", weight(n_head_kv * head_dim, n_embd))
-            _put(writer, gguf, q8, f"{prefix}.attn_output.weight", weight(n_embd, n_embd))
+            model.put(f"{prefix}.attn_q_norm.weight", model.ones(head_dim))
+            model.put(f"{prefix}.attn_k_norm.weight", model.ones(head_dim))
+            model.attention(prefix, n_embd, n_head_kv * head_dim)
         else:
-            _put(writer, gguf, q8, f"{prefix}.shortconv.conv.weight", weight(n_embd, l_cache, std=0.5))
-            _put(writer, gguf, q8, f"{prefix}.shortconv.in_proj.weight", weight(3 * n_embd, n_embd, std=0.3))
-            _put(writer, gguf, q8, f"{prefix}.shortconv.out_proj.weight", weight(n_embd, n_embd))
-        _put(writer, gguf, q8, f"{prefix}.ffn_norm.weight", np.ones(n_embd, dtype=np.float32))
-        _put(writer, gguf, q8, f"{prefix}.ffn_gate.weight", weight(n_ff, n_embd))
-        _put(writer, gguf, q8, f"{prefix}.ffn_up.weight", weight(n_ff, n_embd))
-        _put(writer, gguf, q8, f"{prefix}.ffn_down.weight", weight(n_embd, n_ff))
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
-    return path
+            model.put(f"{prefix}.shortconv.conv.weight", weight(n_embd, l_cache, std=0.5))
+            model.put(f"{prefix}.shortconv.in_proj.weight", weight(3 * n_embd, n_embd, std=0.3))
+            model.put(f"{prefix}.shortconv.out_proj.weight", weight(n_embd, n_embd))
+        model.put(f"{prefix}.ffn_norm.weight", model.ones(n_embd))
+        model.ffn(prefix, n_ff)
+    return model.finish()
 
 
 def write_tiny_qwen35_gguf(path: Path, *, seed: int = 0, n_embd: int = 64, n_layer: int = 4, n_head: int = 4,
@@ -127,15 +85,10 @@ def write_tiny_qwen35_gguf(path: Path, *, seed: int = 0, n_embd: int = 64, n_lay
     short convolution, one gated attention layer every ``interval``), same vocabulary as
     :func:`write_tiny_gguf`. A hybrid: llama.cpp keeps a convolution window and a delta-rule state per
     sequence for the linear-attention layers."""
-    import gguf
-
-    rng = np.random.default_rng(seed)
     arch = "qwen35"
-    writer = gguf.GGUFWriter(str(path), arch)
-    writer.add_name("refdec tiny test qwen35")
-    writer.add_context_length(n_ctx)
-    writer.add_embedding_length(n_embd)
-    writer.add_block_count(n_layer)
+    model = _Model(path, arch, "refdec tiny test qwen35", seed=seed, scale=scale, q8=q8, n_vocab=n_vocab,
+                   n_ctx=n_ctx, n_embd=n_embd, n_layer=n_layer)
+    writer, weight = model.writer, model.weight
     writer.add_feed_forward_length(n_ff)
     writer.add_head_count(n_head)
     writer.add_head_count_kv(n_head_kv)
@@ -153,45 +106,29 @@ def write_tiny_qwen35_gguf(path: Path, *, seed: int = 0, n_embd: int = 64, n_lay
     writer.add_uint32(f"{arch}.ssm.time_step_rank", n_v_heads)
     writer.add_uint32(f"{arch}.ssm.group_count", n_k_heads)
     writer.add_uint32(f"{arch}.full_attention_interval", interval)
-    writer.add_file_type(gguf.LlamaFileType.MOSTLY_Q8_0 if q8 else gguf.LlamaFileType.ALL_F32)
-    _add_byte_vocab(writer, gguf, n_vocab)
-
-    def weight(*shape, std=scale):
-        return (rng.standard_normal(shape) * std).astype(np.float32)
 
     key_dim, value_dim = d_state * n_k_heads, d_state * n_v_heads
-    _put(writer, gguf, q8, "token_embd.weight", weight(n_vocab, n_embd, std=1.0))
-    _put(writer, gguf, q8, "output_norm.weight", np.ones(n_embd, dtype=np.float32))
-    _put(writer, gguf, q8, "output.weight", weight(n_vocab, n_embd, std=0.5))
+    model.ends()
     for layer in range(n_layer):
         prefix = f"blk.{layer}"
-        _put(writer, gguf, q8, f"{prefix}.attn_norm.weight", np.ones(n_embd, dtype=np.float32))
-        _put(writer, gguf, q8, f"{prefix}.post_attention_norm.weight", np.ones(n_embd, dtype=np.float32))
+        model.put(f"{prefix}.attn_norm.weight", model.ones(n_embd))
+        model.put(f"{prefix}.post_attention_norm.weight", model.ones(n_embd))
         if (layer + 1) % interval == 0:  # gated attention: the query projection carries the gate
-            _put(writer, gguf, q8, f"{prefix}.attn_q.weight", weight(2 * n_head * head_dim, n_embd))
-            _put(writer, gguf, q8, f"{prefix}.attn_k.weight", weight(n_head_kv * head_dim, n_embd))
-            _put(writer, gguf, q8, f"{prefix}.attn_v.weight", weight(n_head_kv * head_dim, n_embd))
-            _put(writer, gguf, q8, f"{prefix}.attn_output.weight", weight(n_embd, n_head * head_dim))
-            _put(writer, gguf, q8, f"{prefix}.attn_q_norm.weight", np.ones(head_dim, dtype=np.float32))
-            _put(writer, gguf, q8, f"{prefix}.attn_k_norm.weight", np.ones(head_dim, dtype=np.float32))
+            model.attention(prefix, 2 * n_head * head_dim, n_head_kv * head_dim, n_out=n_head * head_dim)
+            model.put(f"{prefix}.attn_q_norm.weight", model.ones(head_dim))
+            model.put(f"{prefix}.attn_k_norm.weight", model.ones(head_dim))
         else:
-            _put(writer, gguf, q8, f"{prefix}.attn_qkv.weight", weight(2 * key_dim + value_dim, n_embd, std=0.3))
-            _put(writer, gguf, q8, f"{prefix}.attn_gate.weight", weight(value_dim, n_embd))
-            _put(writer, gguf, q8, f"{prefix}.ssm_conv1d.weight", weight(2 * key_dim + value_dim, d_conv, std=0.5))
-            _put(writer, gguf, q8, f"{prefix}.ssm_dt.bias", weight(n_v_heads, std=0.5))
-            _put(writer, gguf, q8, f"{prefix}.ssm_a", -np.exp(weight(n_v_heads, std=0.5)))  # -exp(A_log)
-            _put(writer, gguf, q8, f"{prefix}.ssm_beta.weight", weight(n_v_heads, n_embd))
-            _put(writer, gguf, q8, f"{prefix}.ssm_alpha.weight", weight(n_v_heads, n_embd))
-            _put(writer, gguf, q8, f"{prefix}.ssm_norm.weight", np.ones(d_state, dtype=np.float32))
-            _put(writer, gguf, q8, f"{prefix}.ssm_out.weight", weight(n_embd, value_dim))
-        _put(writer, gguf, q8, f"{prefix}.ffn_gate.weight", weight(n_ff, n_embd))
-        _put(writer, gguf, q8, f"{prefix}.ffn_up.weight", weight(n_ff, n_embd))
-        _put(writer, gguf, q8, f"{prefix}.ffn_down.weight", weight(n_embd, n_ff))
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
-    return path
+            model.put(f"{prefix}.attn_qkv.weight", weight(2 * key_dim + value_dim, n_embd, std=0.3))
+            model.put(f"{prefix}.attn_gate.weight", weight(value_dim, n_embd))
+            model.put(f"{prefix}.ssm_conv1d.weight", weight(2 * key_dim + value_dim, d_conv, std=0.5))
+            model.put(f"{prefix}.ssm_dt.bias", weight(n_v_heads, std=0.5))
+            model.put(f"{prefix}.ssm_a", -np.exp(weight(n_v_heads, std=0.5)))  # -exp(A_log)
+            model.put(f"{prefix}.ssm_beta.weight", weight(n_v_heads, n_embd))
+            model.put(f"{prefix}.ssm_alpha.weight", weight(n_v_heads, n_embd))
+            model.put(f"{prefix}.ssm_norm.weight", model.ones(d_state))
+            model.put(f"{prefix}.ssm_out.weight", weight(n_embd, value_dim))
+        model.ffn(prefix, n_ff)
+    return model.finish()
 
 
 def write_tiny_mamba2_gguf(path: Path, *, seed: int = 0, n_embd: int = 64, n_layer: int = 2, d_state: int = 16,
@@ -200,17 +137,12 @@ def write_tiny_mamba2_gguf(path: Path, *, seed: int = 0, n_embd: int = 64, n_lay
     """A tiny random Mamba2 model (llama.cpp's ``mamba2`` architecture: recurrent throughout, a
     ``2 * n_embd``-wide SSD mixer of ``n_heads`` heads per layer), same vocabulary as
     :func:`write_tiny_gguf`. llama.cpp keeps no state snapshots for it (``n_rs_seq`` is 0)."""
-    import gguf
-
-    rng = np.random.default_rng(seed)
     arch = "mamba2"
     d_inner = 2 * n_embd
     conv_dim = d_inner + 2 * n_group * d_state
-    writer = gguf.GGUFWriter(str(path), arch)
-    writer.add_name("refdec tiny test mamba2")
-    writer.add_context_length(n_ctx)
-    writer.add_embedding_length(n_embd)
-    writer.add_block_count(n_layer)
+    model = _Model(path, arch, "refdec tiny test mamba2", seed=seed, scale=scale, q8=q8, n_vocab=n_vocab,
+                   n_ctx=n_ctx, n_embd=n_embd, n_layer=n_layer)
+    writer, weight = model.writer, model.weight
     writer.add_head_count(0)
     writer.add_layer_norm_rms_eps(1e-5)
     writer.add_uint32(f"{arch}.ssm.conv_kernel", d_conv)
@@ -218,41 +150,85 @@ def write_tiny_mamba2_gguf(path: Path, *, seed: int = 0, n_embd: int = 64, n_lay
     writer.add_uint32(f"{arch}.ssm.state_size", d_state)
     writer.add_uint32(f"{arch}.ssm.time_step_rank", n_heads)
     writer.add_uint32(f"{arch}.ssm.group_count", n_group)
-    writer.add_file_type(gguf.LlamaFileType.MOSTLY_Q8_0 if q8 else gguf.LlamaFileType.ALL_F32)
-    _add_byte_vocab(writer, gguf, n_vocab)
 
-    def weight(*shape, std=scale):
-        return (rng.standard_normal(shape) * std).astype(np.float32)
-
-    _put(writer, gguf, q8, "token_embd.weight", weight(n_vocab, n_embd, std=1.0))
-    _put(writer, gguf, q8, "output_norm.weight", np.ones(n_embd, dtype=np.float32))
-    _put(writer, gguf, q8, "output.weight", weight(n_vocab, n_embd, std=0.5))
+    model.ends()
     for layer in range(n_layer):
         prefix = f"blk.{layer}"
-        _put(writer, gguf, q8, f"{prefix}.attn_norm.weight", np.ones(n_embd, dtype=np.float32))
-        _put(writer, gguf, q8, f"{prefix}.ssm_in.weight", weight(d_inner + conv_dim + n_heads, n_embd, std=0.3))
-        _put(writer, gguf, q8, f"{prefix}.ssm_conv1d.weight", weight(conv_dim, d_conv, std=0.5))
-        _put(writer, gguf, q8, f"{prefix}.ssm_conv1d.bias", weight(conv_dim))
-        _put(writer, gguf, q8, f"{prefix}.ssm_dt.bias", weight(n_heads, std=0.5))
-        _put(writer, gguf, q8, f"{prefix}.ssm_a", -np.exp(weight(n_heads, 1, std=0.5)))  # -exp(A_log)
-        _put(writer, gguf, q8, f"{prefix}.ssm_d", np.ones((n_heads, 1), dtype=np.float32))
-        _put(writer, gguf, q8, f"{prefix}.ssm_norm.weight", np.ones((n_group, d_inner // n_group), dtype=np.float32))
-        _put(writer, gguf, q8, f"{prefix}.ssm_out.weight", weight(n_embd, d_inner))
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
-    return path
+        model.put(f"{prefix}.attn_norm.weight", model.ones(n_embd))
+        model.put(f"{prefix}.ssm_in.weight", weight(d_inner + conv_dim + n_heads, n_embd, std=0.3))
+        model.put(f"{prefix}.ssm_conv1d.weight", weight(conv_dim, d_conv, std=0.5))
+        model.put(f"{prefix}.ssm_conv1d.bias", weight(conv_dim))
+        model.put(f"{prefix}.ssm_dt.bias", weight(n_heads, std=0.5))
+        model.put(f"{prefix}.ssm_a", -np.exp(weight(n_heads, 1, std=0.5)))  # -exp(A_log)
+        model.put(f"{prefix}.ssm_d", model.ones((n_heads, 1)))
+        model.put(f"{prefix}.ssm_norm.weight", model.ones((n_group, d_inner // n_group)))
+        model.put(f"{prefix}.ssm_out.weight", weight(n_embd, d_inner))
+    return model.finish()
 
 
-def _put(writer, gguf, q8: bool, name: str, array: np.ndarray) -> None:
-    """Adds tensor ``name`` (float32), as Q8_0 when ``q8`` and it is a matrix whose rows split into
-    Q8_0's 32-value blocks (the norms and vectors stay float32, as llama.cpp's quantizer keeps them)."""
-    if q8 and array.ndim == 2 and array.shape[-1] % 32 == 0:
-        kind = gguf.GGMLQuantizationType.Q8_0
-        writer.add_tensor(name, gguf.quants.quantize(array, kind), raw_dtype=kind)
-    else:
-        writer.add_tensor(name, array)
+class _Model:
+    """A GGUF file being written: the keys every writer sets (name, context, width, layers, file type,
+    the byte vocabulary), seeded random weights and the tensors, written out by :meth:`finish`."""
+
+    def __init__(self, path: Path, arch: str, name: str, *, seed: int, scale: float, q8: bool, n_vocab: int,
+                 n_ctx: int, n_embd: int, n_layer: int) -> None:
+        import gguf
+
+        self.gguf, self.path, self.scale, self.q8 = gguf, path, scale, q8
+        self.n_vocab, self.n_embd = n_vocab, n_embd
+        self.rng = np.random.default_rng(seed)
+        self.writer = writer = gguf.GGUFWriter(str(path), arch)
+        writer.add_name(name)
+        writer.add_context_length(n_ctx)
+        writer.add_embedding_length(n_embd)
+        writer.add_block_count(n_layer)
+        writer.add_file_type(gguf.LlamaFileType.MOSTLY_Q8_0 if q8 else gguf.LlamaFileType.ALL_F32)
+        _add_byte_vocab(writer, gguf, n_vocab)
+
+    def weight(self, *shape, std: float | None = None) -> np.ndarray:
+        """float32 ``shape``: normal draws times ``std`` (default: the writer's ``scale``)."""
+        return (self.rng.standard_normal(shape) * (self.scale if std is None else std)).astype(np.float32)
+
+    def ends(self, *, norm: str = "output_norm.weight") -> None:
+        """The token embedding, the final norm (named ``norm``) and the LM head."""
+        self.put("token_embd.weight", self.weight(self.n_vocab, self.n_embd, std=1.0))
+        self.put(norm, self.ones(self.n_embd))
+        self.put("output.weight", self.weight(self.n_vocab, self.n_embd, std=0.5))
+
+    def attention(self, prefix: str, n_q: int, n_kv: int, *, n_out: int | None = None) -> None:
+        """One layer's attention projections: query ``n_q`` rows, key and value ``n_kv`` rows each, the
+        output projection back from ``n_out`` (default ``n_q``) to the residual width."""
+        n_embd = self.n_embd
+        self.put(f"{prefix}.attn_q.weight", self.weight(n_q, n_embd))
+        self.put(f"{prefix}.attn_k.weight", self.weight(n_kv, n_embd))
+        self.put(f"{prefix}.attn_v.weight", self.weight(n_kv, n_embd))
+        self.put(f"{prefix}.attn_output.weight", self.weight(n_embd, n_q if n_out is None else n_out))
+
+    def ffn(self, prefix: str, n_ff: int) -> None:
+        """One layer's gated feed-forward (gate, up, down) of hidden width ``n_ff``."""
+        self.put(f"{prefix}.ffn_gate.weight", self.weight(n_ff, self.n_embd))
+        self.put(f"{prefix}.ffn_up.weight", self.weight(n_ff, self.n_embd))
+        self.put(f"{prefix}.ffn_down.weight", self.weight(self.n_embd, n_ff))
+
+    @staticmethod
+    def ones(shape) -> np.ndarray:
+        return np.ones(shape, dtype=np.float32)
+
+    def put(self, name: str, array: np.ndarray) -> None:
+        """Adds tensor ``name`` (float32), as Q8_0 when ``q8`` and it is a matrix whose rows split into
+        Q8_0's 32-value blocks (the norms and vectors stay float32, as llama.cpp's quantizer keeps them)."""
+        if self.q8 and array.ndim == 2 and array.shape[-1] % 32 == 0:
+            kind = self.gguf.GGMLQuantizationType.Q8_0
+            self.writer.add_tensor(name, self.gguf.quants.quantize(array, kind), raw_dtype=kind)
+        else:
+            self.writer.add_tensor(name, array)
+
+    def finish(self) -> Path:
+        self.writer.write_header_to_file()
+        self.writer.write_kv_data_to_file()
+        self.writer.write_tensors_to_file()
+        self.writer.close()
+        return self.path
 
 
 def _add_byte_vocab(writer, gguf, n_vocab: int = VOCAB) -> None:

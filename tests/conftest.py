@@ -108,40 +108,36 @@ def tiny_gguf(tmp_path_factory):
     return write_tiny_gguf(tmp_path_factory.mktemp("gguf") / "tiny.gguf")
 
 
-@pytest.fixture(scope="session")
-def tiny_qwen35_llm(tmp_path_factory):
-    """A ``llama_cpp.Llama`` on a tiny random Qwen3.5 model (benchmarks.random_gguf.write_tiny_qwen35_gguf: llama.cpp's
-    ``qwen35`` architecture, Gated DeltaNet layers beside gated attention), once per session."""
+def _tiny_hybrid_llm(tmp_path_factory, writer: str, name: str):
+    """A ``llama_cpp.Llama`` (one thread, 512 tokens of context) on the GGUF that
+    ``benchmarks.random_gguf.<writer>`` writes; skips without llama-cpp-python or gguf."""
     llama_cpp = pytest.importorskip("llama_cpp")
     pytest.importorskip("gguf")
-    from benchmarks.random_gguf import write_tiny_qwen35_gguf
+    from benchmarks import random_gguf
 
-    path = write_tiny_qwen35_gguf(tmp_path_factory.mktemp("gguf") / "tiny-qwen35.gguf")
+    path = getattr(random_gguf, writer)(tmp_path_factory.mktemp("gguf") / name)
     return llama_cpp.Llama(str(path), n_ctx=512, n_threads=1, n_batch=64, verbose=False)
+
+
+@pytest.fixture(scope="session")
+def tiny_qwen35_llm(tmp_path_factory):
+    """A tiny random Qwen3.5 model (llama.cpp's ``qwen35``: Gated DeltaNet layers beside gated
+    attention), once per session."""
+    return _tiny_hybrid_llm(tmp_path_factory, "write_tiny_qwen35_gguf", "tiny-qwen35.gguf")
 
 
 @pytest.fixture(scope="session")
 def tiny_mamba2_llm(tmp_path_factory):
-    """A ``llama_cpp.Llama`` on a tiny random Mamba2 model (benchmarks.random_gguf.write_tiny_mamba2_gguf:
-    recurrent throughout, an architecture whose state llama.cpp cannot roll back), once per session."""
-    llama_cpp = pytest.importorskip("llama_cpp")
-    pytest.importorskip("gguf")
-    from benchmarks.random_gguf import write_tiny_mamba2_gguf
-
-    path = write_tiny_mamba2_gguf(tmp_path_factory.mktemp("gguf") / "tiny-mamba2.gguf")
-    return llama_cpp.Llama(str(path), n_ctx=512, n_threads=1, n_batch=64, verbose=False)
+    """A tiny random Mamba2 model (recurrent throughout, an architecture whose state llama.cpp cannot
+    roll back), once per session."""
+    return _tiny_hybrid_llm(tmp_path_factory, "write_tiny_mamba2_gguf", "tiny-mamba2.gguf")
 
 
 @pytest.fixture(scope="session")
 def tiny_lfm2_llm(tmp_path_factory):
-    """A ``llama_cpp.Llama`` on a tiny random LFM2 model (benchmarks.random_gguf.write_tiny_lfm2_gguf: llama.cpp's
-    ``lfm2`` architecture, short convolutions beside attention), once per session."""
-    llama_cpp = pytest.importorskip("llama_cpp")
-    pytest.importorskip("gguf")
-    from benchmarks.random_gguf import write_tiny_lfm2_gguf
-
-    path = write_tiny_lfm2_gguf(tmp_path_factory.mktemp("gguf") / "tiny-lfm2.gguf")
-    return llama_cpp.Llama(str(path), n_ctx=512, n_threads=1, n_batch=64, verbose=False)
+    """A tiny random LFM2 model (llama.cpp's ``lfm2``: short convolutions beside attention), once per
+    session."""
+    return _tiny_hybrid_llm(tmp_path_factory, "write_tiny_lfm2_gguf", "tiny-lfm2.gguf")
 
 
 @pytest.fixture(scope="module")
