@@ -17,6 +17,13 @@ import argparse
 import numpy as np
 
 
+from refdec.gguf_files import chat_model_gguf, default_model_gguf, editor_model_gguf, small_editor_model_gguf
+
+# the models these tools take by name: a function returning each one's GGUF path
+MODEL_FILES = {"gemma": default_model_gguf, "coder": editor_model_gguf, "coder-0.5b": small_editor_model_gguf,
+               "chat": chat_model_gguf}
+
+
 def compare(path: str, rows: list[int], threads: int, context: int, seed: int) -> list[tuple[int, float, int]]:
     import llama_cpp
 
@@ -52,10 +59,7 @@ def compare(path: str, rows: list[int], threads: int, context: int, seed: int) -
 
 
 def main(argv=None) -> int:
-    from refdec.gguf_files import chat_model_gguf, default_model_gguf, editor_model_gguf, small_editor_model_gguf
-
-    files = {"gemma": default_model_gguf, "coder": editor_model_gguf, "coder-0.5b": small_editor_model_gguf,
-             "chat": chat_model_gguf}
+    files = MODEL_FILES
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--models", default="gemma,coder", help=f"comma-separated, of {', '.join(files)}")
     ap.add_argument("--rows", default="2,5,9,17,33,65")
