@@ -528,6 +528,7 @@ PYBIND11_MODULE(_C, m) {
         out["context"] = kContextParams;
         out["reference"] = kReferenceParams;
         out["corpus"] = kCorpusParams;
+        out["memory"] = kMemoryParams;
         return out;
       },
       "{source name: SourceParams}: each source's default confidence (new copies on every call).");

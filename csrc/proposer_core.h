@@ -20,10 +20,13 @@ namespace refdec {
 //
 // Root confidence of each kind of source (source_confidence()): the live
 // context and a request's references from short matches on; a corpus a little
-// less, and from longer matches (a short match in a large corpus says little).
+// less, and from longer matches (a short match in a large corpus says little);
+// earlier requests' outputs (refdec.OutputMemory) as a corpus, until the
+// acceptance table has learnt their own rate.
 inline constexpr SourceParams kContextParams{};  // weight 1, half_len 2
 inline constexpr SourceParams kReferenceParams{};
 inline constexpr SourceParams kCorpusParams{0.9f, 4.0f};
+inline constexpr SourceParams kMemoryParams{0.9f, 4.0f};
 // set_context's loop_decay: the score factor of each draft token a live-context
 // copy takes from the draft itself (a loop). It depends on the mode, which the
 // caller knows (refdec.Proposer: cursor=), so set_context has no default.

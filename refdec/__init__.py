@@ -14,6 +14,7 @@ _EXPORTS = {
     "ShardedIndex": "refdec.index", "DraftBatch": "refdec.tree", "DraftTree": "refdec.tree", "Drafter": "refdec.proposer",
     "Proposer": "refdec.proposer", "SpeculativeDecoder": "refdec.engine.decoder", "generate": "refdec.engine.decoder",
     "DecodingStats": "refdec.engine.results", "GenerateOutput": "refdec.engine.results",
+    "OutputMemory": "refdec.memory",
 }
 __all__ = list(_EXPORTS)
 
@@ -21,6 +22,7 @@ if TYPE_CHECKING:
     from refdec.engine.decoder import SpeculativeDecoder, generate
     from refdec.engine.results import DecodingStats, GenerateOutput
     from refdec.index import ContextIndex, CorpusIndex, IndexFormatError, ShardedIndex
+    from refdec.memory import OutputMemory
     from refdec.proposer import Drafter, Proposer
     from refdec.tree import DraftBatch, DraftTree
 

@@ -44,7 +44,7 @@ class AcceptanceTable:
     ``accepted`` and ``verified`` (the decayed counts), ``rates`` (read them by :meth:`cells`).
     """
 
-    def __init__(self, n_sources: int = 3, *, prior_weight: float = 3.0, prior_depth_decay: float = 1.0,
+    def __init__(self, n_sources: int = 4, *, prior_weight: float = 3.0, prior_depth_decay: float = 1.0,
                  decay: float = 0.998) -> None:
         self.n_sources = check_int("n_sources", n_sources, 1)
         if not 0.0 < decay <= 1.0:

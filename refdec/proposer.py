@@ -1,6 +1,6 @@
 """The proposer: what the decoding loop calls once per step.
 
-Three sources continue the current context (prompt + accepted tokens):
+Four sources continue the current context (prompt + accepted tokens):
 
 * ``context``   -- the live context itself (:class:`~refdec.index.ContextIndex`):
   repeated spans, loops, the original file in an edit prompt.
@@ -9,6 +9,8 @@ Three sources continue the current context (prompt + accepted tokens):
   :class:`~refdec.index.ShardedIndex` drafted as one corpus (the longest
   match over the shards; continuation counts summed over the shards where
   the text occurs: the same tree as one index over all their documents).
+* ``memory``    -- earlier requests' outputs (:class:`~refdec.memory.OutputMemory`'s
+  snapshot: automata drafted as one corpus).
 
 Each source keeps the longest suffix of the context that occurs in it
 (O(1) amortised per accepted token). :meth:`Proposer.propose` makes ONE C++
@@ -24,7 +26,7 @@ into a merged trie (see ``csrc/draft_tree.h``):
     editing mode (``cursor=``): a copy cursor follows the output through the
     references and adds fixed-copy branches (see :class:`CursorParams`)
 
-``source_ids`` index ``Proposer.source_names`` (always all three names, so ids
+``source_ids`` index ``Proposer.source_names`` (always all four names, so ids
 are stable whether or not a source is present).
 """
 
@@ -119,6 +121,9 @@ class Proposer:
     ``loop_decay`` (None = 0.7, or 1.0 with the cursor on): the score factor of
     each draft token a context copy takes from the draft itself (a loop).
 
+    ``memory``: a snapshot of past outputs (:meth:`refdec.OutputMemory.automata`, a tuple of
+    automata; empty or None: no memory source).
+
     ``backoff`` (default 1): each source also expands the continuations of up
     to this many shorter suffix matches (suffix links, down to
     ``min_backoff_len`` tokens), each scored by its own length. A corpus's
@@ -129,12 +134,12 @@ class Proposer:
     Not thread-safe: one Proposer per concurrent request (the CorpusIndex may be shared).
     """
 
-    source_names: tuple[str, ...] = ("context", "reference", "corpus")
+    source_names: tuple[str, ...] = ("context", "reference", "corpus", "memory")
 
     def __init__(self, index: CorpusIndex | ShardedIndex | None = None, references: list[np.ndarray] | None = None, *,
                  max_depth: int = MAX_NODES, params: dict[str, SourceParams] | None = None,
                  backoff: int = 1, min_backoff_len: int = 1, loop_decay: float | None = None,
-                 cursor: CursorParams | bool | None = None) -> None:
+                 cursor: CursorParams | bool | None = None, memory: tuple | None = None) -> None:
         if index is not None and not isinstance(index, (CorpusIndex, ShardedIndex)):
             raise ValueError(f"index must be a refdec.CorpusIndex, a refdec.ShardedIndex or None, "
                              f"got {type(index).__name__}")
@@ -163,6 +168,11 @@ class Proposer:
         # copies: SourceParams are mutable, and DEFAULT_PARAMS is shared
         self.params = {name: params.get(name, DEFAULT_PARAMS[name]).replace() for name in self.source_names}
         self._references = [as_token_ids(r, f"references[{i}]") for i, r in enumerate(references or [])]
+        if not isinstance(memory, (tuple, type(None))) or not all(
+                isinstance(sam, _C.AutomatonView) for sam in memory or ()):
+            raise ValueError(f"memory must be a tuple of automata (refdec.OutputMemory.automata()) or None, "
+                             f"got {memory!r}")
+        self._memory = memory or ()
         self._context: ContextIndex | None = None
         self._reference_sam = None
         self._core = None
@@ -191,6 +201,8 @@ class Proposer:
             core.add_matcher_source(self.index.automata, self.params["corpus"], 2)
         elif self.index is not None:
             core.add_matcher_source(self.index.automaton, self.params["corpus"], 2)
+        if self._memory:
+            core.add_matcher_source(self._memory, self.params["memory"], 3)
         core.feed(prompt)
         core.start_output()
         self._core = core

@@ -109,10 +109,12 @@ def test_a_proposer_keeps_its_own_copies_of_the_params_it_was_given():
 
 
 def test_the_drafting_defaults_are_stated_once_in_cpp_and_a_proposer_uses_them():
-    # csrc/proposer_core.h: kContextParams, kReferenceParams, kCorpusParams, kLoopDecay, kEditingLoopDecay
+    # csrc/proposer_core.h: kContextParams, kReferenceParams, kCorpusParams, kMemoryParams, kLoopDecay,
+    # kEditingLoopDecay
     assert _C.default_source_params() == {"context": SourceParams(weight=1.0, half_len=2.0),
                                           "reference": SourceParams(weight=1.0, half_len=2.0),
-                                          "corpus": SourceParams(weight=0.9, half_len=4.0)}
+                                          "corpus": SourceParams(weight=0.9, half_len=4.0),
+                                          "memory": SourceParams(weight=0.9, half_len=4.0)}
     assert (_C.LOOP_DECAY, _C.EDITING_LOOP_DECAY) == (0.7, 1.0)
     assert DEFAULT_PARAMS == _C.default_source_params() and DEFAULT_PARAMS is not _C.default_source_params()
     assert Proposer().params == DEFAULT_PARAMS and Proposer().loop_decay == _C.LOOP_DECAY

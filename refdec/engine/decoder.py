@@ -25,6 +25,7 @@ The prompt must hold at least one token: refdec adds no BOS token of its own
 from __future__ import annotations
 
 import copy
+import inspect
 import time
 
 import numpy as np
@@ -40,6 +41,7 @@ from refdec.engine.requests import Request
 from refdec.engine.results import DecodingStats, GenerateOutput
 from refdec.engine.sampling import TargetSampler
 from refdec.engine.stops import StopChecker
+from refdec.memory import OutputMemory, as_memory
 from refdec.proposer import Drafter, Proposer
 from refdec.tokens import check_int, is_int
 from refdec.tree import MAX_NODES
@@ -85,10 +87,21 @@ def kept_llama_backend(model):
     return backend
 
 
-def default_proposer_factory(index, references: list[np.ndarray], max_depth: int) -> Drafter:
+def default_proposer_factory(index, references: list[np.ndarray], max_depth: int, memory: tuple = ()) -> Drafter:
     """refdec's :class:`~refdec.proposer.Proposer`; with references (editing) the copy cursor
-    follows the output through them (what it gains: benchmarks/RESULTS.md §3)."""
-    return Proposer(index=index, references=references or None, max_depth=max_depth, cursor=bool(references))
+    follows the output through them (what it gains: benchmarks/RESULTS.md §3); ``memory``: a
+    snapshot of past outputs (:meth:`refdec.OutputMemory.automata`)."""
+    return Proposer(index=index, references=references or None, max_depth=max_depth, cursor=bool(references),
+                    memory=memory)
+
+
+def _takes_memory(factory) -> bool:
+    """Whether ``factory`` accepts a ``memory=`` keyword."""
+    try:
+        parameters = inspect.signature(factory).parameters.values()
+    except (TypeError, ValueError):
+        return False
+    return any(p.name == "memory" or p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters)
 
 
 class SpeculativeDecoder:
@@ -134,6 +147,9 @@ class SpeculativeDecoder:
     (the same file edited again, the same system prompt, a chat's earlier turns) is prefilled
     from the first token that differs (``stats.cached_prompt_tokens``). The entries share the
     context with the running rows and give it back, oldest first, when a row needs the room.
+    ``memory`` (a :class:`refdec.OutputMemory`, default None): every finished request's output
+    joins it (for the request's tenant) and every later request drafts from what its tenant's
+    memory held when it started (the ``memory`` source). Several decoders may share one.
     ``decoder.joint_batch_budget`` (default True): batches with
     ``max_draft_tokens="auto"`` choose the rows' verified prefixes together, priced as
     one padded batched forward (refdec.budget.batch_prefix_sizes); False prices each
@@ -147,7 +163,7 @@ class SpeculativeDecoder:
 
     def __init__(self, model, tokenizer=None, index=None, *, max_depth: int = MAX_NODES, proposer_factory=None,
                  prefill_chunk: int | None = 512, cuda_graphs: bool = False, max_rows: int = 1,
-                 backend: Backend | None = None, prefix_cache: int = 4) -> None:
+                 backend: Backend | None = None, prefix_cache: int = 4, memory: OutputMemory | None = None) -> None:
         self.max_depth = check_int("max_depth", max_depth, 1)  # the engine's depth limit too, whatever the drafter
         check_int("max_rows", max_rows, 1)
         check_int("prefix_cache", prefix_cache, 0)
@@ -157,6 +173,10 @@ class SpeculativeDecoder:
         self.model = model
         self.index = index
         self.proposer_factory = proposer_factory or default_proposer_factory
+        self.memory = as_memory(memory)
+        if self.memory is not None and proposer_factory is not None and not _takes_memory(proposer_factory):
+            raise ValueError("proposer_factory must take a memory= keyword (a tuple of automata) when memory is "
+                             f"given, got {proposer_factory!r}")
         self.backend = (make_backend(model, cuda_graphs=cuda_graphs, max_rows=max_rows, prefix_cache=prefix_cache)
                         if backend is None else backend)
         # a llama.cpp model brings its own tokenizer (refdec.llama_cpp.tokenizer)
@@ -238,11 +258,12 @@ class SpeculativeDecoder:
         return output
 
     def make_request(self, args: GenerateArguments, b: int, budget: Budget, started: float, *,
-                     on_tokens=None, on_done=None) -> Request:
+                     on_tokens=None, on_done=None, tenant=None) -> Request:
         """Row ``b`` of the checked call ``args`` as an engine request: its drafter (with the
-        row's references and, ``retrieve=k``, the index documents most like its prompt), sampler,
-        logits settings and stops; ``budget`` chooses its trees; ``started`` (perf_counter) starts
-        its clock. A request with nothing to emit (``max_new_tokens=0``) is finished already."""
+        row's references and, ``retrieve=k``, the index documents most like its prompt, and
+        ``tenant``'s memory), sampler, logits settings and stops; ``budget`` chooses its trees;
+        ``started`` (perf_counter) starts its clock; its output joins ``tenant``'s memory when it
+        finishes. A request with nothing to emit (``max_new_tokens=0``) is finished already."""
         prompt = args.prompts[b]
         row_stats = DecodingStats(seed=args.seeds[b])
         drafting = args.max_new_tokens > 0 and budget.max_nodes > 0
@@ -255,8 +276,14 @@ class SpeculativeDecoder:
             row_stats.retrieve_seconds = time.perf_counter() - t0
         drafter = None
         if drafting:
-            drafter = self.proposer_factory(args.index, refs, self.max_depth)
+            memory = self.memory.automata(tenant) if self.memory is not None else ()
+            if memory:
+                drafter = self.proposer_factory(args.index, refs, self.max_depth, memory=memory)
+            else:
+                drafter = self.proposer_factory(args.index, refs, self.max_depth)
             drafter.start(prompt.astype(np.int32))
+        if self.memory is not None:
+            on_done = _remembering(self.memory, tenant, on_done)
         sampler = TargetSampler(self.vocab_size, do_sample=args.do_sample, temperature=args.temperature,
                                 top_k=args.top_k, top_p=args.top_p, seed=args.seeds[b], device=self.device,
                                 min_p=args.min_p)
@@ -330,19 +357,32 @@ class SpeculativeDecoder:
         return GenerateOutput(sequences, stats)
 
 
+def _remembering(memory: OutputMemory, tenant, on_done):
+    """An ``on_done(batch_row, new_tokens, stats)`` that keeps the output in ``memory`` for
+    ``tenant``, then calls ``on_done`` (when given)."""
+
+    def done(batch_row: int, new_tokens: list[int], stats: DecodingStats) -> None:
+        memory.add(np.asarray(new_tokens, dtype=np.int32), tenant)
+        if on_done is not None:
+            on_done(batch_row, new_tokens, stats)
+
+    return done
+
+
 def generate(model, input_ids, *, tokenizer=None, index=None, references=None, max_new_tokens: int = 256,
              do_sample: bool = False, temperature: float = 1.0, top_k: int | None = None,
              top_p: float | None = None, seed: int | None = None, eos_token_id=None, stop_strings=None,
              streamer=None, max_draft_tokens="auto", proposer_factory=None, attention_mask=None,
              pad_token_id=None, retrieve: int = 0, max_batch_size: int | None = None, min_p: float | None = None,
-             on_row_done=None, **logits_settings) -> GenerateOutput:
+             on_row_done=None, memory: OutputMemory | None = None, **logits_settings) -> GenerateOutput:
     """One-shot speculative generation (a fresh ``SpeculativeDecoder``; on a llama.cpp model, over the
     backend the Llama keeps for these calls, :func:`kept_llama_backend`); see that class for details.
     Batches: a left-padded [B, L] ``input_ids`` with ``attention_mask``, or a list of prompts;
     ``max_batch_size`` rows at most decode together, the others join as rows finish.
-    ``logits_settings``: ``repetition_penalty=1.2`` etc., as SpeculativeDecoder.generate takes them."""
+    ``logits_settings``: ``repetition_penalty=1.2`` etc., as SpeculativeDecoder.generate takes them.
+    ``memory``: a :class:`refdec.OutputMemory` the call drafts from and adds its outputs to."""
     decoder = SpeculativeDecoder(model, tokenizer=tokenizer, index=index, proposer_factory=proposer_factory,
-                                 backend=kept_llama_backend(model))
+                                 backend=kept_llama_backend(model), memory=memory)
     return decoder.generate(input_ids, references=references, max_new_tokens=max_new_tokens,
                             do_sample=do_sample, temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p,
                             seed=seed, eos_token_id=eos_token_id, stop_strings=stop_strings, streamer=streamer,

@@ -33,7 +33,7 @@ def assert_tree(tree, token_ids, parents, source_ids=None, scores=None):
         assert tree.source_ids.tolist() == source_ids
     if scores is not None:
         np.testing.assert_allclose(tree.scores, scores, rtol=1e-6)
-    assert tree.source_names == ("context", "reference", "corpus")
+    assert tree.source_names == ("context", "reference", "corpus", "memory")
 
 
 # Prompt 5 6 7 8 9 5 6: the suffix "5 6" (L=2) occurred at the start. Its
@@ -53,7 +53,7 @@ def test_a_repeated_span_in_the_prompt_gives_a_chain_that_continues_it():
     tree = proposer.propose(32)
     assert_tree(tree, [7, 8, 9, 5, 6] * 2 + [7, 8], list(range(-1, 11)), [CONTEXT] * 12,
                 [0.5] * 5 + [0.5 * 0.7**k for k in range(1, 8)])
-    assert proposer.last_match_lengths() == {"context": 2, "reference": 0, "corpus": 0}
+    assert proposer.last_match_lengths() == {"context": 2, "reference": 0, "corpus": 0, "memory": 0}
     assert_tree(proposer.propose(5), [7, 8, 9, 5, 6], [-1, 0, 1, 2, 3])
 
 
@@ -120,7 +120,7 @@ def test_two_sources_merge_a_common_prefix_into_one_node():
     proposer.start(arr([1, 2, 3, 4, 9, 1, 2]))
     tree = proposer.propose(32)
     assert_tree(tree, MERGE_TOKENS, MERGE_PARENTS, MERGE_SOURCES, MERGE_SCORES)
-    assert proposer.last_match_lengths() == {"context": 2, "reference": 2, "corpus": 0}
+    assert proposer.last_match_lengths() == {"context": 2, "reference": 2, "corpus": 0, "memory": 0}
 
 
 def test_a_unique_continuation_goes_deep_up_to_max_depth():
@@ -169,7 +169,7 @@ def test_empty_tree_when_nothing_matches():
     proposer.start(arr([1, 2, 3]))
     tree = proposer.propose(32)
     assert len(tree) == 0
-    assert proposer.last_match_lengths() == {"context": 0, "reference": 0, "corpus": 0}
+    assert proposer.last_match_lengths() == {"context": 0, "reference": 0, "corpus": 0, "memory": 0}
 
 
 # Corpus documents 10 11 12 13 and 10 11 12 14; prompt ends with 10 11 (L=2,
