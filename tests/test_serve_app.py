@@ -45,10 +45,10 @@ class LiveServer:
     """A refdec server on 127.0.0.1 (an ephemeral port), on its own thread."""
 
     def __init__(self, decoder, *, api_key=None, max_concurrent=SLOTS, max_waiting=16, max_body_bytes=1 << 20,
-                 model_names=(MODEL, "gpt-4o")):
+                 model_names=(MODEL, "gpt-4o"), shared_memory=False):
         self.service = DecodingService(decoder, max_concurrent=max_concurrent, max_waiting=max_waiting)
         app = create_app(self.service, model_names=list(model_names), context_length=CONTEXT, api_key=api_key,
-                         max_body_bytes=max_body_bytes)
+                         max_body_bytes=max_body_bytes, shared_memory=shared_memory)
         self._serving = serving(app)
         self.url = self._serving.__enter__()
 
@@ -159,6 +159,38 @@ def test_a_request_without_prediction_drafts_from_the_file_in_its_messages(serve
     line = next(record.getMessage() for record in caplog.records if "implicit reference" in record.getMessage())
     accepted, rejected = map(int, re.search(r"implicit reference accepted (\d+) rejected (\d+)", line).groups())
     assert accepted + rejected > 0, line
+
+
+def memory_accepted(caplog) -> list[int]:
+    return [int(re.search(r"memory accepted (\d+)", r.getMessage()).group(1)) for r in caplog.records
+            if "memory accepted" in r.getMessage()]
+
+
+@pytest.mark.parametrize("shared", [False, True])
+def test_past_outputs_draft_only_for_their_own_tenant_unless_shared(decoder, caplog, shared):
+    """A reply joins its tenant's memory (the request's ``user`` here: no API key) and drafts that
+    tenant's next request; another user's request drafts nothing from it unless the memory is
+    shared. The text is the library's every time."""
+    memory_decoder = refdec.SpeculativeDecoder(decoder.model, backend=decoder.backend,
+                                               memory=refdec.OutputMemory())
+    memory_decoder.timed_budget = False
+    live = LiveServer(memory_decoder, shared_memory=shared)
+    content = PROMPTS[2]
+    expected, _ = library_text(decoder, chat_ids(decoder, content), max_new_tokens=64)
+    try:
+        client = live.client()
+        for user in ("alice", "bob", "alice"):
+            with caplog.at_level(logging.INFO, logger="refdec.serve"):
+                reply = client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": content}],
+                                                       max_tokens=64, temperature=0, user=user)
+            assert reply.choices[0].message.content == expected
+    finally:
+        live.close()
+    first, bob, alice_again = memory_accepted(caplog)
+    assert first == 0 and alice_again > 0
+    assert (bob > 0) == shared
+    tenants = memory_decoder.memory.tenants()
+    assert set(tenants) == ({None} if shared else {("user", "alice"), ("user", "bob")})
 
 
 def test_completions_endpoint_agrees_with_the_library_for_text_and_token_prompts(server, decoder):

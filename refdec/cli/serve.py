@@ -61,6 +61,13 @@ def register(subparsers) -> None:
     p.add_argument("--no-implicit-reference", action="store_true",
                    help="a request without `prediction` drafts from its context alone (by default also from "
                         "the largest fenced code block of its messages: the file an editing tool put there)")
+    p.add_argument("--memory-mb", type=float, default=64.0, metavar="MB",
+                   help="past outputs kept to draft later requests from, at most this many MiB in all, oldest "
+                        "dropped first (default: 64; 0: none)")
+    p.add_argument("--shared-memory", action="store_true",
+                   help="every request drafts from every earlier output (by default each API key, or each "
+                        "request's `user` where there is no key, has its own: a reply's speed would show "
+                        "whether its text was in someone else's output)")
     p.set_defaults(handler=run)
 
 
@@ -69,6 +76,8 @@ def _check(args) -> None:
                                ("--ctx", args.ctx, 16), ("--prefix-cache", args.prefix_cache, 0)):
         if value < least:
             raise ValueError(f"{flag} must be >= {least}, got {value}")
+    if not 0 <= args.memory_mb <= 1 << 20:
+        raise ValueError(f"--memory-mb must be in 0..{1 << 20}, got {args.memory_mb}")
     if not 0 <= args.port <= 65535:
         raise ValueError(f"--port must be in 0..65535, got {args.port}")
     if args.index is not None:
@@ -99,15 +108,16 @@ def run(args) -> int:
         from refdec.index import CorpusIndex
 
         index = CorpusIndex.load(args.index, tokenizer)
+    memory = refdec.OutputMemory(int(args.memory_mb * (1 << 20))) if args.memory_mb > 0 else None
     decoder = refdec.SpeculativeDecoder(model, tokenizer=tokenizer, index=index, max_rows=args.max_concurrent,
-                                        prefix_cache=args.prefix_cache)
+                                        prefix_cache=args.prefix_cache, memory=memory)
     limit = decoder.max_positions
     context = args.ctx if limit is None else min(args.ctx, limit + 1)
     service = DecodingService(decoder, max_concurrent=args.max_concurrent, max_waiting=args.max_waiting)
     names = args.served_model_name or [Path(model_name).stem if is_gguf(model_name) else model_name]
     api_key = args.api_key or os.environ.get(API_KEY_ENV) or None
     app = create_app(service, model_names=names, context_length=context, api_key=api_key,
-                     implicit_references=not args.no_implicit_reference)
+                     implicit_references=not args.no_implicit_reference, shared_memory=args.shared_memory)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s", stream=sys.stderr)
     print(f"refdec serve: {names[0]} on {engine}, {args.max_concurrent} concurrent requests of up to {context} "
           f"tokens, at http://{args.host}:{args.port}/v1 (models: {', '.join(names)}; API key: "

@@ -152,9 +152,10 @@ class DecodingService:
     def submit(self, prompt, *, on_event=None, references=None, max_new_tokens: int = 256, do_sample: bool = False,
                temperature: float = 1.0, top_p: float | None = None, top_k: int | None = None,
                min_p: float | None = None, seed: int | None = None, stop_strings=None, eos_token_id=None,
-               max_draft_tokens="auto", **logits_settings) -> Ticket:
+               max_draft_tokens="auto", tenant=None, **logits_settings) -> Ticket:
         """Queues one prompt (token ids: a list of int or int64 [L]) with ``generate``'s settings;
-        returns its :class:`Ticket`. Raises ValueError for a bad argument, :class:`ServiceBusy`
+        returns its :class:`Ticket`. ``tenant`` (any hashable): whose past outputs it drafts from
+        and joins, when the decoder has a memory (refdec.memory). Raises ValueError for a bad argument, :class:`ServiceBusy`
         when the queue is full and :class:`ServiceClosed` after :meth:`close`."""
         decoder = self.decoder
         args = parse_arguments(
@@ -181,7 +182,7 @@ class DecodingService:
                 raise ServiceBusy(f"{self.max_concurrent} requests decode and {self.max_waiting} wait: the queue "
                                   f"is full")
             ticket.request = decoder.make_request(args, 0, budget, time.perf_counter(), on_tokens=on_tokens,
-                                                  on_done=on_done)
+                                                  on_done=on_done, tenant=tenant)
             if not ticket.request.done:  # max_new_tokens=0 is done already
                 self._incoming.append(ticket)
                 self._wakeup.notify()

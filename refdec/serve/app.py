@@ -37,6 +37,7 @@ __all__ = ["DEFAULT_MAX_BODY_BYTES", "create_app"]
 
 DEFAULT_MAX_BODY_BYTES = 8 << 20  # a request body's limit: a large source file and its prediction fit
 PREDICTION_SOURCE = "reference"  # the draft source that a request's prediction feeds (refdec.proposer)
+MEMORY_SOURCE = "memory"  # the draft source of earlier requests' outputs (refdec.memory)
 FINISH_REASONS = {"eos": "stop", "stop_string": "stop", "max_new_tokens": "length",
                   "max_position_embeddings": "length"}
 DISCONNECT_POLL_SECONDS = 0.25  # how often a non-streaming request checks that its client is still there
@@ -46,12 +47,16 @@ log = logging.getLogger("refdec.serve")
 
 def create_app(service: DecodingService, *, model_names: list[str], context_length: int,
                api_key: str | None = None, max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
-               implicit_references: bool = True) -> FastAPI:
+               implicit_references: bool = True, shared_memory: bool = False) -> FastAPI:
     """The server's app. ``model_names``: the ids it answers to (the first is the one it reports);
     ``context_length``: the most tokens a request's prompt and completion hold together;
     ``api_key``: when given, every /v1 route needs ``Authorization: Bearer <key>``;
     ``implicit_references``: a request without ``prediction`` drafts from the largest fenced code
-    block of its messages (refdec.serve.implicit)."""
+    block of its messages (refdec.serve.implicit). When the decoder has a memory of past outputs
+    (``decoder.memory``), each request drafts from and joins its tenant's: the API key's where
+    the server has one, else the request's ``user`` (requests without one share a tenant);
+    ``shared_memory``: one memory for every request. Per tenant by default because the speed of a
+    reply would show whether its text was in another client's output."""
     if not model_names:
         raise ValueError("model_names must name at least one model")
     app = FastAPI(title="refdec", docs_url=None, redoc_url=None, openapi_url=None)
@@ -181,8 +186,9 @@ def create_app(service: DecodingService, *, model_names: list[str], context_leng
             max_new_tokens=limit if limit is not None else room, do_sample=body.temperature > 0,
             temperature=body.temperature if body.temperature > 0 else 1.0,
             top_p=body.top_p if body.top_p < 1.0 else None, seed=body.seed, stop_strings=stops or None)
+        tenant = None if shared_memory else ("api-key",) if api_key is not None else ("user", body.user or "")
         try:
-            ticket = await run_in_threadpool(service.submit, prompt, on_event=on_event, **settings)
+            ticket = await run_in_threadpool(service.submit, prompt, on_event=on_event, tenant=tenant, **settings)
         except ServiceBusy as error:
             raise ApiError(503, f"the server is busy ({error}); retry shortly", kind="server_error",
                            code="server_busy", headers={"Retry-After": "1"}) from None
@@ -332,9 +338,10 @@ class _Reply:
         proposed = stats.proposed_by_source.get(PREDICTION_SOURCE, 0)
         accepted = min(stats.accepted_by_source.get(PREDICTION_SOURCE, 0), stats.new_tokens)
         log.info("%s %s: prompt %d (%d cached, prefill %.2f s), completion %d tokens in %d passes, %s "
-                 "accepted %d rejected %d, %.1f tokens/s, %s%s", self.id, "chat" if self.chat else "completion",
-                 self.prompt_tokens, stats.cached_prompt_tokens, stats.prefill_seconds, stats.new_tokens,
-                 stats.forward_passes, "prediction" if self.predicted else "implicit reference", accepted,
-                 proposed - accepted, stats.new_tokens / seconds if seconds > 0 else 0.0,
+                 "accepted %d rejected %d, memory accepted %d, %.1f tokens/s, %s%s", self.id,
+                 "chat" if self.chat else "completion", self.prompt_tokens, stats.cached_prompt_tokens,
+                 stats.prefill_seconds, stats.new_tokens, stats.forward_passes,
+                 "prediction" if self.predicted else "implicit reference", accepted, proposed - accepted,
+                 stats.accepted_by_source.get(MEMORY_SOURCE, 0), stats.new_tokens / seconds if seconds > 0 else 0.0,
                  self.finish_reason(stats) if stats.stop_reason != CANCELLED else CANCELLED,
                  f" ({outcome})" if outcome else "")

@@ -95,6 +95,7 @@ class _Sampling(BaseModel):
     logprobs: Union[bool, int, None] = None
     frequency_penalty: float = Field(default=0.0, ge=-2.0, le=2.0)
     presence_penalty: float = Field(default=0.0, ge=-2.0, le=2.0)
+    user: str | None = Field(default=None, max_length=256)  # OpenAI's end-user id: here, whose memory (no API key)
 
     @field_validator("stop")
     @classmethod
