@@ -46,6 +46,18 @@ def test_call_gives_input_ids_as_a_list_or_a_tensor(tiny_llm):
         tok("ab", return_tensors="np")
 
 
+def test_a_list_of_texts_gives_a_list_of_id_lists_so_a_corpus_index_builds(tiny_llm):
+    from refdec.index import CorpusIndex
+
+    tok = GgufTokenizer(tiny_llm)
+    assert tok(["ab", "cde"], add_special_tokens=False) == {"input_ids": [tok.encode("ab", False),
+                                                                          tok.encode("cde", False)]}
+    with pytest.raises(ValueError, match="return_tensors must be None for a list"):
+        tok(["ab"], return_tensors="pt")
+    index = CorpusIndex.build(["hello world", "hello there"], tok, show_progress=False)
+    assert index.num_documents == 2 and index.match_length(np.asarray(tok.encode("hello", False))) > 0
+
+
 def test_decode_takes_lists_arrays_and_tensors_and_can_skip_special_tokens(tiny_llm):
     tok = GgufTokenizer(tiny_llm)
     ids = [BOS, _byte("a"), _byte("b")]

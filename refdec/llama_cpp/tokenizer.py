@@ -34,7 +34,14 @@ class GgufTokenizer:
         Special tokens written in the text (``<|im_start|>``) are parsed as such."""
         return [int(t) for t in self.llm.tokenize(text.encode("utf-8"), add_bos=add_special_tokens, special=True)]
 
-    def __call__(self, text: str, add_special_tokens: bool = True, return_tensors: str | None = None) -> dict:
+    def __call__(self, text, add_special_tokens: bool = True, return_tensors: str | None = None) -> dict:
+        """``{"input_ids": ids}`` of ``text`` (a str), or of each text of a list (a list of id lists,
+        as a transformers tokenizer answers a batch: what refdec.CorpusIndex.build sends);
+        ``return_tensors="pt"``: one text's ids as a LongTensor [1, L]."""
+        if isinstance(text, (list, tuple)):
+            if return_tensors is not None:
+                raise ValueError("return_tensors must be None for a list of texts")
+            return {"input_ids": [self.encode(t, add_special_tokens) for t in text]}
         ids = self.encode(text, add_special_tokens)
         if return_tensors == "pt":
             import torch
