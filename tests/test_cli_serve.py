@@ -17,6 +17,9 @@ from refdec.cli.main import main
     (["--port", "70000"], "--port must be in"),
     (["--index", "/nonexistent.refdec"], "no such file"),
     (["--served-model-name", " "], "must not be empty"),
+    (["--index", "a=/x.refdec", "--index", "a=/y.refdec"], "the name 'a' is given twice"),
+    (["--index", "bad name=/x.refdec"], "corpus name"),
+    (["--memory-mb", "-1"], "--memory-mb must be in"),
 ])
 def test_bad_arguments_are_refused_before_anything_loads(capsys, argv, message):
     assert main(["serve", *argv]) == 2

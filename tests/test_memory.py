@@ -2,15 +2,13 @@
 
 from __future__ import annotations
 
-import threading
-
 import numpy as np
 import pytest
 
 import refdec
 from refdec.memory import OutputMemory, automaton_bytes
 from refdec.proposer import Proposer
-from tests.tiny_models import hf_greedy
+from tests.tiny_models import errors_in_threads, hf_greedy
 
 
 def tokens(*values) -> np.ndarray:
@@ -89,26 +87,17 @@ def test_bad_arguments_name_themselves():
 
 def test_adds_and_snapshots_from_many_threads():
     memory = OutputMemory(300_000, segment_tokens=500, min_tokens=1)
-    errors = []
 
-    def worker(seed):
+    def work(seed):
         rng = np.random.default_rng(seed)
-        try:
-            for _ in range(150):
-                memory.add(rng.integers(0, 300, int(rng.integers(1, 400))).astype(np.int32), tenant=seed % 3)
-                proposer = Proposer(memory=memory.automata(seed % 3))
-                proposer.start(rng.integers(0, 300, 20).astype(np.int32))
-                proposer.propose(16)
-                assert memory.nbytes <= 300_000
-        except Exception as e:  # noqa: BLE001  (reported below)
-            errors.append(e)
+        for _ in range(150):
+            memory.add(rng.integers(0, 300, int(rng.integers(1, 400))).astype(np.int32), tenant=seed % 3)
+            proposer = Proposer(memory=memory.automata(seed % 3))
+            proposer.start(rng.integers(0, 300, 20).astype(np.int32))
+            proposer.propose(16)
+            assert memory.nbytes <= 300_000
 
-    threads = [threading.Thread(target=worker, args=(s,)) for s in range(4)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    assert not errors
+    assert not errors_in_threads(work)
 
 
 def test_a_decoder_remembers_its_outputs_and_drafts_them_with_the_same_tokens(llama):

@@ -193,6 +193,54 @@ def test_past_outputs_draft_only_for_their_own_tenant_unless_shared(decoder, cap
     assert set(tenants) == ({None} if shared else {("user", "alice"), ("user", "bob")})
 
 
+def test_corpora_are_added_listed_chosen_per_request_and_removed(decoder, caplog):
+    """With the server's key a corpus is built from documents in the body, listed with its size,
+    drafts for the requests naming it (the text is the library's) and is removed; every bad request
+    gets an OpenAI-shaped 4xx and changes nothing."""
+    live = LiveServer(decoder, api_key="k")
+    auth = {"Authorization": "Bearer k"}
+    content = PROMPTS[3]
+    ids = chat_ids(decoder, content)
+    expected, _ = library_text(decoder, ids, max_new_tokens=48)
+    try:
+        status, body, _ = live.post("/v1/corpora", json.dumps({"name": "notes", "documents": [expected * 3]}).encode(),
+                                    auth)
+        assert status == 201 and body["id"] == "notes" and body["documents"] == 1 and body["tokens"] > 0
+        for bad, code in ((json.dumps({"name": "notes", "documents": ["x"]}), 409),  # taken
+                          (json.dumps({"name": "../x", "documents": ["x"]}), 400),
+                          (json.dumps({"name": "y", "documents": []}), 400),
+                          (json.dumps({"name": "y", "documents": ["a"], "path": "/etc/passwd"}), 400)):
+            status, body, _ = live.post("/v1/corpora", bad.encode(), auth)
+            assert status == code and body["error"]["message"], (bad, body)
+        status, body, _ = live.post("/v1/corpora", b'{"name": "z", "documents": ["a"]}', {"Authorization": "Bearer no"})
+        assert status == 401
+        with urllib.request.urlopen(urllib.request.Request(live.url + "/v1/corpora", headers=auth), timeout=30) as r:
+            assert [c["id"] for c in json.loads(r.read())["data"]] == ["notes"]
+        client = live.client("k")
+        with caplog.at_level(logging.INFO, logger="refdec.serve"):
+            reply = client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": content}],
+                                                   max_tokens=48, temperature=0, extra_body={"corpus": "notes"})
+        assert reply.choices[0].message.content == expected
+        line = next(r.getMessage() for r in caplog.records if "corpus accepted" in r.getMessage())
+        assert int(re.search(r"corpus accepted (\d+)", line).group(1)) > 0, line
+        with pytest.raises(openai.NotFoundError, match="corpus"):
+            client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": content}],
+                                           max_tokens=4, extra_body={"corpus": "nope"})
+        request = urllib.request.Request(live.url + "/v1/corpora/notes", method="DELETE", headers=auth)
+        with urllib.request.urlopen(request, timeout=30) as r:
+            assert json.loads(r.read())["deleted"] is True
+        with pytest.raises(urllib.error.HTTPError) as gone:
+            urllib.request.urlopen(request, timeout=30)
+        assert gone.value.code == 404
+    finally:
+        live.close()
+
+
+def test_corpora_cannot_be_changed_on_a_server_without_a_key(server):
+    status, body, _ = server.post("/v1/corpora", b'{"name": "x", "documents": ["a"]}')
+    assert status == 403 and body["error"]["code"] == "api_key_required"
+
+
 def test_completions_endpoint_agrees_with_the_library_for_text_and_token_prompts(server, decoder):
     ids = decoder.tokenizer(PROMPTS[1], add_special_tokens=True)["input_ids"]
     expected, _ = library_text(decoder, ids, max_new_tokens=40)
@@ -417,6 +465,7 @@ def test_the_serve_page_runs_against_a_live_server(decoder, tmp_path, monkeypatc
     page = Path(__file__).resolve().parents[1] / "docs" / "serve.md"
     blocks = re.findall(r"^```(\w*)\n(.*?)^```", page.read_text(), re.S | re.M)
     live = LiveServer(decoder, model_names=[gguf_files.EDITOR_MODEL_NAME])
+    keyed = LiveServer(decoder, model_names=[gguf_files.EDITOR_MODEL_NAME], api_key="KEY")  # the $KEY lines
     monkeypatch.chdir(tmp_path)
     (tmp_path / "app.py").write_text("total = 1\nprint(total)\n")
     ran = []
@@ -431,13 +480,15 @@ def test_the_serve_page_runs_against_a_live_server(decoder, tmp_path, monkeypatc
                 command = line.split("  #", 1)[0].strip()
                 if not command or command.startswith(("pip install", "refdec serve")):
                     continue
+                if "$KEY" in command:
+                    command = command.replace("$KEY", "KEY").replace(live.url, keyed.url)
                 args = shlex.split(command)
                 if args[0] == "curl":
                     if shutil.which("curl") is None:
                         continue
                     answer = json.loads(subprocess.run(args + ["-s"], capture_output=True, text=True,
                                                        check=True).stdout)
-                    assert answer["object"] == "text_completion", answer
+                    assert answer["object"] in ("text_completion", "list", "corpus", "corpus.deleted"), answer
                 elif args[:2] == ["refdec", "edit"]:
                     code = main(args[1:])
                     err = capsys.readouterr().err
@@ -447,4 +498,5 @@ def test_the_serve_page_runs_against_a_live_server(decoder, tmp_path, monkeypatc
                 ran.append(args[0] + " " + args[1])
     finally:
         live.close()
-    assert "python" in ran and "refdec edit" in ran
+        keyed.close()
+    assert "python" in ran and "refdec edit" in ran and ran.count("curl -H") == 3

@@ -323,3 +323,23 @@ def one_tree_inputs(tree: DraftTree, root_token: int, root_pos: int, spec, devic
     return tree_step_inputs([tree], np.array([root_token]), np.array([root_pos]),
                             np.ones((1, root_pos), dtype=bool), np.arange(root_pos, dtype=np.int64)[None],
                             spec, device)
+
+
+def errors_in_threads(work, count: int = 4) -> list[BaseException]:
+    """Runs ``work(k)`` for k in range(``count``) on as many threads at once; the exceptions raised."""
+    import threading
+
+    errors: list[BaseException] = []
+
+    def run(k: int) -> None:
+        try:
+            work(k)
+        except Exception as error:  # noqa: BLE001  (returned to the caller)
+            errors.append(error)
+
+    threads = [threading.Thread(target=run, args=(k,)) for k in range(count)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    return errors

@@ -21,6 +21,7 @@ from pathlib import Path
 
 from refdec import gguf_files
 from refdec.cli.common import add_model_arguments, check_input_file, is_gguf, load_model_arg, set_threads
+from refdec.serve.corpora import CorpusRegistry, parse_index_argument
 from refdec.tree import MAX_NODES
 
 SERVE_INSTALL_HINT = "pip install 'refdec[serve]'"
@@ -37,8 +38,10 @@ def register(subparsers) -> None:
                     "the output is what plain decoding gives. Concurrent requests decode in one batch.")
     add_model_arguments(p, f"{gguf_files.EDITOR_MODEL_NAME}, the editor model (refdec[editor]), on llama.cpp when "
                            f"installed")
-    p.add_argument("--index", metavar="CORPUS.refdec", default=None,
-                   help="a corpus index (refdec index build) that drafts for every request")
+    p.add_argument("--index", metavar="[NAME=]CORPUS.refdec", action="append", default=[],
+                   help="a corpus index (refdec index build) under NAME (default: the file's stem); several may be "
+                        "given; the first drafts for every request that names none (its `corpus` field: "
+                        "extra_body={'corpus': NAME}; '' for none)")
     p.add_argument("--host", default="127.0.0.1", help="the address to bind (default: 127.0.0.1, this machine only)")
     p.add_argument("--port", type=int, default=8000, help="the port (default: 8000)")
     p.add_argument("--served-model-name", nargs="+", default=None, metavar="NAME",
@@ -80,8 +83,13 @@ def _check(args) -> None:
         raise ValueError(f"--memory-mb must be in 0..{1 << 20}, got {args.memory_mb}")
     if not 0 <= args.port <= 65535:
         raise ValueError(f"--port must be in 0..65535, got {args.port}")
-    if args.index is not None:
-        check_input_file(args.index, "--index")
+    indexes = [parse_index_argument(value) for value in args.index]
+    names = [name for name, _ in indexes]
+    for name in names:
+        if names.count(name) > 1:
+            raise ValueError(f"--index: the name {name!r} is given twice")
+    for _, path in indexes:
+        check_input_file(path, "--index")
     if args.served_model_name is not None and any(not name.strip() for name in args.served_model_name):
         raise ValueError("--served-model-name: a name must not be empty")
 
@@ -103,11 +111,13 @@ def run(args) -> int:
     cells = args.max_concurrent * (args.ctx + MAX_NODES + 1)
     print(f"refdec serve: loading {model_name}", file=sys.stderr)
     model, tokenizer, engine = load_model_arg(model_name, args.threads, args.engine, n_ctx=cells)
-    index = None
-    if args.index:
+    corpora = CorpusRegistry()
+    for value in args.index:
         from refdec.index import CorpusIndex
 
-        index = CorpusIndex.load(args.index, tokenizer)
+        name, path = parse_index_argument(value)
+        corpora.add(name, CorpusIndex.load(path, tokenizer), "file")
+    index = corpora.index_for(None)
     memory = refdec.OutputMemory(int(args.memory_mb * (1 << 20))) if args.memory_mb > 0 else None
     decoder = refdec.SpeculativeDecoder(model, tokenizer=tokenizer, index=index, max_rows=args.max_concurrent,
                                         prefix_cache=args.prefix_cache, memory=memory)
@@ -117,7 +127,8 @@ def run(args) -> int:
     names = args.served_model_name or [Path(model_name).stem if is_gguf(model_name) else model_name]
     api_key = args.api_key or os.environ.get(API_KEY_ENV) or None
     app = create_app(service, model_names=names, context_length=context, api_key=api_key,
-                     implicit_references=not args.no_implicit_reference, shared_memory=args.shared_memory)
+                     implicit_references=not args.no_implicit_reference, shared_memory=args.shared_memory,
+                     corpora=corpora)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s", stream=sys.stderr)
     print(f"refdec serve: {names[0]} on {engine}, {args.max_concurrent} concurrent requests of up to {context} "
           f"tokens, at http://{args.host}:{args.port}/v1 (models: {', '.join(names)}; API key: "

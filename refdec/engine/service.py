@@ -39,6 +39,9 @@ class ServiceBusy(RuntimeError):
     """Every decoding slot is taken and the waiting queue is full: try again later."""
 
 
+DECODER_INDEX = object()  # DecodingService.submit's default index: the decoder's own
+
+
 class ServiceClosed(RuntimeError):
     """The service was closed (or its loop failed) before the request finished."""
 
@@ -152,14 +155,16 @@ class DecodingService:
     def submit(self, prompt, *, on_event=None, references=None, max_new_tokens: int = 256, do_sample: bool = False,
                temperature: float = 1.0, top_p: float | None = None, top_k: int | None = None,
                min_p: float | None = None, seed: int | None = None, stop_strings=None, eos_token_id=None,
-               max_draft_tokens="auto", tenant=None, **logits_settings) -> Ticket:
+               max_draft_tokens="auto", tenant=None, index=DECODER_INDEX, **logits_settings) -> Ticket:
         """Queues one prompt (token ids: a list of int or int64 [L]) with ``generate``'s settings;
         returns its :class:`Ticket`. ``tenant`` (any hashable): whose past outputs it drafts from
-        and joins, when the decoder has a memory (refdec.memory). Raises ValueError for a bad argument, :class:`ServiceBusy`
+        and joins, when the decoder has a memory (refdec.memory). ``index``: the corpus it drafts
+        from (a refdec.CorpusIndex, ShardedIndex or None; default: the decoder's). Raises ValueError for a bad argument, :class:`ServiceBusy`
         when the queue is full and :class:`ServiceClosed` after :meth:`close`."""
         decoder = self.decoder
         args = parse_arguments(
-            decoder.backend, prompt, tokenizer=decoder.tokenizer, index=decoder.index, references=references,
+            decoder.backend, prompt, tokenizer=decoder.tokenizer,
+            index=decoder.index if index is DECODER_INDEX else index, references=references,
             max_new_tokens=max_new_tokens, do_sample=do_sample, temperature=temperature, top_k=top_k, top_p=top_p,
             min_p=min_p, seed=seed, eos_token_id=eos_token_id, stop_strings=stop_strings, streamer=None,
             max_draft_tokens=max_draft_tokens, attention_mask=None, pad_token_id=None, retrieve=0,

@@ -29,8 +29,11 @@ from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from refdec.engine.service import CANCELLED, DecodingService, ServiceBusy, ServiceClosed
+from refdec.index import CorpusIndex
+from refdec.serve.corpora import CorpusRegistry
 from refdec.serve.implicit import implicit_reference
-from refdec.serve.protocol import ApiError, ChatCompletionRequest, CompletionRequest, api_error_from_validation
+from refdec.serve.protocol import (ApiError, ChatCompletionRequest, CompletionRequest, CorpusCreateRequest,
+                                   api_error_from_validation)
 from refdec.serve.text import TextStream
 
 __all__ = ["DEFAULT_MAX_BODY_BYTES", "create_app"]
@@ -38,6 +41,7 @@ __all__ = ["DEFAULT_MAX_BODY_BYTES", "create_app"]
 DEFAULT_MAX_BODY_BYTES = 8 << 20  # a request body's limit: a large source file and its prediction fit
 PREDICTION_SOURCE = "reference"  # the draft source that a request's prediction feeds (refdec.proposer)
 MEMORY_SOURCE = "memory"  # the draft source of earlier requests' outputs (refdec.memory)
+CORPUS_SOURCE = "corpus"  # the draft source of the request's corpus (refdec.serve.corpora)
 FINISH_REASONS = {"eos": "stop", "stop_string": "stop", "max_new_tokens": "length",
                   "max_position_embeddings": "length"}
 DISCONNECT_POLL_SECONDS = 0.25  # how often a non-streaming request checks that its client is still there
@@ -47,7 +51,8 @@ log = logging.getLogger("refdec.serve")
 
 def create_app(service: DecodingService, *, model_names: list[str], context_length: int,
                api_key: str | None = None, max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
-               implicit_references: bool = True, shared_memory: bool = False) -> FastAPI:
+               implicit_references: bool = True, shared_memory: bool = False,
+               corpora: CorpusRegistry | None = None) -> FastAPI:
     """The server's app. ``model_names``: the ids it answers to (the first is the one it reports);
     ``context_length``: the most tokens a request's prompt and completion hold together;
     ``api_key``: when given, every /v1 route needs ``Authorization: Bearer <key>``;
@@ -56,7 +61,9 @@ def create_app(service: DecodingService, *, model_names: list[str], context_leng
     (``decoder.memory``), each request drafts from and joins its tenant's: the API key's where
     the server has one, else the request's ``user`` (requests without one share a tenant);
     ``shared_memory``: one memory for every request. Per tenant by default because the speed of a
-    reply would show whether its text was in another client's output."""
+    reply would show whether its text was in another client's output. ``corpora``: the named
+    corpora (refdec.serve.corpora; default: the decoder's index, if any, as ``default``); adding
+    or removing one over HTTP needs ``api_key``."""
     if not model_names:
         raise ValueError("model_names must name at least one model")
     app = FastAPI(title="refdec", docs_url=None, redoc_url=None, openapi_url=None)
@@ -65,6 +72,10 @@ def create_app(service: DecodingService, *, model_names: list[str], context_leng
     eos = decoder.backend.generation_config.eos_token_id
     eos_ids = set() if eos is None else {int(eos)} if isinstance(eos, int) else {int(t) for t in eos}
     created = int(time.time())
+    if corpora is None:
+        corpora = CorpusRegistry()
+        if decoder.index is not None:
+            corpora.add("default", decoder.index, "file")
 
     @app.exception_handler(ApiError)
     async def _api_error(_request, error: ApiError):
@@ -131,6 +142,49 @@ def create_app(service: DecodingService, *, model_names: list[str], context_leng
         return {"object": "list", "data": [{"id": name, "object": "model", "created": created, "owned_by": "refdec"}
                                            for name in model_names]}
 
+    @app.get("/v1/corpora")
+    async def list_corpora(request: Request):
+        check_key(request)
+        return {"object": "list", "data": corpora.describe()}
+
+    def check_corpus_changes_allowed() -> None:
+        if api_key is None:
+            raise ApiError(403, "adding or removing corpora needs an API key: start refdec serve with --api-key",
+                           code="api_key_required")
+
+    @app.post("/v1/corpora")
+    async def add_corpus(request: Request):
+        check_key(request)
+        check_corpus_changes_allowed()
+        try:
+            body = CorpusCreateRequest.model_validate(await read_json(request))
+        except ValidationError as error:
+            raise api_error_from_validation(error) from None
+        if body.name in corpora:
+            raise ApiError(409, f"a corpus named '{body.name}' exists: remove it first", param="name",
+                           code="corpus_exists")
+        index = await run_in_threadpool(CorpusIndex.build, body.documents, tokenizer, show_progress=False)
+        try:
+            corpus = corpora.add(body.name, index, "request")
+        except KeyError:
+            raise ApiError(409, f"a corpus named '{body.name}' exists: remove it first", param="name",
+                           code="corpus_exists") from None
+        except OverflowError as error:
+            raise ApiError(409, str(error), code="too_many_corpora") from None
+        log.info("corpus %s added: %d documents, %d tokens", body.name, index.num_documents, len(index))
+        return JSONResponse(corpus.describe(False), status_code=201)
+
+    @app.delete("/v1/corpora/{name}")
+    async def remove_corpus(name: str, request: Request):
+        check_key(request)
+        check_corpus_changes_allowed()
+        try:
+            corpora.remove(name)
+        except KeyError:
+            raise ApiError(404, f"The corpus '{name}' does not exist", param="name", code="corpus_not_found") from None
+        log.info("corpus %s removed", name)
+        return {"id": name, "object": "corpus.deleted", "deleted": True}
+
     @app.post("/v1/chat/completions")
     async def chat_completions(request: Request):
         check_key(request)
@@ -188,7 +242,13 @@ def create_app(service: DecodingService, *, model_names: list[str], context_leng
             top_p=body.top_p if body.top_p < 1.0 else None, seed=body.seed, stop_strings=stops or None)
         tenant = None if shared_memory else ("api-key",) if api_key is not None else ("user", body.user or "")
         try:
-            ticket = await run_in_threadpool(service.submit, prompt, on_event=on_event, tenant=tenant, **settings)
+            index = corpora.index_for(body.corpus)
+        except KeyError:
+            raise ApiError(404, f"The corpus '{body.corpus}' does not exist (GET /v1/corpora lists them)",
+                           param="corpus", code="corpus_not_found") from None
+        try:
+            ticket = await run_in_threadpool(service.submit, prompt, on_event=on_event, tenant=tenant, index=index,
+                                             **settings)
         except ServiceBusy as error:
             raise ApiError(503, f"the server is busy ({error}); retry shortly", kind="server_error",
                            code="server_busy", headers={"Retry-After": "1"}) from None
@@ -338,10 +398,11 @@ class _Reply:
         proposed = stats.proposed_by_source.get(PREDICTION_SOURCE, 0)
         accepted = min(stats.accepted_by_source.get(PREDICTION_SOURCE, 0), stats.new_tokens)
         log.info("%s %s: prompt %d (%d cached, prefill %.2f s), completion %d tokens in %d passes, %s "
-                 "accepted %d rejected %d, memory accepted %d, %.1f tokens/s, %s%s", self.id,
+                 "accepted %d rejected %d, memory accepted %d, corpus accepted %d, %.1f tokens/s, %s%s", self.id,
                  "chat" if self.chat else "completion", self.prompt_tokens, stats.cached_prompt_tokens,
                  stats.prefill_seconds, stats.new_tokens, stats.forward_passes,
                  "prediction" if self.predicted else "implicit reference", accepted, proposed - accepted,
-                 stats.accepted_by_source.get(MEMORY_SOURCE, 0), stats.new_tokens / seconds if seconds > 0 else 0.0,
+                 stats.accepted_by_source.get(MEMORY_SOURCE, 0), stats.accepted_by_source.get(CORPUS_SOURCE, 0),
+                 stats.new_tokens / seconds if seconds > 0 else 0.0,
                  self.finish_reason(stats) if stats.stop_reason != CANCELLED else CANCELLED,
                  f" ({outcome})" if outcome else "")

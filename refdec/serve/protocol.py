@@ -13,6 +13,8 @@ from typing import Literal, Union
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
+from refdec.serve.corpora import check_name
+
 __all__ = ["ApiError", "ChatCompletionRequest", "CompletionRequest", "api_error_from_validation"]
 
 MAX_STOP_STRINGS = 4  # OpenAI's limit
@@ -96,6 +98,7 @@ class _Sampling(BaseModel):
     frequency_penalty: float = Field(default=0.0, ge=-2.0, le=2.0)
     presence_penalty: float = Field(default=0.0, ge=-2.0, le=2.0)
     user: str | None = Field(default=None, max_length=256)  # OpenAI's end-user id: here, whose memory (no API key)
+    corpus: str | None = Field(default=None, max_length=64)  # refdec's: the corpus to draft from (refdec.serve.corpora)
 
     @field_validator("stop")
     @classmethod
@@ -174,3 +177,23 @@ class CompletionRequest(_Sampling):
                            code="unsupported_value")
         if isinstance(self.prompt, list) and not self.prompt:
             raise ApiError(400, "prompt is empty", param="prompt", code="invalid_value")
+
+
+class CorpusCreateRequest(BaseModel):
+    """``POST /v1/corpora``: a corpus built from the documents in the body (refdec.serve.corpora)."""
+
+    model_config = ConfigDict(extra="forbid")
+    name: str
+    documents: list[str] = Field(min_length=1, max_length=1_000_000)
+
+    @field_validator("name")
+    @classmethod
+    def _name(cls, name):
+        return check_name(name)
+
+    @field_validator("documents")
+    @classmethod
+    def _documents(cls, documents):
+        if not any(document for document in documents):
+            raise ValueError("the documents are all empty")
+        return documents
