@@ -43,15 +43,13 @@ def run(args) -> list[dict]:
 
     import refdec
     from refdec.edit_prompt import build_chat_edit_prompt
-    from refdec.engine.decoder import make_backend
     from refdec.gguf_files import editor_model_gguf
 
     torch.set_num_threads(args.threads)
     llm = llama_cpp.Llama(str(editor_model_gguf()), n_ctx=4096, n_threads=args.threads,
                           n_threads_batch=args.threads, verbose=False)
-    backend = make_backend(llm, prefix_cache=0)
-    decoders = {"off": refdec.SpeculativeDecoder(llm, backend=backend),
-                "on": refdec.SpeculativeDecoder(llm, backend=backend, memory=refdec.OutputMemory())}
+    off = refdec.SpeculativeDecoder(llm, prefix_cache=0)
+    decoders = {"off": off, "on": refdec.SpeculativeDecoder(llm, backend=off.backend, memory=refdec.OutputMemory())}
     tokenizer = decoders["off"].tokenizer
     records = []
     for with_prediction in (True, False):
