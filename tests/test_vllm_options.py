@@ -82,9 +82,9 @@ def test_server_options_defaults_and_values(tmp_path):
     opts = rv.ServerOptions.from_env({"REFDEC_VLLM_INDEX": f"{a}:{b}", "REFDEC_VLLM_TREE_NODES": "40",
                                       "REFDEC_VLLM_DRAFT_COST": "0.25", "REFDEC_VLLM_TOKEN_COST": "0.01",
                                       "REFDEC_VLLM_DRAFT": "off", "REFDEC_VLLM_MAX_REFERENCE_CHARS": "10",
-                                      "REFDEC_VLLM_DRAFT_THREADS": "2"})
+                                      "REFDEC_VLLM_DRAFT_THREADS": "2", "REFDEC_VLLM_MEMORY_MB": "1.5"})
     assert opts == rv.ServerOptions(index_paths=(str(a), str(b)), tree_nodes=40, draft_cost=0.25, token_cost=0.01,
-                                    draft_by_default=False, max_reference_chars=10, draft_threads=2)
+                                    draft_by_default=False, max_reference_chars=10, draft_threads=2, memory_mb=1.5)
 
 
 @pytest.mark.parametrize("env, message", [
@@ -95,6 +95,7 @@ def test_server_options_defaults_and_values(tmp_path):
     ({"REFDEC_VLLM_DRAFT_COST": "nan"}, "REFDEC_VLLM_DRAFT_COST must be a finite number >= 0"),
     ({"REFDEC_VLLM_DRAFT": "sometimes"}, "REFDEC_VLLM_DRAFT must be 'on' or 'off'"),
     ({"REFDEC_VLLM_DRAFT_THREADS": "0"}, "REFDEC_VLLM_DRAFT_THREADS must be an integer >= 1, got '0'"),
+    ({"REFDEC_VLLM_MEMORY_MB": "-2"}, "REFDEC_VLLM_MEMORY_MB must be a finite number >= 0"),
 ])
 def test_server_options_refuse_bad_values_naming_the_variable(env, message):
     with pytest.raises(ValueError, match=message):
@@ -116,7 +117,7 @@ DOCS = Path(__file__).resolve().parents[1] / "docs" / "vllm.md"
 ENV_FIELDS = {options.ENV_INDEX: "index_paths", options.ENV_TREE_NODES: "tree_nodes",
               options.ENV_DRAFT_COST: "draft_cost", options.ENV_TOKEN_COST: "token_cost",
               options.ENV_DRAFT: "draft_by_default", options.ENV_MAX_REFERENCE_CHARS: "max_reference_chars",
-              options.ENV_THREADS: "draft_threads"}
+              options.ENV_THREADS: "draft_threads", options.ENV_MEMORY_MB: "memory_mb"}
 
 
 def _documented_defaults() -> dict[str, str | None]:

@@ -397,3 +397,18 @@ def test_several_index_files_are_one_sharded_index(make_proposer, monkeypatch, t
     drafts = runner.step()
     assert tok.decode(drafts["add"]).startswith("urn a +")
     assert tok.decode(drafts["mul"]).startswith("urn a *")
+
+
+def test_a_finished_requests_output_drafts_for_a_later_request_with_the_memory_on(make_proposer):
+    text = "the memory keeps what an earlier request wrote"
+    for memory_mb, drafts in (("0", False), ("1", True)):
+        proposer = make_proposer(REFDEC_VLLM_MEMORY_MB=memory_mb)
+        runner = FakeRunner(proposer)
+        runner.add("first", _ids("q: "))
+        runner.step()
+        runner.emit("first", _ids(text))
+        runner.step()
+        runner.step(finished=runner.finish("first"))
+        runner.add("second", _ids("q: the memory"))  # its prompt ends as the first output went on
+        chain = runner.step()["second"]
+        assert (chain[:5] == _ids(" keep")) is drafts, chain

@@ -25,8 +25,9 @@ ENV_TOKEN_COST = "REFDEC_VLLM_TOKEN_COST"
 ENV_DRAFT = "REFDEC_VLLM_DRAFT"
 ENV_MAX_REFERENCE_CHARS = "REFDEC_VLLM_MAX_REFERENCE_CHARS"
 ENV_THREADS = "REFDEC_VLLM_DRAFT_THREADS"
+ENV_MEMORY_MB = "REFDEC_VLLM_MEMORY_MB"
 ENV_NAMES = (ENV_INDEX, ENV_TREE_NODES, ENV_TOKEN_COST, ENV_DRAFT_COST, ENV_DRAFT, ENV_MAX_REFERENCE_CHARS,
-             ENV_THREADS)
+             ENV_THREADS, ENV_MEMORY_MB)
 
 _ON = ("1", "on", "true", "yes")
 _OFF = ("0", "off", "false", "no")
@@ -56,6 +57,7 @@ class ServerOptions:
     draft_by_default: bool = True
     max_reference_chars: int = 1_000_000
     draft_threads: int = 1  # threads drafting a step's batch (refdec.Proposer.propose_batch's num_threads)
+    memory_mb: float = 0.0  # past outputs kept to draft later requests (refdec.OutputMemory), MiB; 0: none
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> "ServerOptions":
@@ -83,7 +85,8 @@ class ServerOptions:
             raise ValueError(f"{ENV_DRAFT} must be 'on' or 'off', got {environ.get(ENV_DRAFT)!r}")
         draft_by_default = draft in _ON if draft else default.draft_by_default
         threads = _env_int(environ, ENV_THREADS, default.draft_threads, lowest=1)
-        return cls(index_paths, tree_nodes, draft_cost, token_cost, draft_by_default, max_chars, threads)
+        memory_mb = _env_float(environ, ENV_MEMORY_MB, default.memory_mb)
+        return cls(index_paths, tree_nodes, draft_cost, token_cost, draft_by_default, max_chars, threads, memory_mb)
 
 
 def _env_int(environ, name: str, default, *, lowest: int):

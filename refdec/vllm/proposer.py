@@ -91,6 +91,10 @@ class VllmProposer:
             except ValueError as exc:
                 raise ValueError(f"{ENV_INDEX}: refdec.Proposer does not take this index ({exc}); with several "
                                  "files it needs ShardedIndex support in refdec.Proposer: give one file") from exc
+        # past outputs of this worker's requests, drafting for later ones (shared by every request: vLLM
+        # gives the proposer no tenant; docs/vllm.md says why it is off by default)
+        self.memory = (refdec.OutputMemory(int(self.options.memory_mb * (1 << 20)))
+                       if self.options.memory_mb > 0 else None)
         self._requests: dict[str, _RequestDraft] = {}
         self._batch_req_ids: list[str] | None = None
         self._vllm_requests: Mapping[str, object] = {}
@@ -120,7 +124,11 @@ class VllmProposer:
         self._batch_req_ids = req_ids
         self._vllm_requests = vllm_requests
         for req_id in finished_req_ids or ():
-            self._requests.pop(req_id, None)
+            state = self._requests.pop(req_id, None)
+            if state is not None and self.memory is not None:
+                outputs = getattr(state.req_state, "output_token_ids", None)
+                if outputs:
+                    self.memory.add(np.asarray(outputs, dtype=np.int32))
         for req_id in preempted_req_ids or ():
             self._requests.pop(req_id, None)
 
@@ -290,7 +298,8 @@ class VllmProposer:
         num_prompt = getattr(req_state, "num_prompt_tokens", None)
         num_prompt = num_tokens if num_prompt is None else min(int(num_prompt), num_tokens)
         proposer = refdec.Proposer(index=self.index, references=references, max_depth=self.num_speculative_tokens,
-                                   cursor=bool(references))
+                                   cursor=bool(references),
+                                   memory=self.memory.automata() if self.memory is not None else None)
         proposer.start(row_tokens[:num_prompt])
         if num_prompt < num_tokens:
             proposer.accept(row_tokens[num_prompt:num_tokens])
