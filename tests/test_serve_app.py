@@ -236,6 +236,31 @@ def test_corpora_are_added_listed_chosen_per_request_and_removed(decoder, caplog
         live.close()
 
 
+def test_a_corpus_removed_while_a_request_streams_from_it_leaves_that_request_whole(decoder):
+    live = LiveServer(decoder, api_key="k")
+    auth = {"Authorization": "Bearer k"}
+    content = PROMPTS[4]
+    expected, _ = library_text(decoder, chat_ids(decoder, content), max_new_tokens=96)
+    try:
+        status, _, _ = live.post("/v1/corpora", json.dumps({"name": "c", "documents": [expected * 2]}).encode(), auth)
+        assert status == 201
+        stream = live.client("k").chat.completions.create(
+            model=MODEL, messages=[{"role": "user", "content": content}], max_tokens=96, temperature=0, stream=True,
+            extra_body={"corpus": "c"})
+        parts = []
+        for i, chunk in enumerate(stream):
+            if i == 1:  # the request has started: its corpus goes
+                request = urllib.request.Request(live.url + "/v1/corpora/c", method="DELETE", headers=auth)
+                with urllib.request.urlopen(request, timeout=30) as r:
+                    assert json.loads(r.read())["deleted"] is True
+            parts.extend(choice.delta.content or "" for choice in chunk.choices)
+        assert "".join(parts) == expected
+        with urllib.request.urlopen(urllib.request.Request(live.url + "/v1/corpora", headers=auth), timeout=30) as r:
+            assert json.loads(r.read())["data"] == []
+    finally:
+        live.close()
+
+
 def test_corpora_cannot_be_changed_on_a_server_without_a_key(server):
     status, body, _ = server.post("/v1/corpora", b'{"name": "x", "documents": ["a"]}')
     assert status == 403 and body["error"]["code"] == "api_key_required"
