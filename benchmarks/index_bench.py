@@ -334,7 +334,7 @@ def main(argv=None) -> int:
         args.max_files = args.max_files or 200
         args.steps = min(args.steps, 2_000)
 
-    from refdec.index import tokenizer_fingerprint
+    from refdec.drafting.index import tokenizer_fingerprint
 
     # Step 1. Corpus and token ids (cached).
     documents, skipped = data.read_stdlib(tests=True)

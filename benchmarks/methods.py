@@ -4,7 +4,7 @@
     hf-greedy      model.generate(do_sample=False)
     hf-sample      (--sample) model.generate(do_sample=True, temperature=..., top_k=..., top_p=...)
     hf-pld         model.generate(do_sample=False, prompt_lookup_num_tokens=10)
-    refdec-auto    refdec, max_draft_tokens="auto" (the cost-curve budget, refdec.budget.AutoBudget)
+    refdec-auto    refdec, max_draft_tokens="auto" (the cost-curve budget, refdec.sizing.budget.AutoBudget)
     refdec-chain   the same proposer cut to its best path (one chain, no tree), "auto" budget
     refdec-auto-nostart  refdec-auto without the copy cursor's start alignment (editing:
                    CursorParams(start_run=0), the first step's copy of the file's top as before)
@@ -119,7 +119,7 @@ def proposer_factory(editing: bool, chain: bool, start: bool = True):
     """``start=False``: the copy cursor without its start alignment (CursorParams.start_run=0)."""
     def make(index, references, max_depth):
         from refdec import Proposer
-        from refdec.proposer import CursorParams
+        from refdec.drafting.proposer import CursorParams
 
         cursor = (CursorParams() if start else CursorParams(start_run=0)) if editing else None
         inner = Proposer(index=index, references=references or None, max_depth=max_depth, cursor=cursor)

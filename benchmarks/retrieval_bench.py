@@ -1,4 +1,4 @@
-"""Benchmark refdec.retrieval on ~5,000 real source files (this Python's stdlib, then site-packages;
+"""Benchmark refdec.drafting.retrieval on ~5,000 real source files (this Python's stdlib, then site-packages;
 ``data.read_stdlib`` / ``data.read_site_packages``).
 
 Measures: signature throughput, deduplicate time and how much it drops, the index file
@@ -27,7 +27,7 @@ import numpy as np
 
 import refdec
 from benchmarks import data, report
-from refdec.retrieval import DocumentSignatures, Retriever, deduplicate, shingles
+from refdec.drafting.retrieval import DocumentSignatures, Retriever, deduplicate, shingles
 
 _TOKEN = re.compile(r"\w+|[^\w\s]|\s+")
 

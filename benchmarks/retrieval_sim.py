@@ -65,13 +65,13 @@ def main(argv=None) -> int:
     import torch
 
     import refdec
-    import refdec.proposer
+    import refdec.drafting.proposer
 
     torch.set_num_threads(1)  # as simulate.py: the replay runs the proposer alone
     params = None
     if args.reference_params:
         weight, half_len = (float(x) for x in args.reference_params.split(":"))
-        params = {"reference": refdec.proposer.SourceParams(weight, half_len)}
+        params = {"reference": refdec.drafting.proposer.SourceParams(weight, half_len)}
     budgets = [int(b) for b in args.budgets.split(",")]
     ks = [int(k) for k in args.k.split(",")]
     index = corpora.corpus_index("stdlib")

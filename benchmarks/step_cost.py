@@ -16,7 +16,7 @@ import numpy as np
 import torch
 
 from refdec import DraftTree, Proposer
-from refdec.budget import AutoBudget
+from refdec.sizing.budget import AutoBudget
 from refdec.transformers.calibration import CostCurve
 
 

@@ -50,7 +50,7 @@ def token_ids(texts: Sequence[str], *, tag: str, bos: bool = False, batch: int =
     tokenised once and cached under CACHE_DIR as ``<tag>-<fingerprint>-<digest>``.
 
     ``verbose`` prints progress to stderr while tokenising (not on a cache hit)."""
-    from refdec.index import tokenizer_fingerprint
+    from refdec.drafting.index import tokenizer_fingerprint
 
     if not tag or "/" in tag:
         raise ValueError(f"tag must be a non-empty file-name part, got {tag!r}")

@@ -63,7 +63,7 @@ import numpy as np
 
 from benchmarks import data, report, workloads
 import refdec
-from refdec.acceptance import SCORE_CENTERS, AcceptanceTable
+from refdec.sizing.acceptance import SCORE_CENTERS, AcceptanceTable
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -37,7 +37,7 @@ class OccurrenceIndex {
 };
 
 // Tuning of the cursor (see CopyCursor). Valid ranges: kCursorParamFields
-// below. Python: refdec.proposer.CursorParams (fields by keyword, checked).
+// below. Python: refdec.drafting.proposer.CursorParams (fields by keyword, checked).
 struct CursorParams {
   // Log-odds that the output continues at a reference position q:
   //   match_gain * min(l, match_cap) - distance_gain * log(1 + d / distance_scale)

@@ -22,7 +22,7 @@ struct Substitution {
 
 // How far a matched source is trusted: its root confidence is
 // weight * L / (L + half_len) for a match of length L (source_confidence()).
-// Valid ranges: kSourceParamFields below. Python: refdec.proposer.SourceParams.
+// Valid ranges: kSourceParamFields below. Python: refdec.drafting.proposer.SourceParams.
 struct SourceParams {
   float weight = 1.0f;    // confidence of an arbitrarily long match, in [0, 1]
   float half_len = 2.0f;  // match length at which the confidence is weight / 2

@@ -58,7 +58,7 @@ struct FileHeader {
   uint64_t checksum;           // body_checksum() of bytes [header_size, file_size)
   FileSection sections[kNumSections];  // one per SectionId
   uint64_t header_checksum;    // body_checksum() of the 512 header bytes with this field zeroed
-  // Optional MinHash signatures of the documents (refdec.retrieval), after the
+  // Optional MinHash signatures of the documents (refdec.drafting.retrieval), after the
   // other sections. Without them every field below is zero, as in the files
   // written before they existed (a reader from before them rejects a file that
   // has them: nonzero padding).

@@ -10,21 +10,21 @@ import importlib
 from typing import TYPE_CHECKING
 
 _EXPORTS = {
-    "ContextIndex": "refdec.index", "CorpusIndex": "refdec.index", "IndexFormatError": "refdec.index",
-    "ShardedIndex": "refdec.index", "DraftBatch": "refdec.tree", "DraftTree": "refdec.tree", "Drafter": "refdec.proposer",
-    "Proposer": "refdec.proposer", "SpeculativeDecoder": "refdec.engine.decoder", "generate": "refdec.engine.decoder",
+    "ContextIndex": "refdec.drafting.index", "CorpusIndex": "refdec.drafting.index", "IndexFormatError": "refdec.drafting.index",
+    "ShardedIndex": "refdec.drafting.index", "DraftBatch": "refdec.drafting.tree", "DraftTree": "refdec.drafting.tree", "Drafter": "refdec.drafting.proposer",
+    "Proposer": "refdec.drafting.proposer", "SpeculativeDecoder": "refdec.engine.decoder", "generate": "refdec.engine.decoder",
     "DecodingStats": "refdec.engine.results", "GenerateOutput": "refdec.engine.results",
-    "OutputMemory": "refdec.memory",
+    "OutputMemory": "refdec.drafting.memory",
 }
 __all__ = list(_EXPORTS)
 
 if TYPE_CHECKING:
     from refdec.engine.decoder import SpeculativeDecoder, generate
     from refdec.engine.results import DecodingStats, GenerateOutput
-    from refdec.index import ContextIndex, CorpusIndex, IndexFormatError, ShardedIndex
-    from refdec.memory import OutputMemory
-    from refdec.proposer import Drafter, Proposer
-    from refdec.tree import DraftBatch, DraftTree
+    from refdec.drafting.index import ContextIndex, CorpusIndex, IndexFormatError, ShardedIndex
+    from refdec.drafting.memory import OutputMemory
+    from refdec.drafting.proposer import Drafter, Proposer
+    from refdec.drafting.tree import DraftBatch, DraftTree
 
 
 def __getattr__(name: str):

@@ -3,7 +3,7 @@ ancestor matrix over its rows and its row depths; and random trees."""
 
 import numpy as np
 
-from refdec.tree import DraftTree
+from refdec.drafting.tree import DraftTree
 
 # Rows: R = root (row 0), node i = row i+1.
 

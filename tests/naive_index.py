@@ -2,7 +2,7 @@
 
 Everything here is brute force over the stored documents (every start
 position, every length), so it is only fit for the tiny inputs that the
-property tests draw. It states the query contract of ``refdec.index``:
+property tests draw. It states the query contract of ``refdec.drafting.index``:
 
 - an *occurrence* of a token run ``q`` is a pair ``(doc_idx, token_pos)`` with
   ``doc[token_pos : token_pos + len(q)] == q``: it lies inside ONE document;

@@ -12,7 +12,7 @@ import pytest
 
 import refdec
 from refdec import ContextIndex, CorpusIndex, Proposer, _C
-from refdec.proposer import DEFAULT_PARAMS, CursorParams, Drafter, SourceParams
+from refdec.drafting.proposer import DEFAULT_PARAMS, CursorParams, Drafter, SourceParams
 from tiny_models import PromptLookupProposer
 
 
@@ -127,7 +127,7 @@ def test_the_core_takes_no_default_loop_decay_since_it_depends_on_the_mode():
 
 
 def test_a_source_params_value_of_another_type_is_refused_naming_it():
-    with pytest.raises(ValueError, match=r"params\['corpus'\] must be a refdec.proposer.SourceParams, got \(0.9, 4.0\)"):
+    with pytest.raises(ValueError, match=r"params\['corpus'\] must be a refdec.drafting.proposer.SourceParams, got \(0.9, 4.0\)"):
         Proposer(params={"corpus": (0.9, 4.0)})
 
 
@@ -136,7 +136,7 @@ def test_a_source_params_value_of_another_type_is_refused_naming_it():
 
 
 def test_index_format_error_is_the_cpp_exception_seen_as_a_value_error(tmp_path):
-    assert refdec.IndexFormatError is refdec.index.IndexFormatError is _C.IndexFormatError
+    assert refdec.IndexFormatError is refdec.drafting.index.IndexFormatError is _C.IndexFormatError
     assert issubclass(_C.IndexFormatError, ValueError)
     path = tmp_path / "foreign.bin"
     path.write_bytes(b"not an index" * 64)

@@ -10,7 +10,7 @@ import pytest
 
 from refdec import models
 from refdec.cli import main
-from refdec.cost_curve import CostCurve
+from refdec.sizing.cost_curve import CostCurve
 from refdec.transformers import calibration
 from tiny_models import SteppingTime, char_tokenizer, tiny_llama
 

@@ -21,7 +21,7 @@ import numpy as np
 import pytest
 
 from refdec.cli import main
-from refdec.index import CorpusIndex
+from refdec.drafting.index import CorpusIndex
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -178,7 +178,7 @@ def _build(capsys, tmp_path, source_tree, tokenizer_dir, name="i.refdec"):
 
 
 def test_info_prints_the_header_fields(capsys, tmp_path, source_tree, tokenizer_dir):
-    from refdec.index import CorpusIndex, tokenizer_fingerprint
+    from refdec.drafting.index import CorpusIndex, tokenizer_fingerprint
 
     out = _build(capsys, tmp_path, source_tree, tokenizer_dir)
     index = CorpusIndex.load(out)
@@ -265,7 +265,7 @@ def test_cli_dedup_threshold_out_of_range_is_an_argument_error(capsys, tmp_path)
 
 @pytest.mark.slow
 def test_build_without_tokenizer_uses_the_default_models_tokenizer(capsys, tmp_path, source_tree):
-    from refdec.index import CorpusIndex, tokenizer_fingerprint
+    from refdec.drafting.index import CorpusIndex, tokenizer_fingerprint
     from refdec.models import default_model_dir, load_tokenizer
 
     if not (default_model_dir() / "config.json").exists():

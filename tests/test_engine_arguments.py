@@ -18,7 +18,7 @@ import torch
 import refdec
 from refdec.engine.arguments import (eos_ids, is_batched_input, normalize_batch, normalize_prompt,
                                      normalize_references, parse_arguments, row_seeds, split_references)
-from refdec.index import CorpusIndex
+from refdec.drafting.index import CorpusIndex
 from tiny_models import batch_row, hf_greedy, mixed_batch, repetitive_prompts, tiny_gpt2, tiny_llama
 
 NEW = 40

@@ -19,8 +19,8 @@ from transformers import TextIteratorStreamer
 
 import refdec
 import refdec.engine.decoder as decoder_module
-from refdec.index import CorpusIndex
-from refdec.proposer import Proposer
+from refdec.drafting.index import CorpusIndex
+from refdec.drafting.proposer import Proposer
 from refdec.transformers import calibration
 import refdec.transformers.backend as backend_module
 from tiny_models import (VOCAB, FakeClock, RecordingStreamer, batch_row, hf_greedy, mixed_batch, repetitive_prompts,
@@ -156,7 +156,7 @@ def test_auto_learns_one_cost_per_decoder_and_timed_budget_false_keeps_the_calib
 def test_an_autobudget_instance_serves_each_row_with_its_own_copy():
     """max_draft_tokens=AutoBudget(...): every row learns on its own copy (one shared policy
     mixed the rows' node cells up) and the rows' prefixes are chosen together."""
-    from refdec.budget import AutoBudget
+    from refdec.sizing.budget import AutoBudget
     from refdec.transformers.calibration import CostCurve
 
     model = tiny_llama()

@@ -13,9 +13,9 @@ import torch
 
 import refdec
 from refdec.engine.drafts import drop_out_of_vocab
-from refdec.index import CorpusIndex
-from refdec.proposer import Proposer
-from refdec.tree import DraftTree
+from refdec.drafting.index import CorpusIndex
+from refdec.drafting.proposer import Proposer
+from refdec.drafting.tree import DraftTree
 from tiny_models import (FAMILIES, VOCAB, cached_model, hf_greedy, lookup_factory, repetitive_prompts, tiers,
                          tiny_gemma3, tiny_llama)
 
@@ -69,7 +69,7 @@ def test_an_index_over_a_larger_vocabulary_never_feeds_an_unknown_token_to_the_m
     docs = [np.asarray(p[1:] + [150, 151, 152] + p[1:] + [VOCAB + 7] * 5, dtype=np.int32) for p in prompts]
     index = CorpusIndex.build(docs, vocab_size=4 * VOCAB, show_progress=False)
     assert index.vocab_size > model.config.vocab_size
-    from refdec.proposer import Proposer
+    from refdec.drafting.proposer import Proposer
 
     # backoff=0: the context's shorter matches would otherwise outrank the index's drafts
     decoder = refdec.SpeculativeDecoder(
@@ -92,7 +92,7 @@ def test_negative_draft_ids_from_a_corrupt_index_never_reach_the_model(model, tm
     (they used to reach the embedding: IndexError on a CPU, a device assert on CUDA)."""
     import struct
 
-    from refdec.proposer import Proposer
+    from refdec.drafting.proposer import Proposer
 
     prompt = repetitive_prompts(1, seed=23)[0]
     doc = prompt[1:] + list(range(20, 60))

@@ -18,13 +18,13 @@ import pytest
 import torch
 
 import refdec
-import refdec.budget
+import refdec.sizing.budget
 from tiny_models import (FAMILIES, FakeClock, batch_row, cached_model, lookup_factory, mixed_batch, repetitive_prompts,
                          tiers)
 
 NEW = 40
 
-# (max_draft_tokens, proposer): "cxx" = refdec.proposer.Proposer (the C++ core), else a shape of the
+# (max_draft_tokens, proposer): "cxx" = refdec.drafting.proposer.Proposer (the C++ core), else a shape of the
 # pure-Python stand-in (tests/tiny_models.py) that makes chains, two-branch and four-branch trees
 CONFIGS = [(0, "cxx"), (1, "cxx"), (4, "cxx"), (16, "cxx"), (64, "cxx"), ("auto", "cxx"),
            (4, "tree"), (16, "wide"), (64, "chain")]
@@ -131,7 +131,7 @@ def test_auto_budget_gives_each_row_its_own_policy(monkeypatch, llama):
 
     row_budgets = {}  # id(budget) -> row, from the first call (all rows active, in order)
 
-    batch_prefix_sizes = refdec.budget.batch_prefix_sizes
+    batch_prefix_sizes = refdec.sizing.budget.batch_prefix_sizes
 
     def spy(budgets, trees, cells=None):
         sizes = batch_prefix_sizes(budgets, trees, cells)
@@ -140,7 +140,7 @@ def test_auto_budget_gives_each_row_its_own_policy(monkeypatch, llama):
         calls.append((len(budgets), [len(t) for t in trees], sizes))
         return sizes
 
-    monkeypatch.setattr(refdec.budget, "batch_prefix_sizes", spy)
+    monkeypatch.setattr(refdec.sizing.budget, "batch_prefix_sizes", spy)
     out = refdec.generate(model, prompts, max_new_tokens=NEW, eos_token_id=[])
     for b, p in enumerate(prompts):
         assert batch_row(out, b, len(p)) == hf_greedy(model, p)
@@ -244,13 +244,13 @@ def test_the_budgets_learn_each_steps_time_and_stop_drafting_where_it_does_not_p
     drafting after a window of drafted steps, probing on its schedule; the output is model.generate's."""
     decoder, clock, calls = ticking_decoder(monkeypatch, llama, SlowDrafter)
     steps = []
-    observe_step = refdec.budget.AutoBudget.observe_step
+    observe_step = refdec.sizing.budget.AutoBudget.observe_step
 
     def spy(cls, budgets, trees, accepted, step):
         steps.append((len(trees[0]), step))
         observe_step(budgets, trees, accepted, step)
 
-    monkeypatch.setattr(refdec.budget.AutoBudget, "observe_step", classmethod(spy))
+    monkeypatch.setattr(refdec.sizing.budget.AutoBudget, "observe_step", classmethod(spy))
     hook = llama.get_input_embeddings().register_forward_hook(clock.tick)
     try:
         prompt = repetitive_prompts(1, seed=5)[0]

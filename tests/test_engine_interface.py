@@ -23,7 +23,7 @@ from refdec.engine.results import DecodingStats
 from refdec.engine.sampling import TargetSampler
 from refdec.engine.stops import StopChecker
 from refdec.transformers.backend import TransformersBackend
-from refdec.tree import DraftTree
+from refdec.drafting.tree import DraftTree
 
 ENGINE = Path(interface.__file__).resolve().parent
 

@@ -16,7 +16,7 @@ from transformers.generation.logits_process import (
 
 import refdec
 from refdec.engine.processors import PathLogitsProcessor, banned_ngram_tokens, path_tokens
-from refdec.tree import DraftTree
+from refdec.drafting.tree import DraftTree
 from tiny_models import hf_greedy, repetitive_prompts, tiers, tiny_gemma3, tiny_llama
 
 NEW = 40

@@ -11,7 +11,7 @@ import pytest
 
 import refdec
 from refdec.engine.results import DecodingStats, GenerateOutput
-from refdec.tree import DraftTree
+from refdec.drafting.tree import DraftTree
 from tiny_models import lookup_factory, repetitive_prompts
 
 

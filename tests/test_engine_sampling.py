@@ -91,7 +91,7 @@ def test_same_seed_gives_the_tokens_of_plain_sampling(tiny_model_cache, monkeypa
         reference = sampled[len(prompt) - 3:]
         for j in range(6, len(reference), 9):
             reference[j] = (reference[j] + 1) % 96
-        # "cxx": refdec.proposer.Proposer; other shapes: the pure-Python stand-in
+        # "cxx": refdec.drafting.proposer.Proposer; other shapes: the pure-Python stand-in
         for max_draft, shape, refs in [(4, "cxx", None), (16, "wide", None), (64, "tree", [reference]),
                                        (8, "cxx", [reference]), ("auto", "cxx", [reference])]:
             factory = None if shape == "cxx" else lookup_factory(shape)

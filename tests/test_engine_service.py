@@ -136,7 +136,7 @@ def test_settings_are_checked(decoder, setting, value):
 
 def test_rows_with_budgets_of_different_kinds_each_report_their_steps_time_to_their_own(decoder):
     """One request "auto", one a fixed 8 nodes, in one batch (priced row by row): the engine hands each
-    kind of budget its own rows' step times (refdec.budget.Budget.observe_step), so the "auto" row
+    kind of budget its own rows' step times (refdec.sizing.budget.Budget.observe_step), so the "auto" row
     feeds the decoder's learnt cost and the fixed row is left alone; both get their solo output."""
     prompts = repetitive_prompts(2, seed=9)
     expected = [decoder.generate(p, max_new_tokens=NEW, eos_token_id=[], max_draft_tokens=budget)
@@ -156,8 +156,8 @@ def test_each_request_starts_from_the_acceptance_the_earlier_ones_learnt(decoder
     """Every "auto" request of a decoder reads and teaches one acceptance table (a server's requests
     would otherwise each start from the priors and draft small trees until they relearn them): the
     same edit asked twice verifies larger trees the second time, in fewer passes, and the same tokens."""
-    from refdec.cost_curve import CALIBRATED_SIZES, CostCurve
-    from refdec.cost_model import LearntCost
+    from refdec.sizing.cost_curve import CALIBRATED_SIZES, CostCurve
+    from refdec.sizing.cost_model import LearntCost
 
     decoder.timed_budget = False  # sizes then depend on the tokens and the table only
     # a compute-bound machine's curve (every row costs a tenth of a plain step): unproven deep nodes do not pay

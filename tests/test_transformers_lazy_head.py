@@ -16,7 +16,7 @@ from refdec.transformers.lazy_head import LazyRowLogits, LockstepLazyWalks
 from refdec.transformers.model_support import cache_kwarg, mask_spec_for
 from refdec.transformers.plain_head import PlainHead, split_forward_fn
 from drawn_trees import BEST_FIRST_TREE, random_tree
-from refdec.tree import DraftTree
+from refdec.drafting.tree import DraftTree
 
 
 def _tree_hidden(model, tree):

@@ -19,7 +19,7 @@ from refdec.transformers.cache import new_cache
 from refdec.transformers.masks import (MASK_ROW_ALIGN, MaskSpec, ancestor_matrix, device_tree_inputs,
                                  tree_step_inputs)
 from refdec.transformers.model_support import mask_spec_for
-from refdec.tree import DraftTree
+from refdec.drafting.tree import DraftTree
 from tiny_models import FAMILIES, one_tree_inputs
 
 

@@ -13,7 +13,7 @@ from tiny_models import one_tree_inputs
 from refdec.transformers.cache import new_cache
 from refdec.transformers.model_support import cache_kwarg, mask_spec_for
 from refdec.transformers.plain_head import split_forward_fn
-from refdec.tree import DraftTree
+from refdec.drafting.tree import DraftTree
 
 
 @pytest.mark.parametrize("name", tiny_models.family_params())

@@ -18,14 +18,12 @@ from refdec import vllm as rv
 from refdec.vllm import options as vllm_options
 
 
-@pytest.mark.parametrize("dotted_path", [vllm_options.PROPOSER_CLASS, "refdec.vllm.Proposer",
-                                        "refdec.vllm.proposer.Proposer"])
-def test_the_proposer_class_resolves_by_its_name_and_by_its_old_name(dotted_path):
-    # vLLM imports a custom_class by its dotted path; configs written before the rename name
-    # refdec.vllm.Proposer (not refdec.Proposer, the per-request drafter)
-    module, name = dotted_path.rsplit(".", 1)
+def test_the_proposer_class_resolves_by_its_dotted_name():
+    # vLLM imports a custom_class by its dotted path; the old alias refdec.vllm.Proposer is gone (0.1.0
+    # was never released with it), so the per-request drafter refdec.Proposer is the only Proposer
+    module, name = vllm_options.PROPOSER_CLASS.rsplit(".", 1)
     assert getattr(importlib.import_module(module), name) is rv.VllmProposer
-    assert rv.VllmProposer is not refdec.Proposer
+    assert not hasattr(rv, "Proposer") and rv.VllmProposer is not refdec.Proposer
 
 
 

@@ -23,7 +23,7 @@ import torch
 from transformers.generation.streamers import BaseStreamer
 
 from refdec.transformers.masks import tree_step_inputs
-from refdec.tree import DraftTree
+from refdec.drafting.tree import DraftTree
 
 VOCAB = 96
 INIT = 0.02
@@ -203,7 +203,7 @@ class RecordingStreamer(BaseStreamer):
 
 
 class PromptLookupProposer:
-    """A pure-Python stand-in for refdec.proposer.Proposer (same methods).
+    """A pure-Python stand-in for refdec.drafting.proposer.Proposer (same methods).
 
     Drafts from the context (prompt + accepted tokens) and optional references:
     the most recent earlier occurrence of the longest trailing n-gram

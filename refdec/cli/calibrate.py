@@ -43,7 +43,7 @@ def run(args) -> int:
     where = calibration.calibration_path(model)
     if cached is not None:
         state = "cached"
-    else:  # a curve whose rounds disagree is not saved (refdec.cost_curve.repeats_disagree)
+    else:  # a curve whose rounds disagree is not saved (refdec.sizing.cost_curve.repeats_disagree)
         state = "measured, not saved (busy machine)" if (curve.meta or {}).get("disagreement") else "measured"
     print(f"[refdec calibrate] {state}: {where}", file=sys.stderr)
     head = (f"; LM head {1000 * curve.head_chunk_seconds:.1f} ms per {curve.head_chunk_rows} visited rows"

@@ -141,7 +141,7 @@ def run(args) -> int:
     model, tokenizer, _ = load_model_arg(args.model, args.threads, args.engine)
     index = None
     if args.index:
-        from refdec.index import CorpusIndex
+        from refdec.drafting.index import CorpusIndex
 
         index = CorpusIndex.load(args.index, tokenizer)
     decoder = SpeculativeDecoder(model, tokenizer=tokenizer, index=index)

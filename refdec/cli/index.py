@@ -176,7 +176,7 @@ def run_build(args: argparse.Namespace) -> int:
     import numpy as np
     from tqdm import tqdm
 
-    from refdec.index import CorpusIndex, tokenizer_fingerprint
+    from refdec.drafting.index import CorpusIndex, tokenizer_fingerprint
     from refdec.models import load_tokenizer
 
     check_output_path(args.out, replaced=True)
@@ -277,7 +277,7 @@ def header_fields(index, path: str) -> list[tuple[str, object]]:
 
 
 def run_info(args: argparse.Namespace) -> int:
-    from refdec.index import CorpusIndex
+    from refdec.drafting.index import CorpusIndex
 
     check_input_file(args.file, "index info")
     index = CorpusIndex.load(args.file)

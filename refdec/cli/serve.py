@@ -22,7 +22,7 @@ from pathlib import Path
 from refdec import gguf_files
 from refdec.cli.common import add_model_arguments, check_input_file, is_gguf, load_model_arg, set_threads
 from refdec.serve.corpora import CorpusRegistry, parse_index_argument
-from refdec.tree import MAX_NODES
+from refdec.drafting.tree import MAX_NODES
 
 SERVE_INSTALL_HINT = "pip install 'refdec[serve]'"
 API_KEY_ENV = "REFDEC_API_KEY"
@@ -113,7 +113,7 @@ def run(args) -> int:
     model, tokenizer, engine = load_model_arg(model_name, args.threads, args.engine, n_ctx=cells)
     corpora = CorpusRegistry()
     for value in args.index:
-        from refdec.index import CorpusIndex
+        from refdec.drafting.index import CorpusIndex
 
         name, path = parse_index_argument(value)
         corpora.add(name, CorpusIndex.load(path, tokenizer), "file")

@@ -14,7 +14,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from refdec.tree import DraftTree
+from refdec.drafting.tree import DraftTree
 
 __all__ = ["accept_walk", "accept_walk_lazy", "accept_walk_steps", "accept_walks_on_device", "first_child_rows",
            "walks_from_device"]

@@ -20,10 +20,10 @@ from typing import Any, Callable
 import numpy as np
 import torch
 
-from refdec.budget import Budget, make_budget
+from refdec.sizing.budget import Budget, make_budget
 from refdec.engine.processors import PathLogitsProcessor
 from refdec.engine.sampling import random_seed
-from refdec.index import CorpusIndex, ShardedIndex, tokenizer_fingerprint
+from refdec.drafting.index import CorpusIndex, ShardedIndex, tokenizer_fingerprint
 from refdec.tokens import as_token_ids, check_int, is_int
 
 __all__ = ["GenerateArguments", "check_index_tokenizer", "eos_ids", "is_batched_input", "logits_processor",
@@ -41,7 +41,7 @@ class GenerateArguments:
     [R_i] token ids of each reference. ``seeds``: row b's sampling seed (None per row when
     greedy). ``eos``: the eos ids; ``pad_token_id``: a batch's padding (None for one prompt).
     ``processor``: the logits settings applied per tree path (refdec.engine.processors).
-    ``max_draft_tokens``: the draft-size policy, a :class:`~refdec.budget.Budget` (an int became
+    ``max_draft_tokens``: the draft-size policy, a :class:`~refdec.sizing.budget.Budget` (an int became
     a FixedBudget), or ``"auto"`` (the decoder makes AutoBudgets on the backend's cost curve).
     ``max_batch_size``: the rows that decode together at most (every row when None was given).
     """

@@ -31,9 +31,9 @@ import time
 import numpy as np
 import torch
 
-from refdec.acceptance import AcceptanceTable
-from refdec.budget import AutoBudget, Budget
-from refdec.cost_model import LearntCost
+from refdec.sizing.acceptance import AcceptanceTable
+from refdec.sizing.budget import AutoBudget, Budget
+from refdec.sizing.cost_model import LearntCost
 from refdec.engine import engine
 from refdec.engine.arguments import GenerateArguments, parse_arguments
 from refdec.engine.interface import Backend
@@ -41,10 +41,10 @@ from refdec.engine.requests import Request
 from refdec.engine.results import DecodingStats, GenerateOutput
 from refdec.engine.sampling import TargetSampler
 from refdec.engine.stops import StopChecker
-from refdec.memory import OutputMemory, as_memory
-from refdec.proposer import Drafter, Proposer
+from refdec.drafting.memory import OutputMemory, as_memory
+from refdec.drafting.proposer import Drafter, Proposer
 from refdec.tokens import check_int, is_int
-from refdec.tree import MAX_NODES
+from refdec.drafting.tree import MAX_NODES
 
 __all__ = ["SpeculativeDecoder", "generate", "make_backend"]
 
@@ -88,7 +88,7 @@ def kept_llama_backend(model):
 
 
 def default_proposer_factory(index, references: list[np.ndarray], max_depth: int, memory: tuple = ()) -> Drafter:
-    """refdec's :class:`~refdec.proposer.Proposer`; with references (editing) the copy cursor
+    """refdec's :class:`~refdec.drafting.proposer.Proposer`; with references (editing) the copy cursor
     follows the output through them (what it gains: benchmarks/RESULTS.md §3); ``memory``: a
     snapshot of past outputs (:meth:`refdec.OutputMemory.automata`)."""
     return Proposer(index=index, references=references or None, max_depth=max_depth, cursor=bool(references),
@@ -108,7 +108,7 @@ class SpeculativeDecoder:
     """Reusable state for speculative decoding with one model.
 
     ``proposer_factory(index, references, max_depth) -> Drafter`` builds each request's
-    drafter (default: ``refdec.proposer.Proposer``); ``max_depth`` caps the draft tree depth.
+    drafter (default: ``refdec.drafting.proposer.Proposer``); ``max_depth`` caps the draft tree depth.
 
     Drafts are never fed to the model when they hold a token id >= the model's
     vocabulary size (a reference or an index built for a larger vocabulary):
@@ -117,7 +117,7 @@ class SpeculativeDecoder:
     context window.
 
     ``retrieve=k`` (``generate``): the k documents of the corpus index most
-    similar to the prompt (``refdec.retrieval.Retriever.top_k``, containment
+    similar to the prompt (``refdec.drafting.retrieval.Retriever.top_k``, containment
     score: how much of the prompt a document covers) are added to the
     per-request references, so they draft with the reference source's weight
     next to the live context and the whole-corpus index
@@ -152,11 +152,11 @@ class SpeculativeDecoder:
     memory held when it started (the ``memory`` source). Several decoders may share one.
     ``decoder.joint_batch_budget`` (default True): batches with
     ``max_draft_tokens="auto"`` choose the rows' verified prefixes together, priced as
-    one padded batched forward (refdec.budget.batch_prefix_sizes); False prices each
+    one padded batched forward (refdec.sizing.budget.batch_prefix_sizes); False prices each
     row alone on the single-row curve.
     ``decoder.timed_budget`` (default True): ``max_draft_tokens="auto"`` learns from the steps'
-    measured time, its cost curve refit (refdec.cost_model.LearntCost, one per decoder) and
-    drafting stopped for a request where it does not pay (refdec.budget.PlainGuard); False prices
+    measured time, its cost curve refit (refdec.sizing.cost_model.LearntCost, one per decoder) and
+    drafting stopped for a request where it does not pay (refdec.sizing.budget.PlainGuard); False prices
     with the calibrated curve as it is, so that the verified sizes, and the pass counts, depend
     on the tokens only (benchmarks.engine_ab compares them between checkouts).
     """

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from refdec.budget import Budget
-from refdec.proposer import Drafter
-from refdec.tree import DraftTree, keep_nodes, prune_to_depth
+from refdec.sizing.budget import Budget
+from refdec.drafting.proposer import Drafter
+from refdec.drafting.tree import DraftTree, keep_nodes, prune_to_depth
 
 __all__ = ["draft_for_step", "drop_out_of_vocab"]
 
@@ -30,7 +30,7 @@ def draft_for_step(drafter: Drafter, budget: Budget, useful_depth: int, max_dept
                    vocab_size: int) -> DraftTree:
     """As many nodes as ``budget`` chooses, cut to ``useful_depth`` (the tokens still allowed)
     and without tokens the model's vocabulary lacks. The budget's selection of the prefix to
-    verify comes after, for all rows of the step together (refdec.budget.Budget.select_batch)."""
+    verify comes after, for all rows of the step together (refdec.sizing.budget.Budget.select_batch)."""
     n_nodes = budget.max_nodes
     if n_nodes <= 0:
         return DraftTree.empty()

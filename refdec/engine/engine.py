@@ -10,7 +10,7 @@ length. A step:
 1. **propose** — each row's drafter drafts a tree of the size its budget chooses
    (refdec.engine.drafts), cut to what the backend verifies at once (``fit_tree``); the
    budgets pick the prefixes to verify, the rows of a batch together
-   (refdec.budget.Budget.select_batch);
+   (refdec.sizing.budget.Budget.select_batch);
 2. **prepare** — the backend lays the trees out as one forward's inputs: ``[root] + nodes``
    per row at positions ``root_pos + depth``, each node seeing its ancestors (a tree mask,
    refdec.transformers.masks; llama.cpp: sequence ids);
@@ -38,13 +38,13 @@ import time
 
 import numpy as np
 
-from refdec.budget import Budget, StepTime
+from refdec.sizing.budget import Budget, StepTime
 from refdec.engine.drafts import draft_for_step
 from refdec.engine.interface import Backend, PrefillCancelled, PrefillSteps, RunningBatch, target_rule
 from refdec.engine.requests import Request
 from refdec.engine.results import DecodingStats
 from refdec.engine.scheduler import Scheduler
-from refdec.tree import DraftTree
+from refdec.drafting.tree import DraftTree
 
 __all__ = ["Engine", "run"]
 
@@ -226,7 +226,7 @@ def _step(backend: Backend, batch: RunningBatch, stats: DecodingStats, max_depth
         if request.done:  # no entry past the last token it kept: a hybrid's state must be that token's
             accepted_rows[-1] = accepted[:max(0, len(request.seq) - 2 - int(root_pos[b]))]
     stats.count_pass(int(max(accepted.shape[0] for accepted, _ in verified.walks)))
-    if drafted:  # the budgets learn what the step cost (refdec.budget.StepTime)
+    if drafted:  # the budgets learn what the step cost (refdec.sizing.budget.StepTime)
         entries = (sum(1 + len(tree) for tree in trees) if backend.packed_rows
                    else len(trees) * (1 + max(len(tree) for tree in trees)))  # padded to the longest tree
         timing = StepTime(len(trees), entries - 1, t1 - t0, verified.prepare_seconds + verified.forward_seconds)

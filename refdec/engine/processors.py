@@ -18,7 +18,7 @@ import numpy as np
 import torch
 
 from refdec.tokens import is_int
-from refdec.tree import DraftTree
+from refdec.drafting.tree import DraftTree
 
 __all__ = ["PathLogitsProcessor", "path_tokens"]
 

@@ -7,12 +7,12 @@ from typing import Callable
 
 import numpy as np
 
-from refdec.budget import Budget
+from refdec.sizing.budget import Budget
 from refdec.engine.processors import PathLogitsProcessor
 from refdec.engine.results import DecodingStats
 from refdec.engine.sampling import TargetSampler
 from refdec.engine.stops import StopChecker
-from refdec.proposer import Drafter
+from refdec.drafting.proposer import Drafter
 
 __all__ = ["Request"]
 

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from refdec.tree import DraftTree
+from refdec.drafting.tree import DraftTree
 
 __all__ = ["DecodingStats", "GenerateOutput"]
 

@@ -158,7 +158,7 @@ class DecodingService:
                max_draft_tokens="auto", tenant=None, index=DECODER_INDEX, **logits_settings) -> Ticket:
         """Queues one prompt (token ids: a list of int or int64 [L]) with ``generate``'s settings;
         returns its :class:`Ticket`. ``tenant`` (any hashable): whose past outputs it drafts from
-        and joins, when the decoder has a memory (refdec.memory). ``index``: the corpus it drafts
+        and joins, when the decoder has a memory (refdec.drafting.memory). ``index``: the corpus it drafts
         from (a refdec.CorpusIndex, ShardedIndex or None; default: the decoder's). Raises ValueError for a bad argument, :class:`ServiceBusy`
         when the queue is full and :class:`ServiceClosed` after :meth:`close`."""
         decoder = self.decoder

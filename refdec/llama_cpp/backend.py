@@ -55,7 +55,7 @@ from refdec.engine.prefix_cache import PrefixCache
 from refdec.llama_cpp.api import MAX_SEQUENCES, LlamaDecodeError, TreeContext, is_recurrent
 from refdec.llama_cpp.calibration import auto_cost_curve
 from refdec.llama_cpp.tokenizer import GgufTokenizer
-from refdec.tree import MAX_NODES, DraftTree, keep_nodes
+from refdec.drafting.tree import MAX_NODES, DraftTree, keep_nodes
 
 __all__ = ["MAX_RECURRENT_CHAIN", "LlamaCppBackend", "LlamaRunningBatch", "best_path", "tree_layout"]
 

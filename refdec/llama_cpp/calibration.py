@@ -5,14 +5,14 @@ A logits row (the LM head over a 150k-260k vocabulary) costs several backbone ro
 so the curve holds ``seconds[n]``: a decode of ``1 + n`` entries over a 512-token context with
 logits for one entry, and ``head_chunk_seconds``: one more logits row (``head_chunk_rows`` =
 1), the median over the measured sizes of ``(all rows' logits - one row's) / n``. The
-"auto" budget (refdec.budget.AutoBudget) prices a step at ``seconds[n]`` plus the head rows
+"auto" budget (refdec.sizing.budget.AutoBudget) prices a step at ``seconds[n]`` plus the head rows
 its walk is expected to need.
 
 Measured once per (model file, threads, batch sizes, KV types, flash attention, llama-cpp-python
 version), announced on stderr, outside any timed decode, and cached as JSON under
 ``refdec.gguf_files.cache_dir()/calibration/``: a warm-up round first, then three rounds over the
-sizes, the median of each (refdec.cost_curve.calibration_order); a curve whose rounds disagree is
-kept for the process only, with a warning on stderr (refdec.cost_curve.repeats_disagree).
+sizes, the median of each (refdec.sizing.cost_curve.calibration_order); a curve whose rounds disagree is
+kept for the process only, with a warning on stderr (refdec.sizing.cost_curve.repeats_disagree).
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from pathlib import Path
 import numpy as np
 
 from refdec.atomic import atomic_write
-from refdec.cost_curve import (CALIBRATED_SIZES, CostCurve, calibration_order, median_seconds, repeats_disagree,
+from refdec.sizing.cost_curve import (CALIBRATED_SIZES, CostCurve, calibration_order, median_seconds, repeats_disagree,
                                warn_not_cached)
 from refdec.gguf_files import cache_dir
 from refdec.llama_cpp.api import llama_version
@@ -58,10 +58,10 @@ def measure(backend, nodes=CALIBRATED_SIZES, *, cache_len: int = 512, repeats: i
             seed: int = 0) -> CostCurve:
     """Times ``llama_decode`` of ``1 + n`` entries for each ``n`` in ``nodes`` over ``cache_len``
     tokens of context (random token ids: the cost does not depend on them), with one logits row
-    and with a logits row for every entry, in refdec.cost_curve.calibration_order: ``warmup``
+    and with a logits row for every entry, in refdec.sizing.cost_curve.calibration_order: ``warmup``
     rounds (dropped; one decode per size, every logits row) then ``repeats`` rounds over the
     sizes, alternately ascending and descending; each size's seconds are the median of its rounds.
-    ``meta["disagreement"]``: why the rounds disagree (refdec.cost_curve.repeats_disagree; then
+    ``meta["disagreement"]``: why the rounds disagree (refdec.sizing.cost_curve.repeats_disagree; then
     the curve is not cached), else None."""
     ctx = backend.ctx
     nodes = tuple(sorted(n for n in set(nodes) if n <= backend.max_tree))
@@ -121,7 +121,7 @@ _UNCACHED: dict[str, CostCurve] = {}
 def auto_cost_curve(backend, *, announce: bool = True) -> CostCurve:
     """The backend's cost curve, measured on first use (a few seconds, on stderr) and then read.
     A curve whose rounds disagree (a busy machine) is not cached: this process keeps it (the
-    budget corrects it from the steps it times, refdec.cost_model), a warning on stderr says why."""
+    budget corrects it from the steps it times, refdec.sizing.cost_model), a warning on stderr says why."""
     path = calibration_path(backend)
     if path.is_file():
         try:

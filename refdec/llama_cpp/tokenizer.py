@@ -62,14 +62,14 @@ class GgufTokenizer:
         return self.encode(text, add_special_tokens=False) if tokenize else text
 
     def fingerprint(self) -> str:
-        """The fingerprint (refdec.index.tokenizer_fingerprint) of this model's tokenizer as
+        """The fingerprint (refdec.drafting.index.tokenizer_fingerprint) of this model's tokenizer as
         transformers reads it from the GGUF file: what ``refdec index build`` records when it
         tokenizes with the converted model. Read once per file (seconds; needs transformers)."""
         cached = _FINGERPRINTS.get(self.model_path)
         if cached is None:
             from transformers import AutoTokenizer
 
-            from refdec.index import tokenizer_fingerprint
+            from refdec.drafting.index import tokenizer_fingerprint
 
             path = Path(self.model_path)
             cached = tokenizer_fingerprint(AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name))

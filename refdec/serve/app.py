@@ -29,7 +29,7 @@ from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from refdec.engine.service import CANCELLED, DecodingService, ServiceBusy, ServiceClosed
-from refdec.index import CorpusIndex
+from refdec.drafting.index import CorpusIndex
 from refdec.serve.corpora import CorpusRegistry
 from refdec.serve.implicit import implicit_reference
 from refdec.serve.protocol import (ApiError, ChatCompletionRequest, CompletionRequest, CorpusCreateRequest,
@@ -39,8 +39,8 @@ from refdec.serve.text import TextStream
 __all__ = ["DEFAULT_MAX_BODY_BYTES", "create_app"]
 
 DEFAULT_MAX_BODY_BYTES = 8 << 20  # a request body's limit: a large source file and its prediction fit
-PREDICTION_SOURCE = "reference"  # the draft source that a request's prediction feeds (refdec.proposer)
-MEMORY_SOURCE = "memory"  # the draft source of earlier requests' outputs (refdec.memory)
+PREDICTION_SOURCE = "reference"  # the draft source that a request's prediction feeds (refdec.drafting.proposer)
+MEMORY_SOURCE = "memory"  # the draft source of earlier requests' outputs (refdec.drafting.memory)
 CORPUS_SOURCE = "corpus"  # the draft source of the request's corpus (refdec.serve.corpora)
 FINISH_REASONS = {"eos": "stop", "stop_string": "stop", "max_new_tokens": "length",
                   "max_position_embeddings": "length"}

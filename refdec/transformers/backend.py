@@ -17,7 +17,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from refdec.cost_curve import CostCurve
+from refdec.sizing.cost_curve import CostCurve
 from refdec.engine.interface import TargetRule, Verified
 from refdec.engine.prefix_cache import PrefixCache
 from refdec.transformers.batch import RunningBatch
@@ -27,7 +27,7 @@ from refdec.transformers.runner import ModelRunner
 from refdec.transformers.selfcheck import ensure_lossless_tree_verification
 from refdec.transformers.static_step import StaticStep
 from refdec.transformers.verify import verify_step
-from refdec.tree import DraftTree
+from refdec.drafting.tree import DraftTree
 
 __all__ = ["MIN_REUSED_TOKENS", "PREFIX_CACHE_BYTES", "TransformersBackend"]
 

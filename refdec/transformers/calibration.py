@@ -3,7 +3,7 @@ against draft-tree size.
 
 On a CPU a tree-verification forward costs more the more rows it has (Gemma 3
 270M, 2 threads: 1 node ~ 0.1 s, 64 ~ 0.5 s); on a GPU it barely grows. The
-"auto" budget (refdec.budget.AutoBudget) weighs the expected accepted length of
+"auto" budget (refdec.sizing.budget.AutoBudget) weighs the expected accepted length of
 a tree against this curve.
 
     curve = calibrate(model)          # ~10-30 s the first time, then read from disk
@@ -20,11 +20,11 @@ step that accepts ``k`` nodes costs about ``seconds(n) + head_chunk_seconds * (k
 its inputs laid out, one forward of ``1 + n`` rows -- root + n nodes -- and the head as the
 engine runs it) over a cache of ``cache_len`` tokens: a warm-up round, then ``repeats`` rounds over
 the sizes, alternately ascending and descending, the median of each size's rounds
-(refdec.cost_curve.calibration_order), and caches the result as JSON under
+(refdec.sizing.cost_curve.calibration_order), and caches the result as JSON under
 ``refdec.models.cache_dir()/calibration/`` keyed by the model's config, dtype,
 device and the number of torch threads. A curve whose rounds disagree (load from other work on a
-shared machine; refdec.cost_curve.repeats_disagree) is not cached: the process keeps it, says why
-on stderr, and the budget corrects it from the steps it times (refdec.cost_model).
+shared machine; refdec.sizing.cost_curve.repeats_disagree) is not cached: the process keeps it, says why
+on stderr, and the budget corrects it from the steps it times (refdec.sizing.cost_model).
 """
 
 from __future__ import annotations
@@ -40,7 +40,7 @@ import numpy as np
 import torch
 
 from refdec.atomic import atomic_write
-from refdec.cost_curve import (CALIBRATED_SIZES, DEFAULT_CPU_CURVE, CostCurve, calibration_order, flat_curve,
+from refdec.sizing.cost_curve import (CALIBRATED_SIZES, DEFAULT_CPU_CURVE, CostCurve, calibration_order, flat_curve,
                                median_seconds, repeats_disagree, warn_not_cached)
 from refdec.models import cache_dir
 from refdec.tokens import check_int
@@ -48,7 +48,7 @@ from refdec.transformers.cache import select_rows
 from refdec.transformers.prefill import prefill_tokens
 from refdec.transformers.runner import ModelRunner
 from refdec.transformers.verify import verify_step
-from refdec.tree import DraftTree
+from refdec.drafting.tree import DraftTree
 
 __all__ = ["CALIBRATE_MIN_PARAMETERS", "CostCurve", "DEFAULT_CPU_CURVE", "auto_cost_curve", "calibrate",
            "calibration_path", "flat_curve", "load_cached", "measure", "model_key"]
@@ -89,7 +89,7 @@ def measure(model, nodes=CALIBRATED_SIZES, *, cache_len: int = 512, repeats: int
     The cache is a one-row running batch prefilled with ``cache_len`` random tokens; after each step
     it is cut back to them, so every step sees ``cache_len`` slots. The trees are chains of random
     tokens (the mask shape does not change the cost of an SDPA forward; the walk rejects the first
-    node, but for a chance hit). The sizes are measured in refdec.cost_curve.calibration_order:
+    node, but for a chance hit). The sizes are measured in refdec.sizing.cost_curve.calibration_order:
     ``warmup`` rounds (dropped), then ``repeats`` rounds, alternately ascending and descending, so
     that load drifts on a shared machine hit all sizes alike; each size's seconds are the median of
     its rounds. ``meta["disagreement"]``: why the rounds disagree (then the curve is not cached), else

@@ -15,7 +15,7 @@ import torch
 
 from refdec.engine.accept import accept_walk_steps, first_child_rows
 from refdec.transformers.plain_head import PlainHead
-from refdec.tree import DraftTree
+from refdec.drafting.tree import DraftTree
 
 __all__ = ["LazyRowLogits", "LockstepLazyWalks"]
 

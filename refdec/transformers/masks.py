@@ -36,7 +36,7 @@ import numpy as np
 import torch
 
 from refdec.transformers.transfer import to_device
-from refdec.tree import DraftTree
+from refdec.drafting.tree import DraftTree
 
 __all__ = ["DeviceTrees", "MASK_ROW_ALIGN", "MaskSpec", "TreeInputs", "ancestor_matrix", "attention_masks",
            "device_tree_inputs", "masks_from_visible", "tree_step_inputs"]

@@ -38,7 +38,7 @@ from refdec.transformers.lazy_head import LockstepLazyWalks
 from refdec.transformers.masks import DeviceTrees, TreeInputs, device_tree_inputs, tree_step_inputs
 from refdec.transformers.runner import ModelRunner
 from refdec.transformers.transfer import to_device
-from refdec.tree import DraftTree
+from refdec.drafting.tree import DraftTree
 
 __all__ = ["device_choice", "step_inputs", "verify_on_device", "verify_step", "verify_trees"]
 

@@ -16,7 +16,7 @@ server's corpus index), started from the prompt, advanced with the tokens vLLM a
 (O(new tokens) a step), and freed when the request finishes or is preempted. refdec's draft
 tree becomes the chain of highest expected accepted length less a price per drafted token
 (:mod:`refdec.vllm.chain`): each node's acceptance probability is learnt from what vLLM
-accepted (:class:`refdec.acceptance.AcceptanceTable`, one per worker), and the price is set each
+accepted (:class:`refdec.sizing.acceptance.AcceptanceTable`, one per worker), and the price is set each
 step from the whole batch (:func:`token_price`), so a draft that will not pay is cut short or
 not sent.
 
@@ -35,7 +35,7 @@ edited) and ``refdec_draft`` (false / 0 / "off": no drafts for this request). Ot
 from refdec.vllm.options import (DRAFT_KEY, PROPOSER_CLASS, REFERENCES_KEY, RequestOptions, ServerOptions,
                                  parse_request_options, prediction_text, speculative_config)
 from refdec.vllm.chain import best_chain, token_price, walk_trees
-from refdec.vllm.proposer import Proposer, VllmProposer, load_index  # Proposer: its old name
+from refdec.vllm.proposer import VllmProposer, load_index
 
 __all__ = [
     "VllmProposer", "ServerOptions", "RequestOptions", "best_chain", "load_index", "parse_request_options",

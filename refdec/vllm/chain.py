@@ -1,6 +1,6 @@
 """From refdec's draft trees to the chains vLLM verifies, one per request.
 
-Each node's acceptance probability is read from an :class:`refdec.acceptance.AcceptanceTable`
+Each node's acceptance probability is read from an :class:`refdec.sizing.acceptance.AcceptanceTable`
 (learnt from what vLLM accepted; the node's own score where no table is given) and held
 non-increasing along a path (a path is accepted no more often than its prefix). Per request,
 :func:`walk_trees` (one call for the whole batch) takes the root path of highest expected
@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from refdec.acceptance import DEPTH_EDGES, SCORE_EDGES
+from refdec.sizing.acceptance import DEPTH_EDGES, SCORE_EDGES
 
 __all__ = ["best_chain", "choose_chains", "token_price", "walk_trees"]
 
@@ -164,12 +164,12 @@ def walk_trees(token_ids: np.ndarray, parents: np.ndarray, scores: np.ndarray, s
                out_tokens: np.ndarray, out_probs: np.ndarray, out_cells: np.ndarray, out_lengths: np.ndarray) -> None:
     """The chains of R draft trees (a step's batch) in one call, written into the ``out_*`` arrays.
 
-    Trees, concatenated (:class:`refdec.tree.DraftBatch` arrays, each tree in topological order):
+    Trees, concatenated (:class:`refdec.drafting.tree.DraftBatch` arrays, each tree in topological order):
     ``token_ids`` int32 (n,), ``parents`` int32 (n,) (within its tree; -1 = child of the root),
     ``scores`` float32 (n,), ``source_ids`` int32 (n,), ``depths`` int32 (n,) (the trees' own,
     1 = child of the root); tree r is ``[offsets[r], offsets[r + 1])``
     (``offsets`` int64 (R + 1,)); ``max_lens`` int64 (R,): its longest chain. ``rates``: float64,
-    an :class:`~refdec.acceptance.AcceptanceTable`'s ``rates`` (a node's probability = its cell's
+    an :class:`~refdec.sizing.acceptance.AcceptanceTable`'s ``rates`` (a node's probability = its cell's
     rate), or None (= its score). Probabilities are held non-increasing along a path. Tree r's
     chain is the root path ending at the node of depth <= ``max_lens[r]`` that maximises
     ``sum over the path of (probability - price)``; empty when no path is worth more than 0. Ties
@@ -205,7 +205,7 @@ def best_chain(token_ids: np.ndarray, parents: np.ndarray, scores: np.ndarray, d
     """The chain (int32 token ids, root first) of one draft tree scored by ``scores`` alone
     (:func:`walk_trees` of one tree, no table, price ``draft_cost``). ``token_ids`` int32 (n,),
     ``parents`` int32 (n,), ``scores`` float32 (n,) (estimated probability that the path to the
-    node is accepted), ``depths`` int32 (n,), as in :class:`refdec.tree.DraftTree`. ``out``
+    node is accepted), ``depths`` int32 (n,), as in :class:`refdec.drafting.tree.DraftTree`. ``out``
     (int32, length >= max_len) is reused when given; the result is a view of it."""
     if out is None:
         out = np.empty(max(max_len, 1), dtype=np.int32)

@@ -11,9 +11,9 @@ import numpy as np
 from transformers import AutoTokenizer
 
 import refdec
-from refdec.index import CorpusIndex, ShardedIndex
-from refdec.acceptance import AcceptanceTable
-from refdec.tree import DraftBatch, DraftTree
+from refdec.drafting.index import CorpusIndex, ShardedIndex
+from refdec.sizing.acceptance import AcceptanceTable
+from refdec.drafting.tree import DraftBatch, DraftTree
 from refdec.vllm.chain import choose_chains
 from refdec.vllm.hooks import wrap_once
 from refdec.vllm.options import ENV_INDEX, RequestOptions, ServerOptions, parse_request_options
@@ -320,9 +320,6 @@ class VllmProposer:
         """Per live request id: drafted and accepted draft tokens so far, and whether it drafts."""
         return {req_id: {"drafted": s.num_drafted, "accepted": s.num_accepted, "drafting": s.proposer is not None}
                 for req_id, s in self._requests.items()}
-
-
-Proposer = VllmProposer  # the old name: speculative configs that name refdec.vllm.Proposer keep working
 
 
 # -- worker: the batch's request ids ----------------------------------------------------------

@@ -170,12 +170,12 @@ def test_tiny_models_are_the_test_suites_tiny_models_and_prompts(family):
 # ---------------------------------------------------------------- the package's import rules
 
 # refdec modules whose public names the benchmarks may use (the engine's modules move)
-PUBLIC_REFDEC_MODULES = {"refdec", "refdec.vllm", "refdec.vllm.proposer", "refdec.proposer", "refdec.budget", "refdec.transformers.calibration", "refdec.models",
-                         "refdec.edit_prompt", "refdec.index", "refdec.retrieval", "refdec.acceptance",
+PUBLIC_REFDEC_MODULES = {"refdec", "refdec.vllm", "refdec.vllm.proposer", "refdec.drafting.proposer", "refdec.sizing.budget", "refdec.transformers.calibration", "refdec.models",
+                         "refdec.edit_prompt", "refdec.drafting.index", "refdec.drafting.retrieval", "refdec.sizing.acceptance",
                          "refdec.gguf_files", "refdec.llama_cpp.plain", "refdec.llama_cpp.api",
                          "refdec.llama_cpp.calibration"}
-PUBLIC_FROM_SUBMODULES = {"refdec.proposer": {"CursorParams", "SourceParams"},
-                          "refdec.index": {"tokenizer_fingerprint"},
+PUBLIC_FROM_SUBMODULES = {"refdec.drafting.proposer": {"CursorParams", "SourceParams"},
+                          "refdec.drafting.index": {"tokenizer_fingerprint"},
                           "refdec.llama_cpp.api": {"TreeContext"},  # llama.cpp's context, for the numerics benchmark
                           "refdec.llama_cpp.calibration": {"measure"}}  # a curve measured under load (--load-curve)
 
@@ -210,7 +210,7 @@ def test_benchmark_imports_the_package_and_refdecs_public_names_without_touching
     # the same for the code the index and memory benchmarks run in child processes
     for node in ast.walk(tree):
         if isinstance(node, ast.Constant) and isinstance(node.value, str) and "import" in node.value:
-            assert "refdec.index import CorpusIndex" not in node.value, path.name
+            assert "refdec.drafting.index import CorpusIndex" not in node.value, path.name
 
 
 # ---------------------------------------------------------------- python -m benchmarks

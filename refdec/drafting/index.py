@@ -63,7 +63,7 @@ from tqdm.auto import tqdm
 from refdec import _C
 from refdec.atomic import atomic_write
 from refdec.tokens import MAX_TOKEN_ID, as_token_ids, check_int, is_int
-from refdec.retrieval import DocumentSignatures, Retriever, deduplicate
+from refdec.drafting.retrieval import DocumentSignatures, Retriever, deduplicate
 
 __all__ = ["IndexFormatError", "tokenizer_fingerprint", "CorpusIndex", "ContextIndex", "ShardedIndex"]
 
@@ -203,8 +203,8 @@ class CorpusIndex(_Queries):
         self._vocab_size = int(vocab_size or 0)
         self._path = path
         self.dropped_documents = 0  # near-duplicates dropped by build(dedup_threshold=...)
-        self._signatures = None     # refdec.retrieval.DocumentSignatures, one row per document
-        self._retriever = None      # refdec.retrieval.Retriever, made on first use
+        self._signatures = None     # refdec.drafting.retrieval.DocumentSignatures, one row per document
+        self._retriever = None      # refdec.drafting.retrieval.Retriever, made on first use
         self._lazy_lock = threading.RLock()  # guards the lazy _signatures / _retriever (shared between threads)
 
     # ------------------------------------------------------------------ build / load
@@ -227,7 +227,7 @@ class CorpusIndex(_Queries):
         about 280M tokens per 24 GiB; the saved file is about 24 bytes per
         token and is memory-mapped on load (nothing resident until queried).
 
-        Retrieval (``refdec.retrieval``): ``dedup_threshold`` (a float in
+        Retrieval (``refdec.drafting.retrieval``): ``dedup_threshold`` (a float in
         (0, 1], e.g. 0.9) drops exact and near-duplicate documents (shingle
         Jaccard >= threshold with an earlier kept one) before indexing; their
         number is ``dropped_documents``. ``signatures`` (default: True when
@@ -338,7 +338,7 @@ class CorpusIndex(_Queries):
 
     @property
     def signatures(self):
-        """The documents' MinHash signatures (``refdec.retrieval.DocumentSignatures``),
+        """The documents' MinHash signatures (``refdec.drafting.retrieval.DocumentSignatures``),
         or None: kept by ``build(signatures=True)`` / de-duplication, or a loaded
         index file's (read-only views of the mapped file)."""
         if self._signatures is None and self._sam is None and self._frozen is not None:
@@ -348,7 +348,7 @@ class CorpusIndex(_Queries):
         return self._signatures
 
     def retriever(self):
-        """The ``refdec.retrieval.Retriever`` over this index's documents (made once).
+        """The ``refdec.drafting.retrieval.Retriever`` over this index's documents (made once).
         Raises ValueError when the index has no signatures."""
         if self._retriever is not None:
             return self._retriever
@@ -489,7 +489,7 @@ class ShardedIndex:
                 raise ValueError(f"shards[{i}] vocab_size {shard.vocab_size} differs from shards[0]'s "
                                  f"{first.vocab_size}")
         self.shards = shards
-        self._retriever = None               # refdec.retrieval.Retriever, made on first use
+        self._retriever = None               # refdec.drafting.retrieval.Retriever, made on first use
         self._lazy_lock = threading.Lock()   # guards _retriever (shared between threads)
 
     @classmethod
@@ -535,7 +535,7 @@ class ShardedIndex:
         return all(s.verify() for s in self.shards)
 
     def retriever(self):
-        """The ``refdec.retrieval.Retriever`` over the documents of all the shards (``doc_idx``
+        """The ``refdec.drafting.retrieval.Retriever`` over the documents of all the shards (``doc_idx``
         as :meth:`document` numbers them), from the shards' MinHash signatures (made once).
         Raises ValueError naming the shard that has no signatures, or whose signatures were
         made with other MinHash settings than shard 0's."""

@@ -1,4 +1,4 @@
-"""Specifies refdec.index by hand-written cases, each named by the situation it covers.
+"""Specifies refdec.drafting.index by hand-written cases, each named by the situation it covers.
 
 Every query case runs on three forms of the same corpus: the index as built
 (in memory), the same index saved and memory-mapped back, and (for the live
@@ -14,7 +14,7 @@ import pytest
 
 import refdec
 from refdec import ContextIndex, CorpusIndex, IndexFormatError
-from refdec.index import tokenizer_fingerprint
+from refdec.drafting.index import tokenizer_fingerprint
 from word_tokenizer import WordTokenizer
 
 

@@ -1,4 +1,4 @@
-"""Specifies refdec.proposer over a sharded index, Proposer(index=ShardedIndex): the shards drafted
+"""Specifies refdec.drafting.proposer over a sharded index, Proposer(index=ShardedIndex): the shards drafted
 as one corpus.
 
 A corpus split into shards (disjoint documents, each shard its own index file) drafts
@@ -16,7 +16,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from refdec import CorpusIndex, Proposer, ShardedIndex, _C
-from refdec.proposer import CursorParams, SourceParams
+from refdec.drafting.proposer import CursorParams, SourceParams
 
 CORPUS = 2
 

@@ -1,4 +1,4 @@
-"""Specifies refdec.index's side of retrieval (refdec.retrieval wired into the corpus index):
+"""Specifies refdec.drafting.index's side of retrieval (refdec.drafting.retrieval wired into the corpus index):
 ``CorpusIndex.build(dedup_threshold=...)`` drops near-duplicates, keeps MinHash signatures one row
 per kept document, ``save`` stores them in the index file and ``load`` reads them from it;
 ``add_documents`` extends them. ``generate(..., retrieve=k)``: tests/test_engine_decoder.py;
@@ -15,8 +15,8 @@ import re
 import numpy as np
 import pytest
 
-from refdec.index import CorpusIndex
-from refdec.retrieval import DocumentSignatures
+from refdec.drafting.index import CorpusIndex
+from refdec.drafting.retrieval import DocumentSignatures
 from tiny_models import VOCAB
 
 

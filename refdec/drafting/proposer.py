@@ -2,14 +2,14 @@
 
 Four sources continue the current context (prompt + accepted tokens):
 
-* ``context``   -- the live context itself (:class:`~refdec.index.ContextIndex`):
+* ``context``   -- the live context itself (:class:`~refdec.drafting.index.ContextIndex`):
   repeated spans, loops, the original file in an edit prompt.
 * ``reference`` -- per-request reference documents (one automaton over them).
-* ``corpus``    -- a frozen :class:`~refdec.index.CorpusIndex`, or a
-  :class:`~refdec.index.ShardedIndex` drafted as one corpus (the longest
+* ``corpus``    -- a frozen :class:`~refdec.drafting.index.CorpusIndex`, or a
+  :class:`~refdec.drafting.index.ShardedIndex` drafted as one corpus (the longest
   match over the shards; continuation counts summed over the shards where
   the text occurs: the same tree as one index over all their documents).
-* ``memory``    -- earlier requests' outputs (:class:`~refdec.memory.OutputMemory`'s
+* ``memory``    -- earlier requests' outputs (:class:`~refdec.drafting.memory.OutputMemory`'s
   snapshot: automata drafted as one corpus).
 
 Each source keeps the longest suffix of the context that occurs in it
@@ -39,9 +39,9 @@ import numpy as np
 
 from refdec import _C
 from refdec._C import CursorParams, SourceParams
-from refdec.index import ContextIndex, CorpusIndex, ShardedIndex
+from refdec.drafting.index import ContextIndex, CorpusIndex, ShardedIndex
 from refdec.tokens import as_token_ids, check_int, is_int
-from refdec.tree import MAX_NODES, DraftBatch, DraftTree
+from refdec.drafting.tree import MAX_NODES, DraftBatch, DraftTree
 
 __all__ = ["CursorParams", "Drafter", "Proposer", "SourceParams"]
 
@@ -66,7 +66,7 @@ class Drafter(Protocol):
 
     def propose(self, max_nodes: int) -> DraftTree:
         """A draft tree continuing the context: at most ``max_nodes`` nodes (may be empty), as
-        :class:`~refdec.tree.DraftTree` arrays of shape (n,): token_ids int32, parents int32
+        :class:`~refdec.drafting.tree.DraftTree` arrays of shape (n,): token_ids int32, parents int32
         (-1 = child of the root, the last accepted token; parents[i] < i), scores float32,
         source_ids int32 (indexes into ``source_names``), depths int32 (1 = child of the root)."""
 
@@ -164,7 +164,7 @@ class Proposer:
             raise ValueError(f"params has unknown source names {sorted(unknown)}; known: {self.source_names}")
         for name, value in params.items():
             if not isinstance(value, SourceParams):
-                raise ValueError(f"params[{name!r}] must be a refdec.proposer.SourceParams, got {value!r}")
+                raise ValueError(f"params[{name!r}] must be a refdec.drafting.proposer.SourceParams, got {value!r}")
         # copies: SourceParams are mutable, and DEFAULT_PARAMS is shared
         self.params = {name: params.get(name, DEFAULT_PARAMS[name]).replace() for name in self.source_names}
         self._references = [as_token_ids(r, f"references[{i}]") for i, r in enumerate(references or [])]
@@ -229,7 +229,7 @@ class Proposer:
                 proposer.accept(tokens)
                 trees.append(proposer.propose(max_nodes))
 
-        as one :class:`~refdec.tree.DraftBatch`. ``proposers``: started :class:`Proposer` objects
+        as one :class:`~refdec.drafting.tree.DraftBatch`. ``proposers``: started :class:`Proposer` objects
         (a serving engine's requests; 1,000 trees of 32 nodes take a few ms). ``new_tokens``:
         None (accept nothing) or R C-contiguous int32 arrays of shape (k_r,), the tokens each
         request emitted since its last step. Every token is checked before any proposer changes:

@@ -1,4 +1,4 @@
-"""Specifies refdec.index's loader under fuzzing: ``CorpusIndex.load`` with mutated index files
+"""Specifies refdec.drafting.index's loader under fuzzing: ``CorpusIndex.load`` with mutated index files
 (hypothesis).
 
 Property: whatever the bytes of a file, ``CorpusIndex.load`` either raises
@@ -39,8 +39,8 @@ import pytest
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
-from refdec.index import CorpusIndex
-from test_index_format import HEADER_FIELDS, HEADER_SIZE, NUM_SECTIONS, reseal
+from refdec.drafting.index import CorpusIndex
+from test_drafting_index_format import HEADER_FIELDS, HEADER_SIZE, NUM_SECTIONS, reseal
 
 _SCALE = max(1, int(os.environ.get("REFDEC_HYPOTHESIS_SCALE", "1")))
 FUZZ = settings(deadline=None, max_examples=150 * _SCALE, derandomize=False,
@@ -62,7 +62,7 @@ _WORKER = textwrap.dedent(
     """
     import json, sys, traceback
     import refdec
-    from refdec.index import CorpusIndex
+    from refdec.drafting.index import CorpusIndex
 
     queries = json.loads(sys.argv[1])
     for line in sys.stdin:

@@ -1,4 +1,4 @@
-"""Specifies refdec.proposer's Proposer.propose_batch: one C++ call for a batch step gives exactly the trees of the
+"""Specifies refdec.drafting.proposer's Proposer.propose_batch: one C++ call for a batch step gives exactly the trees of the
 per-request loop (accept, then propose), on one thread or several, and refuses bad input
 before any proposer changes."""
 

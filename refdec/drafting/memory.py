@@ -2,7 +2,7 @@
 
 Agents and editors repeat themselves across requests (the same tool-call scaffolding, the same
 change applied file after file, a patch retried). :class:`OutputMemory` keeps the outputs of
-finished requests in suffix automata that a later request's :class:`~refdec.proposer.Proposer`
+finished requests in suffix automata that a later request's :class:`~refdec.drafting.proposer.Proposer`
 matches as its ``memory`` source, priced by the acceptance table like the other sources.
 
 Layout, per tenant: sealed *segments* (immutable automata of up to ``segment_tokens`` tokens,

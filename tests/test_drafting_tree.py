@@ -1,4 +1,4 @@
-"""Specifies refdec.tree: ``DraftTree.from_paths`` merges shared prefixes into one trie and stops
+"""Specifies refdec.drafting.tree: ``DraftTree.from_paths`` merges shared prefixes into one trie and stops
 adding nodes at ``max_nodes``; ``keep_nodes`` and ``prune_to_depth`` keep a subtree with its
 parents renumbered; a tree's ``depths`` are set once (derived from a hand-made tree's parents, or
 given and checked against them) and carried along by the trees made from it."""
@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 
 from drawn_trees import CHAIN3_PARENTS, FORK_DEPTH, FORK_PARENTS, WIDE_DEPTH, WIDE_PARENTS, random_tree
-from refdec import tree as tree_module
-from refdec.tree import DraftBatch, DraftTree, keep_nodes, prune_to_depth
+from refdec.drafting import tree as tree_module
+from refdec.drafting.tree import DraftBatch, DraftTree, keep_nodes, prune_to_depth
 
 
 def test_from_paths_merges_shared_prefixes_and_stops_adding_at_max_nodes():

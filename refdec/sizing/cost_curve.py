@@ -1,13 +1,13 @@
 """The verification cost curve of one model on one machine: seconds per forward against
 draft-tree size (measured by refdec.transformers.calibration and refdec.llama_cpp.calibration,
-refit online by refdec.cost_model, consumed by refdec.budget).
+refit online by refdec.sizing.cost_model, consumed by refdec.sizing.budget).
 
 Both calibrations measure in the same plan (:func:`calibration_order`): a warm-up round whose
 times are dropped (the first forwards of a size pay for allocations and cold caches), then
 ``repeats`` rounds, each over every size, alternately ascending and descending, so that load that
 comes and goes on a shared machine spreads over all sizes instead of landing on some. A size's
 seconds are the median of its rounds; :func:`repeats_disagree` says why a curve whose rounds
-disagree must not be cached (the process uses it, and refdec.cost_model corrects it as it runs).
+disagree must not be cached (the process uses it, and refdec.sizing.cost_model corrects it as it runs).
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from refdec.tokens import check_int
-from refdec.tree import MAX_NODES
+from refdec.drafting.tree import MAX_NODES
 
 __all__ = ["CALIBRATED_SIZES", "CostCurve", "DEFAULT_CPU_CURVE", "calibration_order", "curve_table", "flat_curve",
            "median_seconds",

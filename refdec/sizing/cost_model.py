@@ -28,7 +28,7 @@ import math
 
 import numpy as np
 
-from refdec.cost_curve import CALIBRATED_SIZES, CostCurve, curve_table
+from refdec.sizing.cost_curve import CALIBRATED_SIZES, CostCurve, curve_table
 from refdec.tokens import check_int
 
 __all__ = ["BUCKETS", "LearntCost", "non_decreasing"]
@@ -48,7 +48,7 @@ class LearntCost:
 
     def __init__(self, prior: CostCurve, *, window: int = 16, prior_weight: int = 3) -> None:
         if not isinstance(prior, CostCurve):
-            raise ValueError(f"prior must be a refdec.cost_curve.CostCurve, got {type(prior).__name__}")
+            raise ValueError(f"prior must be a refdec.sizing.cost_curve.CostCurve, got {type(prior).__name__}")
         self.prior = prior
         self.window = check_int("window", window, 1)
         self.prior_weight = check_int("prior_weight", prior_weight, 0)

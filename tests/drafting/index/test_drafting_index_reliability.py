@@ -1,4 +1,4 @@
-"""Specifies refdec.index's reliability: bad input gives clear errors, writes are atomic, a frozen
+"""Specifies refdec.drafting.index's reliability: bad input gives clear errors, writes are atomic, a frozen
 index serves many threads, building can release its memory.
 
 Specification:
@@ -102,8 +102,8 @@ def test_loading_with_another_tokenizer_raises_index_format_error_naming_both_fi
     with pytest.raises(IndexFormatError) as info:
         CorpusIndex.load(path, other)
     message = str(info.value)
-    assert refdec.index.tokenizer_fingerprint(mine) in message
-    assert refdec.index.tokenizer_fingerprint(other) in message
+    assert refdec.drafting.index.tokenizer_fingerprint(mine) in message
+    assert refdec.drafting.index.tokenizer_fingerprint(other) in message
     assert str(path) in message
     assert len(CorpusIndex.load(path, mine)) == 5
 
@@ -289,7 +289,7 @@ def test_a_sharded_index_answers_like_one_index_over_all_documents(tmp_path):
     for i, part in enumerate((docs[:3], docs[3:4], docs[4:])):
         paths.append(tmp_path / f"shard{i}.refdec")
         CorpusIndex.build(part, show_progress=False).save(paths[-1])
-    sharded = refdec.index.ShardedIndex.load_many(paths)
+    sharded = refdec.drafting.index.ShardedIndex.load_many(paths)
     assert (len(sharded), sharded.num_documents) == (len(whole), whole.num_documents) and sharded.verify()
     assert all(sharded.document(i).tolist() == docs[i].tolist() for i in range(len(docs)))
     queries = [rng.integers(0, 5, size=int(rng.integers(0, 7))).tolist() for _ in range(300)]
@@ -304,7 +304,7 @@ def test_shards_with_different_vocab_sizes_are_refused():
     a = CorpusIndex.build([[1]], vocab_size=10, show_progress=False)
     b = CorpusIndex.build([[1]], vocab_size=20, show_progress=False)
     with pytest.raises(ValueError, match="vocab_size 20 differs"):
-        refdec.index.ShardedIndex([a, b])
+        refdec.drafting.index.ShardedIndex([a, b])
 
 
 def test_the_lazy_retriever_of_a_shared_index_is_made_once_under_concurrent_first_use(tmp_path):

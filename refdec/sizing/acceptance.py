@@ -1,13 +1,13 @@
 """How often a draft node is accepted, learnt from verification.
 
-A draft tree's node scores (``refdec.tree.DraftTree.scores``) are the proposer's estimates; how
+A draft tree's node scores (``refdec.drafting.tree.DraftTree.scores``) are the proposer's estimates; how
 often nodes are really accepted depends on the model and the workload. Replaying vLLM's greedy
 outputs through the adapter's chains (benchmarks/RESULTS.md section 6), edit nodes scored 0.1-0.2
 were accepted 29% of the time, and live-context loop nodes scored under 0.02 in 66-74%.
 :class:`AcceptanceTable` keeps one acceptance rate per *cell* -- (source, score bucket, depth
 bucket) -- counted from the nodes that were verified, so a policy prices nodes by what they
 do, not by what they were scored. Two policies read it: refdec's "auto" draft size
-(:class:`refdec.budget.AutoBudget`; one table per decoder, ``SpeculativeDecoder.acceptance``,
+(:class:`refdec.sizing.budget.AutoBudget`; one table per decoder, ``SpeculativeDecoder.acceptance``,
 that each request reads and teaches, a copy per row of a batch) and the vLLM adapter's chain choice
 (:mod:`refdec.vllm.chain`, one table per vLLM worker). The table does not say what a score is:
 the vLLM adapter gives node scores and learns how often a node is accepted; "auto" gives each
@@ -62,7 +62,7 @@ class AcceptanceTable:
 
     def cells(self, scores: np.ndarray, depths: np.ndarray, source_ids: np.ndarray) -> np.ndarray:
         """int64 [n]: the cell of each node of a tree (``scores`` float32 [n], ``depths`` int32 [n],
-        ``source_ids`` int32 [n], as in :class:`refdec.tree.DraftTree`)."""
+        ``source_ids`` int32 [n], as in :class:`refdec.drafting.tree.DraftTree`)."""
         s = np.searchsorted(SCORE_EDGES, scores, side="right")
         d = np.searchsorted(DEPTH_EDGES, depths, side="right")
         src = np.clip(source_ids, 0, self.n_sources - 1)

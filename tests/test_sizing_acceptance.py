@@ -1,4 +1,4 @@
-"""Specifies refdec.acceptance: a draft node's cell (source, score bucket, depth bucket) and the
+"""Specifies refdec.sizing.acceptance: a draft node's cell (source, score bucket, depth bucket) and the
 table of acceptance rates learnt per cell, shrunk towards a prior that deep cells inherit from
 shallow ones."""
 
@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from refdec.acceptance import AcceptanceTable
+from refdec.sizing.acceptance import AcceptanceTable
 
 
 def test_cells_bucket_score_depth_and_source():

@@ -1,4 +1,4 @@
-"""Specifies refdec.index by property tests: the suffix-automaton indexes answer exactly like the
+"""Specifies refdec.drafting.index by property tests: the suffix-automaton indexes answer exactly like the
 naive reference.
 
 Documents are random token runs over tiny alphabets (2-5 symbols, so that
@@ -25,7 +25,7 @@ from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
 from naive_index import NaiveContext, NaiveIndex, assert_loaded_like_built, occurs_in
-from refdec.index import ContextIndex, CorpusIndex
+from refdec.drafting.index import ContextIndex, CorpusIndex
 
 INT32_MAX = 2**31 - 1
 

@@ -18,7 +18,7 @@ A policy is a :class:`Budget`, one per request (batch row):
 length of every prefix of it from the calibrated node scores, and verifies the
 prefix that maximises tokens per second under the model's measured cost curve
 (refdec.transformers.calibration, refdec.llama_cpp.calibration), refit from the steps it times
-(refdec.cost_model.LearntCost), and stops drafting for a request where drafting does not pay
+(refdec.sizing.cost_model.LearntCost), and stops drafting for a request where drafting does not pay
 (:class:`PlainGuard`).
 """
 
@@ -32,11 +32,11 @@ from typing import Protocol, Sequence, runtime_checkable
 
 import numpy as np
 
-from refdec.acceptance import AcceptanceTable
-from refdec.cost_curve import DEFAULT_CPU_CURVE, CostCurve
-from refdec.cost_model import LearntCost
+from refdec.sizing.acceptance import AcceptanceTable
+from refdec.sizing.cost_curve import DEFAULT_CPU_CURVE, CostCurve
+from refdec.sizing.cost_model import LearntCost
 from refdec.tokens import check_int, is_int
-from refdec.tree import MAX_NODES, DraftTree
+from refdec.drafting.tree import MAX_NODES, DraftTree
 
 __all__ = ["AutoBudget", "Budget", "FixedBudget", "PlainGuard", "StepTime", "batch_prefix_sizes", "make_budget",
            "packed_prefix_sizes", "path_products", "step_scores"]
@@ -199,7 +199,7 @@ class AutoBudget:
     is a valid subtree. Node ``i`` is accepted with an estimated probability
     ``p_i`` = ``q_i * p_parent(i)`` (``p`` of the root: 1), where ``q_i`` is the learnt step rate of
     its cell (source, bucket of its :func:`step_scores`, depth bucket; ``acceptance``: a
-    :class:`~refdec.acceptance.AcceptanceTable`, its settings and their defaults documented there):
+    :class:`~refdec.sizing.acceptance.AcceptanceTable`, its settings and their defaults documented there):
     of that cell's nodes the walk reached (their parent accepted), the share accepted, starting from
     a prior. Steps are learnt where a chain is short and priced where it is long: one chain
     accepted whole teaches the deep steps. The expected accepted length of the prefix of ``n`` nodes is
@@ -217,7 +217,7 @@ class AutoBudget:
     lower than the shallow ones' sits in a cell of its own): every ``explore_every``-th step
     after a prefix was accepted whole verifies twice as many nodes (up to the tree's size).
 
-    ``cost``: the calibrated curve, or a :class:`~refdec.cost_model.LearntCost` to share (one per
+    ``cost``: the calibrated curve, or a :class:`~refdec.sizing.cost_model.LearntCost` to share (one per
     model and machine: refdec.engine.decoder's). With ``learn`` (the default) the curve is refit
     from the steps the engine times (:meth:`observe_step`; a CostCurve gets a LearntCost of its
     own, which the budget's copies share); ``learn=False`` keeps the curve as given. ``guard``: a
@@ -232,26 +232,26 @@ class AutoBudget:
         cost = cost if cost is not None else DEFAULT_CPU_CURVE
         if isinstance(cost, LearntCost):
             if not learn:
-                raise ValueError("learn=False takes a CostCurve, not a refdec.cost_model.LearntCost")
+                raise ValueError("learn=False takes a CostCurve, not a refdec.sizing.cost_model.LearntCost")
             self.learnt = cost
         elif isinstance(cost, CostCurve):
             self.learnt = LearntCost(cost) if learn else None
         else:
-            raise ValueError(f"cost must be a refdec.cost_curve.CostCurve or a refdec.cost_model.LearntCost, "
+            raise ValueError(f"cost must be a refdec.sizing.cost_curve.CostCurve or a refdec.sizing.cost_model.LearntCost, "
                              f"got {type(cost).__name__}")
         self._fixed_cost = cost if self.learnt is None else None
         self._heads = cost if self.learnt is None else self.learnt.prior  # prices the LM head (learnt or not)
         if guard is True:
             guard = PlainGuard()
         if guard is not None and guard is not False and not isinstance(guard, PlainGuard):
-            raise ValueError(f"guard must be a refdec.budget.PlainGuard, a bool or None, got {type(guard).__name__}")
+            raise ValueError(f"guard must be a refdec.sizing.budget.PlainGuard, a bool or None, got {type(guard).__name__}")
         self.guard = guard or None
         self.explore_every = int(explore_every)
         self.explore_nodes = int(explore_nodes)
         self._table_version = -1
         self._refresh()
         if acceptance is not None and not isinstance(acceptance, AcceptanceTable):
-            raise ValueError(f"acceptance must be a refdec.acceptance.AcceptanceTable, got {type(acceptance).__name__}")
+            raise ValueError(f"acceptance must be a refdec.sizing.acceptance.AcceptanceTable, got {type(acceptance).__name__}")
         self.acceptance = acceptance if acceptance is not None else AcceptanceTable()
         self._cells = None  # cells of the last selected tree
         self._parents = None  # and its parents (int32 [n])
@@ -535,7 +535,7 @@ def make_budget(max_draft_tokens, cost: CostCurve | None = None) -> Budget:
     if isinstance(max_draft_tokens, Budget):
         return max_draft_tokens
     if not is_int(max_draft_tokens):
-        raise ValueError(f"max_draft_tokens must be an int >= 0, 'auto' or a refdec.budget.Budget, "
+        raise ValueError(f"max_draft_tokens must be an int >= 0, 'auto' or a refdec.sizing.budget.Budget, "
                          f"got {max_draft_tokens!r}")
     if max_draft_tokens < 0:
         raise ValueError(f"max_draft_tokens must be >= 0, got {max_draft_tokens}")

@@ -1,4 +1,4 @@
-"""Specifies refdec.cost_model.LearntCost, the cost curve refit from the steps' measured seconds:
+"""Specifies refdec.sizing.cost_model.LearntCost, the cost curve refit from the steps' measured seconds:
 before any step it is the calibrated curve; each size bucket follows the median of its latest
 steps with the calibration counted as a few steps of its own (a wrong prior corrects itself in a
 few steps, a stray slow step does not move it); unobserved sizes take the nearest observed ratio,
@@ -12,8 +12,8 @@ import copy
 import numpy as np
 import pytest
 
-from refdec.cost_curve import CostCurve
-from refdec.cost_model import BUCKETS, LearntCost, non_decreasing
+from refdec.sizing.cost_curve import CostCurve
+from refdec.sizing.cost_model import BUCKETS, LearntCost, non_decreasing
 
 # A CPU-like calibrated curve (seconds at 0 / 1 / 16 / 64 nodes), a lazy head of 10 ms a chunk.
 PRIOR = CostCurve((0, 1, 16, 64), (0.100, 0.200, 0.300, 0.500), head_chunk_seconds=0.010)
@@ -140,7 +140,7 @@ def test_unmeasured_steps_are_ignored_and_a_prior_must_be_a_curve():
     for seconds in (0.0, -1.0, float("nan"), float("inf")):
         learnt.observe(4, seconds)
     assert learnt.version == 0 and learnt.curve() is PRIOR
-    with pytest.raises(ValueError, match="prior must be a refdec.cost_curve.CostCurve"):
+    with pytest.raises(ValueError, match="prior must be a refdec.sizing.cost_curve.CostCurve"):
         LearntCost([0.1, 0.2])
     with pytest.raises(ValueError, match="window must be an int >= 1"):
         LearntCost(PRIOR, window=0)

@@ -1,4 +1,4 @@
-"""Specifies refdec.index's on-disk index file: round trip, corruption, foreign files, atomic save.
+"""Specifies refdec.drafting.index's on-disk index file: round trip, corruption, foreign files, atomic save.
 
 Specification:
 - ``save`` then ``load`` (mmap) answers every query exactly as the built index;
@@ -29,7 +29,7 @@ import pytest
 
 import refdec
 from naive_index import NaiveIndex, assert_loaded_like_built
-from refdec.index import CorpusIndex, tokenizer_fingerprint
+from refdec.drafting.index import CorpusIndex, tokenizer_fingerprint
 
 # Header layout (csrc/frozen_index.h, struct FileHeader; little-endian, 512 bytes):
 # name -> (offset, struct format).
@@ -191,7 +191,7 @@ def assert_format_error(path, pattern: str, **load_kwargs):
 
 def test_index_format_error_is_a_value_error_exported_from_the_package():
     assert issubclass(refdec.IndexFormatError, ValueError)
-    from refdec.index import IndexFormatError
+    from refdec.drafting.index import IndexFormatError
 
     assert IndexFormatError is refdec.IndexFormatError
 
@@ -387,7 +387,7 @@ def test_nonzero_header_padding_raises_index_format_error(tmp_path, index_file):
 
 
 # ---------------------------------------------------------------------------
-# MinHash signatures (refdec.retrieval) in the index file
+# MinHash signatures (refdec.drafting.retrieval) in the index file
 
 
 @pytest.fixture()
@@ -519,9 +519,9 @@ _CRASH_SCRIPT = textwrap.dedent(
     """
     import os, struct, sys
     import numpy as np
-    from refdec.index import CorpusIndex
+    from refdec.drafting.index import CorpusIndex
     import refdec
-    from test_index_format import reseal
+    from test_drafting_index_format import reseal
 
     source, workdir, queries = sys.argv[1], sys.argv[2], eval(sys.argv[3])
     data = open(source, "rb").read()
@@ -644,7 +644,7 @@ def test_tokenizer_fingerprint_is_stable_and_tells_tokenizers_apart(tokenizers, 
 
     assert tokenizer_fingerprint(AutoTokenizer.from_pretrained(str(tmp_path / "copy"))) == fp
     code = (
-        "import sys; from transformers import AutoTokenizer; from refdec.index import tokenizer_fingerprint; "
+        "import sys; from transformers import AutoTokenizer; from refdec.drafting.index import tokenizer_fingerprint; "
         "print(tokenizer_fingerprint(AutoTokenizer.from_pretrained(sys.argv[1])))"
     )
     env = dict(_subprocess_env(), PYTHONHASHSEED="12345")
@@ -686,7 +686,7 @@ _FAILING_SAVE_SCRIPT = textwrap.dedent(
     """
     import resource, signal, sys
     import numpy as np
-    from refdec.index import CorpusIndex
+    from refdec.drafting.index import CorpusIndex
 
     path, limit = sys.argv[1], int(sys.argv[2])
     big = CorpusIndex.build([np.arange(20000, dtype=np.int32) % 97], show_progress=False)
@@ -728,7 +728,7 @@ def test_save_into_a_missing_directory_raises_and_writes_nothing(tmp_path, built
 _SAVE_OVER_MAPPED_SCRIPT = textwrap.dedent(
     """
     import sys
-    from refdec.index import CorpusIndex
+    from refdec.drafting.index import CorpusIndex
 
     path = sys.argv[1]
     a = CorpusIndex.load(path)

@@ -1,4 +1,4 @@
-"""Specifies refdec.proposer by hand-drawn draft trees: what Proposer.propose returns in named
+"""Specifies refdec.drafting.proposer by hand-drawn draft trees: what Proposer.propose returns in named
 situations.
 
 Trees are drawn root-down; the root is the last context token (not a node).
@@ -14,7 +14,7 @@ import pytest
 from refdec import CorpusIndex, DraftTree, Proposer
 from refdec import _C
 from refdec._C import testing
-from refdec.proposer import SourceParams
+from refdec.drafting.proposer import SourceParams
 
 CONTEXT, REFERENCE, CORPUS = 0, 1, 2
 

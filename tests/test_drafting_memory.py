@@ -1,4 +1,4 @@
-"""refdec.memory (OutputMemory): past outputs draft for later requests, within a byte budget, per tenant."""
+"""refdec.drafting.memory (OutputMemory): past outputs draft for later requests, within a byte budget, per tenant."""
 
 from __future__ import annotations
 
@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 
 import refdec
-from refdec.memory import OutputMemory, automaton_bytes
-from refdec.proposer import Proposer
+from refdec.drafting.memory import OutputMemory, automaton_bytes
+from refdec.drafting.proposer import Proposer
 from tests.tiny_models import errors_in_threads, hf_greedy
 
 

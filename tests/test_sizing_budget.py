@@ -1,8 +1,8 @@
-"""Specifies refdec.budget, the draft-size policies: ``FixedBudget`` verifies what it asked for;
+"""Specifies refdec.sizing.budget, the draft-size policies: ``FixedBudget`` verifies what it asked for;
 ``AutoBudget`` ("auto") verifies the prefix of the drafted tree that maximises expected tokens per
 second under the model's cost curve, learns each node cell's acceptance from what was verified,
 and prices a batch's rows together (``batch_prefix_sizes``); from the steps' measured time it refits
-its cost curve (refdec.cost_model.LearntCost) and stops drafting for a request where drafting does
+its cost curve (refdec.sizing.cost_model.LearntCost) and stops drafting for a request where drafting does
 not pay, probing on a fixed schedule to come back (``PlainGuard``)."""
 
 from __future__ import annotations
@@ -12,12 +12,12 @@ import copy
 import numpy as np
 import pytest
 
-from refdec.acceptance import AcceptanceTable
-from refdec.budget import (AutoBudget, FixedBudget, PlainGuard, StepTime, batch_prefix_sizes, make_budget,
+from refdec.sizing.acceptance import AcceptanceTable
+from refdec.sizing.budget import (AutoBudget, FixedBudget, PlainGuard, StepTime, batch_prefix_sizes, make_budget,
                            packed_prefix_sizes, path_products, step_scores)
-from refdec.cost_curve import CostCurve, flat_curve
-from refdec.cost_model import LearntCost
-from refdec.tree import MAX_NODES, DraftTree
+from refdec.sizing.cost_curve import CostCurve, flat_curve
+from refdec.sizing.cost_model import LearntCost
+from refdec.drafting.tree import MAX_NODES, DraftTree
 
 # A steep CPU-like curve: every node adds 10% of a one-token forward.
 STEEP = CostCurve((0, 64), (1.0, 7.4))
@@ -313,9 +313,9 @@ def test_take_prefix_counts_skips_and_explores():
 
 
 def test_the_diagnostic_of_chosen_sizes_is_bounded(monkeypatch):
-    import refdec.budget
+    import refdec.sizing.budget
 
-    monkeypatch.setattr(refdec.budget, "CHOSEN_KEPT", 3)
+    monkeypatch.setattr(refdec.sizing.budget, "CHOSEN_KEPT", 3)
     budget = AutoBudget(flat_curve(), max_nodes=4)
     for n in range(10):
         budget.select(sure_chain(1 + n % 4))

@@ -1,4 +1,4 @@
-"""Specification of refdec.retrieval: shingles, MinHash signatures, de-duplication, top-k retrieval."""
+"""Specification of refdec.drafting.retrieval: shingles, MinHash signatures, de-duplication, top-k retrieval."""
 
 from __future__ import annotations
 
@@ -12,8 +12,8 @@ from datasketch import MinHash
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from refdec import retrieval
-from refdec.retrieval import DocumentSignatures, Retriever, deduplicate, shingles
+from refdec.drafting import retrieval
+from refdec.drafting.retrieval import DocumentSignatures, Retriever, deduplicate, shingles
 
 # ---------------------------------------------------------------------------
 # Corpus helpers

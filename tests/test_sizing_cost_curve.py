@@ -1,4 +1,4 @@
-"""Specifies refdec.cost_curve.CostCurve: seconds per verification forward against draft-tree
+"""Specifies refdec.sizing.cost_curve.CostCurve: seconds per verification forward against draft-tree
 size, linearly interpolated and extrapolated, with a lazy head's chunk cost; round-trips through
 JSON and refuses malformed points; the calibrations' shared plan (a warm-up round, then rounds in
 alternating order, the median of each size) and the check that refuses to cache a curve whose
@@ -10,7 +10,7 @@ import json
 
 import pytest
 
-from refdec.cost_curve import CostCurve, calibration_order, median_seconds, repeats_disagree
+from refdec.sizing.cost_curve import CostCurve, calibration_order, median_seconds, repeats_disagree
 
 
 def test_cost_curve_interpolates_and_extrapolates():

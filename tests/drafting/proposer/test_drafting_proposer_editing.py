@@ -1,4 +1,4 @@
-"""Specifies refdec.proposer's editing mode: the copy cursor re-synchronises drafts with the
+"""Specifies refdec.drafting.proposer's editing mode: the copy cursor re-synchronises drafts with the
 original file.
 
 Synthetic "files" are token lists. The true edited output is replayed through
@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 from refdec import Proposer
-from refdec.proposer import CursorParams
+from refdec.drafting.proposer import CursorParams
 
 REFERENCE = 1
 
@@ -237,7 +237,7 @@ def test_a_prompt_that_does_not_frame_the_reference_as_the_file_rewritten_gets_n
 
 
 def test_frames_reference_finds_the_file_after_the_prompt_s_closing_tokens():
-    from refdec.proposer import frames_reference
+    from refdec.drafting.proposer import frames_reference
 
     assert frames_reference(arr(EDIT_PROMPT), arr(ORIGINAL))
     assert frames_reference(arr(EDIT_PROMPT), arr(ORIGINAL[:3]))  # a reference shorter than the head
@@ -272,7 +272,7 @@ def test_bad_cursor_params_are_value_errors_naming_the_field(kwargs, message):
 ])
 def test_bad_source_params_are_value_errors_naming_the_field(kwargs, message):
     # a weight above 1 gave draft scores above 1, documented as probabilities
-    from refdec.proposer import SourceParams
+    from refdec.drafting.proposer import SourceParams
 
     with pytest.raises(ValueError, match=message):
         SourceParams(**kwargs)
