@@ -32,8 +32,8 @@ import numpy as np
 import torch
 
 import refdec
-from refdec.transformers.calibration import measure
 from refdec import DraftTree
+from refdec.transformers.calibration import measure
 
 # Published configurations (the fields that shape compute; the rest are transformers' defaults).
 CONFIGS = {

@@ -50,8 +50,8 @@ def main(argv=None) -> int:
 
     torch.set_num_threads(args.threads)
     from refdec import Proposer, SpeculativeDecoder
-    from refdec.transformers.calibration import auto_cost_curve
     from refdec.models import load_default
+    from refdec.transformers.calibration import auto_cost_curve
 
     model, tok = load_default()
     curve = auto_cost_curve(model)

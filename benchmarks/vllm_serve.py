@@ -340,8 +340,8 @@ class _StandInRunner:
 
 
 def drafting_cost(args) -> dict:
-    from refdec.vllm import proposer as vllm_proposer
     from refdec.models import load_tokenizer
+    from refdec.vllm import proposer as vllm_proposer
     from refdec.vllm import VllmProposer
 
     vllm_proposer.install_runner_hook = lambda: None  # in-process: no vLLM runner to hook
@@ -414,8 +414,8 @@ def replay(args) -> dict:
     exactly those outputs (vLLM's ngram function itself; refdec through its adapter)."""
     from vllm.v1.spec_decode.ngram_proposer import _find_longest_matched_ngram_and_propose_tokens as ngram_draft
 
-    from refdec.vllm import proposer as vllm_proposer
     from refdec.models import load_tokenizer
+    from refdec.vllm import proposer as vllm_proposer
     from refdec.vllm import VllmProposer
 
     vllm_proposer.install_runner_hook = lambda: None

@@ -532,6 +532,7 @@ PYBIND11_MODULE(_C, m) {
         return out;
       },
       "{source name: SourceParams}: each source's default confidence (new copies on every call).");
+  m.attr("MAX_NODES") = kMaxNodes;
   m.attr("LOOP_DECAY") = shortest_double(kLoopDecay);
   m.attr("EDITING_LOOP_DECAY") = shortest_double(kEditingLoopDecay);
 

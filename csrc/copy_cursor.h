@@ -64,8 +64,8 @@ struct CursorParams {
   // candidate's aligned run r: 1 - (1 - depth_decay) * 4 / (4 + r). 1 = off
   // (the default: the per-source survival below replaces it).
   float depth_decay = 1.0f;
-  // Levels that decay at a budget of 64 nodes, in proportion to the budget
-  // (max_nodes * decay_levels / 64, at least 1): depth_decay^min(depth, levels).
+  // Levels that decay at a budget of kMaxNodes (64) nodes, in proportion to the
+  // budget (max_nodes * decay_levels / kMaxNodes, at least 1): depth_decay^min(depth, levels).
   int32_t decay_levels = 16;
   // Per-source survival while the cursor is on (DraftSource::hazard_power),
   // 0 = off: a suffix-match source's path score at depth d is multiplied by

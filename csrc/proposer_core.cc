@@ -139,7 +139,7 @@ void ProposerCore::propose(int32_t max_nodes, DraftResult* out) {
   int32_t levels = 1 << 30;
   for (const MatchedSource& m : matched_)
     if (m.cursor) {
-      const int64_t scaled = static_cast<int64_t>(m.cursor->params().decay_levels) * max_nodes / 64;
+      const int64_t scaled = static_cast<int64_t>(m.cursor->params().decay_levels) * max_nodes / kMaxNodes;
       levels = static_cast<int32_t>(std::min<int64_t>(levels, std::max<int64_t>(1, scaled)));
     }
   builder_.set_depth_decay(decay, levels);

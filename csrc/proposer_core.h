@@ -23,6 +23,10 @@ namespace refdec {
 // less, and from longer matches (a short match in a large corpus says little);
 // earlier requests' outputs (refdec.OutputMemory) as a corpus, until the
 // acceptance table has learnt their own rate.
+// The most nodes a step verifies per row by default, and the deepest a draft goes
+// (refdec.drafting.tree.MAX_NODES reads it: refdec._C.MAX_NODES); the copy
+// cursor's decay_levels are stated for a budget of this many nodes.
+inline constexpr int32_t kMaxNodes = 64;
 inline constexpr SourceParams kContextParams{};  // weight 1, half_len 2
 inline constexpr SourceParams kReferenceParams{};
 inline constexpr SourceParams kCorpusParams{0.9f, 4.0f};

@@ -19,12 +19,12 @@ _EXPORTS = {
 __all__ = list(_EXPORTS)
 
 if TYPE_CHECKING:
-    from refdec.engine.decoder import SpeculativeDecoder, generate
-    from refdec.engine.results import DecodingStats, GenerateOutput
     from refdec.drafting.index import ContextIndex, CorpusIndex, IndexFormatError, ShardedIndex
     from refdec.drafting.memory import OutputMemory
     from refdec.drafting.proposer import Drafter, Proposer
     from refdec.drafting.tree import DraftBatch, DraftTree
+    from refdec.engine.decoder import SpeculativeDecoder, generate
+    from refdec.engine.results import DecodingStats, GenerateOutput
 
 
 def __getattr__(name: str):

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from refdec.transformers.hybrid.paths import tree_paths
 from refdec.drafting.tree import DraftTree
+from refdec.transformers.hybrid.paths import tree_paths
 
 # node parents (-1 = a child of the root): branches at depths 1 and 2, a chain of four
 PARENTS = [-1, 0, 1, -1, 3, 1, 5, 2]

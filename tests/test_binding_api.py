@@ -116,6 +116,9 @@ def test_the_drafting_defaults_are_stated_once_in_cpp_and_a_proposer_uses_them()
                                           "corpus": SourceParams(weight=0.9, half_len=4.0),
                                           "memory": SourceParams(weight=0.9, half_len=4.0)}
     assert (_C.LOOP_DECAY, _C.EDITING_LOOP_DECAY) == (0.7, 1.0)
+    from refdec.drafting.tree import MAX_NODES
+
+    assert MAX_NODES == _C.MAX_NODES == 64  # kMaxNodes: the node cap, stated once in C++
     assert DEFAULT_PARAMS == _C.default_source_params() and DEFAULT_PARAMS is not _C.default_source_params()
     assert Proposer().params == DEFAULT_PARAMS and Proposer().loop_decay == _C.LOOP_DECAY
     assert Proposer(cursor=True).loop_decay == _C.EDITING_LOOP_DECAY

@@ -13,8 +13,8 @@ from hypothesis import given, settings, strategies as st
 from drawn_trees import FORK_PARENTS, BEST_FIRST_TREE, random_tree
 from refdec.engine.accept import (accept_walk, accept_walk_lazy, accept_walk_steps, accept_walks_on_device,
                                   first_child_rows, walks_from_device)
-from refdec.transformers.masks import MaskSpec, device_tree_inputs
 from refdec.drafting.tree import DraftTree
+from refdec.transformers.masks import MaskSpec, device_tree_inputs
 
 
 def test_walk_descends_the_branch_that_matches_the_targets():

@@ -12,10 +12,10 @@ import pytest
 import torch
 
 import refdec
-from refdec.engine.drafts import drop_out_of_vocab
 from refdec.drafting.index import CorpusIndex
 from refdec.drafting.proposer import Proposer
 from refdec.drafting.tree import DraftTree
+from refdec.engine.drafts import drop_out_of_vocab
 from tiny_models import (FAMILIES, VOCAB, cached_model, hf_greedy, lookup_factory, repetitive_prompts, tiers,
                          tiny_gemma3, tiny_llama)
 

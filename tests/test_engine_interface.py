@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 import torch
 
+from refdec.drafting.tree import DraftTree
 from refdec.engine import interface
 from refdec.engine.interface import Backend, RunningBatch, SampledRule, target_rule
 from refdec.engine.processors import PathLogitsProcessor
@@ -23,7 +24,6 @@ from refdec.engine.results import DecodingStats
 from refdec.engine.sampling import TargetSampler
 from refdec.engine.stops import StopChecker
 from refdec.transformers.backend import TransformersBackend
-from refdec.drafting.tree import DraftTree
 
 ENGINE = Path(interface.__file__).resolve().parent
 

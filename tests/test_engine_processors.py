@@ -15,8 +15,8 @@ from transformers.generation.logits_process import (
     SuppressTokensLogitsProcessor)
 
 import refdec
-from refdec.engine.processors import PathLogitsProcessor, banned_ngram_tokens, path_tokens
 from refdec.drafting.tree import DraftTree
+from refdec.engine.processors import PathLogitsProcessor, banned_ngram_tokens, path_tokens
 from tiny_models import hf_greedy, repetitive_prompts, tiers, tiny_gemma3, tiny_llama
 
 NEW = 40

@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 
 import refdec
-from refdec.engine.results import DecodingStats, GenerateOutput
 from refdec.drafting.tree import DraftTree
+from refdec.engine.results import DecodingStats, GenerateOutput
 from tiny_models import lookup_factory, repetitive_prompts
 
 

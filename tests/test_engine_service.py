@@ -173,3 +173,13 @@ def test_each_request_starts_from_the_acceptance_the_earlier_ones_learnt(decoder
         again, stats_again = second.result(60)
     assert learnt > 0 and tokens == again == reference
     assert stats_again.forward_passes < stats.forward_passes
+
+
+def test_the_service_answers_what_a_front_end_needs_of_its_model(decoder):
+    service = DecodingService(decoder)
+    try:
+        eos = decoder.backend.generation_config.eos_token_id
+        assert service.eos_token_ids == ({eos} if isinstance(eos, int) else set(eos or ()))
+        assert service.tokenizer is decoder.tokenizer and service.index is decoder.index
+    finally:
+        service.close()

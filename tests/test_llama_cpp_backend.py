@@ -19,10 +19,10 @@ import torch
 llama_cpp = pytest.importorskip("llama_cpp")
 
 import refdec  # noqa: E402
+from refdec.drafting.tree import DraftTree  # noqa: E402
 from refdec.llama_cpp.api import LlamaDecodeError  # noqa: E402
 from refdec.llama_cpp.backend import LlamaCppBackend, prefix_with_leaves, tree_layout  # noqa: E402
 from refdec.llama_cpp.plain import plain_greedy  # noqa: E402
-from refdec.drafting.tree import DraftTree  # noqa: E402
 from benchmarks.random_gguf import VOCAB  # noqa: E402
 
 pytestmark = pytest.mark.llama

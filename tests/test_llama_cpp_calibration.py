@@ -18,9 +18,9 @@ import pytest
 
 llama_cpp = pytest.importorskip("llama_cpp")
 
-from refdec.sizing.cost_curve import CostCurve  # noqa: E402
 from refdec.llama_cpp import calibration  # noqa: E402
 from refdec.llama_cpp.backend import LlamaCppBackend  # noqa: E402
+from refdec.sizing.cost_curve import CostCurve  # noqa: E402
 
 pytestmark = pytest.mark.llama
 

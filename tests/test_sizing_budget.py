@@ -15,9 +15,9 @@ import pytest
 from refdec.sizing.acceptance import AcceptanceTable
 from refdec.sizing.budget import (AutoBudget, FixedBudget, PlainGuard, StepTime, batch_prefix_sizes, make_budget,
                            packed_prefix_sizes, path_products, step_scores)
+from refdec.drafting.tree import MAX_NODES, DraftTree
 from refdec.sizing.cost_curve import CostCurve, flat_curve
 from refdec.sizing.cost_model import LearntCost
-from refdec.drafting.tree import MAX_NODES, DraftTree
 
 # A steep CPU-like curve: every node adds 10% of a one-token forward.
 STEEP = CostCurve((0, 64), (1.0, 7.4))

@@ -12,11 +12,11 @@ import numpy as np
 import pytest
 import torch
 
+from refdec.drafting.index import CorpusIndex
+from refdec.drafting.proposer import Proposer
 from refdec.sizing.acceptance import AcceptanceTable
 from refdec.sizing.budget import AutoBudget
 from refdec.sizing.cost_curve import CostCurve
-from refdec.drafting.index import CorpusIndex
-from refdec.drafting.proposer import Proposer
 from refdec.tokens import MAX_TOKEN_ID, as_token_ids, check_int, is_int
 from refdec.transformers.cache import new_cache, set_prefill_window
 from refdec.vllm.options import speculative_config

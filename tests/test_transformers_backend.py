@@ -18,8 +18,8 @@ from refdec.engine.requests import Request
 from refdec.engine.results import DecodingStats
 from refdec.engine.stops import StopChecker
 import refdec.transformers.backend as backend_module
-from refdec.transformers.backend import TransformersBackend
 from refdec.drafting.tree import DraftTree
+from refdec.transformers.backend import TransformersBackend
 from tiny_models import VOCAB, hf_greedy, repetitive_prompts
 
 

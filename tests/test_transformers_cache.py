@@ -17,8 +17,8 @@ from drawn_trees import FORK_PARENTS
 from kv_labels import append, labels_of, labelled_cache
 from refdec.transformers.cache import (GrowingLayer, append_rows, gather_slots, layer_buffers, make_static, new_cache,
                                  select_rows, set_lengths, set_prefill_window, static_buffers)
-from refdec.transformers.model_support import mask_spec_for
 from refdec.drafting.tree import DraftTree
+from refdec.transformers.model_support import mask_spec_for
 from tiny_models import one_tree_inputs
 
 

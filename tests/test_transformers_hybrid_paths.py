@@ -7,8 +7,8 @@ import numpy as np
 import pytest
 
 from hybrid_trees import path_of, paths_of
-from refdec.transformers.hybrid.paths import tree_paths
 from refdec.drafting.tree import DraftTree
+from refdec.transformers.hybrid.paths import tree_paths
 
 
 def test_ancestors_and_depths_are_each_rows_path():

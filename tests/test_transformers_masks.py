@@ -18,8 +18,8 @@ from drawn_trees import (CHAIN3_ANC, CHAIN3_PARENTS, FORK_ANC, FORK_DEPTH, FORK_
 from refdec.transformers.cache import new_cache
 from refdec.transformers.masks import (MASK_ROW_ALIGN, MaskSpec, ancestor_matrix, device_tree_inputs,
                                  tree_step_inputs)
-from refdec.transformers.model_support import mask_spec_for
 from refdec.drafting.tree import DraftTree
+from refdec.transformers.model_support import mask_spec_for
 from tiny_models import FAMILIES, one_tree_inputs
 
 

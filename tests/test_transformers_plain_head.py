@@ -10,10 +10,10 @@ import torch
 
 import tiny_models
 from tiny_models import one_tree_inputs
+from refdec.drafting.tree import DraftTree
 from refdec.transformers.cache import new_cache
 from refdec.transformers.model_support import cache_kwarg, mask_spec_for
 from refdec.transformers.plain_head import split_forward_fn
-from refdec.drafting.tree import DraftTree
 
 
 @pytest.mark.parametrize("name", tiny_models.family_params())

@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 
 from refdec import vllm as rv
-from refdec.sizing.acceptance import AcceptanceTable
 from refdec.drafting.tree import DraftTree
+from refdec.sizing.acceptance import AcceptanceTable
 from refdec.vllm import chain as vllm_chain
 
 

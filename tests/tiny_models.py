@@ -22,8 +22,8 @@ import pytest
 import torch
 from transformers.generation.streamers import BaseStreamer
 
-from refdec.transformers.masks import tree_step_inputs
 from refdec.drafting.tree import DraftTree
+from refdec.transformers.masks import tree_step_inputs
 
 VOCAB = 96
 INIT = 0.02

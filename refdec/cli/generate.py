@@ -26,6 +26,7 @@ import sys
 from refdec import gguf_files
 from refdec.cli.common import (add_model_arguments, check_input_file, draft_tokens, jsonl_lines, load_model_arg,
                                read_text_file, set_threads)
+from refdec.engine.defaults import MAX_NEW_TOKENS
 
 
 def register(subparsers) -> None:
@@ -51,8 +52,8 @@ def register(subparsers) -> None:
     p.add_argument("--retrieve", type=int, default=0, metavar="K",
                    help="also draft from the K documents of --index most similar to the prompt "
                         "(needs the MinHash signatures `refdec index build` stores in it; default 0)")
-    p.add_argument("--max-new-tokens", type=int, default=256, metavar="N",
-                   help="tokens to generate at most (default 256)")
+    p.add_argument("--max-new-tokens", type=int, default=MAX_NEW_TOKENS, metavar="N",
+                   help="tokens to generate at most (default %(default)s)")
     p.add_argument("--sample", action="store_true", help="sample instead of greedy decoding")
     p.add_argument("--temperature", type=float, default=None, metavar="T", help="with --sample (default 1.0)")
     p.add_argument("--top-k", type=int, default=None, metavar="K",

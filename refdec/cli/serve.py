@@ -20,13 +20,14 @@ import sys
 from pathlib import Path
 
 from refdec import gguf_files
-from refdec.cli.common import add_model_arguments, check_input_file, is_gguf, load_model_arg, set_threads
-from refdec.serve.corpora import CorpusRegistry, parse_index_argument
+from refdec.cli.common import GGUF_CONTEXT, add_model_arguments, check_input_file, is_gguf, load_model_arg, set_threads
 from refdec.drafting.tree import MAX_NODES
+from refdec.engine.defaults import MAX_CONCURRENT, MAX_WAITING, PREFIX_CACHE_ENTRIES
+from refdec.serve.corpora import CorpusRegistry, parse_index_argument
 
 SERVE_INSTALL_HINT = "pip install 'refdec[serve]'"
 API_KEY_ENV = "REFDEC_API_KEY"
-DEFAULT_CONTEXT = 8192  # tokens per request: prompt + completion
+DEFAULT_CONTEXT = GGUF_CONTEXT  # tokens per request: prompt + completion
 
 
 def register(subparsers) -> None:
@@ -49,16 +50,16 @@ def register(subparsers) -> None:
                         "`prediction` only for ids they allow-list")
     p.add_argument("--api-key", default=None, metavar="KEY",
                    help=f"require 'Authorization: Bearer KEY' (default: ${API_KEY_ENV} when set, else none)")
-    p.add_argument("--max-concurrent", type=int, default=4, metavar="N",
-                   help="requests decoding together in one batch (default: 4)")
-    p.add_argument("--max-waiting", type=int, default=64, metavar="N",
-                   help="requests queued behind them before the server answers 503 (default: 64)")
+    p.add_argument("--max-concurrent", type=int, default=MAX_CONCURRENT, metavar="N",
+                   help="requests decoding together in one batch (default: %(default)s)")
+    p.add_argument("--max-waiting", type=int, default=MAX_WAITING, metavar="N",
+                   help="requests queued behind them before the server answers 503 (default: %(default)s)")
     p.add_argument("--ctx", type=int, default=DEFAULT_CONTEXT, metavar="N",
                    help=f"tokens per request, prompt and completion together (default: {DEFAULT_CONTEXT})")
-    p.add_argument("--prefix-cache", type=int, default=4, metavar="N",
+    p.add_argument("--prefix-cache", type=int, default=PREFIX_CACHE_ENTRIES, metavar="N",
                    help="finished requests whose KV cache is kept, so that a prompt beginning as one of theirs "
                         "did (the same file or system prompt, a chat's earlier turns) is not prefilled again "
-                        "(default: 4; 0: none)")
+                        "(default: %(default)s; 0: none)")
     p.add_argument("--threads", type=int, default=None, metavar="N",
                    help="CPU threads, llama.cpp's or torch's (default: one per core)")
     p.add_argument("--no-implicit-reference", action="store_true",

@@ -62,8 +62,8 @@ from tqdm.auto import tqdm
 
 from refdec import _C
 from refdec.atomic import atomic_write
-from refdec.tokens import MAX_TOKEN_ID, as_token_ids, check_int, is_int
 from refdec.drafting.retrieval import DocumentSignatures, Retriever, deduplicate
+from refdec.tokens import MAX_TOKEN_ID, as_token_ids, check_int, is_int
 
 __all__ = ["IndexFormatError", "tokenizer_fingerprint", "CorpusIndex", "ContextIndex", "ShardedIndex"]
 

@@ -40,10 +40,14 @@ import numpy as np
 from refdec import _C
 from refdec._C import CursorParams, SourceParams
 from refdec.drafting.index import ContextIndex, CorpusIndex, ShardedIndex
-from refdec.tokens import as_token_ids, check_int, is_int
 from refdec.drafting.tree import MAX_NODES, DraftBatch, DraftTree
+from refdec.tokens import as_token_ids, check_int, is_int
 
-__all__ = ["CursorParams", "Drafter", "Proposer", "SourceParams"]
+__all__ = ["CursorParams", "Drafter", "Proposer", "SourceParams", "SOURCE_NAMES"]
+
+# the draft sources, by id (DraftTree.source_ids): the names every report and the acceptance table use
+SOURCE_NAMES = ("context", "reference", "corpus", "memory")
+CONTEXT, REFERENCE, CORPUS, MEMORY = range(len(SOURCE_NAMES))
 
 # CursorParams and SourceParams are the C++ structs (csrc/copy_cursor.h, csrc/draft_tree.h, which
 # document every field, its default and its range), bound with checked read-write fields.
@@ -134,7 +138,7 @@ class Proposer:
     Not thread-safe: one Proposer per concurrent request (the CorpusIndex may be shared).
     """
 
-    source_names: tuple[str, ...] = ("context", "reference", "corpus", "memory")
+    source_names: tuple[str, ...] = SOURCE_NAMES
 
     def __init__(self, index: CorpusIndex | ShardedIndex | None = None, references: list[np.ndarray] | None = None, *,
                  max_depth: int = MAX_NODES, params: dict[str, SourceParams] | None = None,
@@ -183,26 +187,26 @@ class Proposer:
         core = _C.ProposerCore(self.max_depth)
         core.set_backoff(self.backoff, self.min_backoff_len)
         self._context = ContextIndex()
-        core.set_context(self._context.automaton, self.params["context"], 0, self.loop_decay)
+        core.set_context(self._context.automaton, self.params["context"], CONTEXT, self.loop_decay)
         self._reference_sam = None
         if self._references:
             sam = _C.SuffixAutomaton()
             for ref in self._references:
                 sam.add_document(ref)
             self._reference_sam = sam
-            core.add_matcher_source(sam, self.params["reference"], 1)
+            core.add_matcher_source(sam, self.params["reference"], REFERENCE)
             if self.cursor is not None and sam.num_tokens > 0:
                 cursor = self.cursor
                 first = next(ref for ref in self._references if len(ref))
                 if cursor.start_run > 0 and not frames_reference(prompt, first):
                     cursor = cursor.replace(start_run=0)
-                core.set_cursor(1, cursor)
+                core.set_cursor(REFERENCE, cursor)
         if isinstance(self.index, ShardedIndex):
-            core.add_matcher_source(self.index.automata, self.params["corpus"], 2)
+            core.add_matcher_source(self.index.automata, self.params["corpus"], CORPUS)
         elif self.index is not None:
-            core.add_matcher_source(self.index.automaton, self.params["corpus"], 2)
+            core.add_matcher_source(self.index.automaton, self.params["corpus"], CORPUS)
         if self._memory:
-            core.add_matcher_source(self._memory, self.params["memory"], 3)
+            core.add_matcher_source(self._memory, self.params["memory"], MEMORY)
         core.feed(prompt)
         core.start_output()
         self._core = core
@@ -280,12 +284,12 @@ class Proposer:
     def cursor_state(self) -> dict[str, int]:
         """Editing mode: ``{"align", "run", "anchor"}`` of the reference copy cursor
         (token positions in the concatenated references; -1 = none)."""
-        state = self._require_started().cursor_state(1)
+        state = self._require_started().cursor_state(REFERENCE)
         return {"align": state.align, "run": state.run, "anchor": state.anchor}
 
     def cursor_candidates(self) -> list[tuple[int, int, float]]:
         """Editing mode: the cursor's candidates ``(token_pos, match, weight)``, best first."""
-        return [(c.pos, c.match, c.weight) for c in self._require_started().cursor_candidates(1)]
+        return [(c.pos, c.match, c.weight) for c in self._require_started().cursor_candidates(REFERENCE)]
 
     @property
     def context(self) -> ContextIndex | None:

@@ -27,10 +27,13 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from refdec import _C
+
 # The most nodes a step verifies per row by default, and the deepest a draft goes: the "auto"
 # budget's max_nodes, the proposer's and the decoder's max_depth, the llama.cpp backend's tree,
 # the largest size the calibrations measure. Past it a CPU step costs more than its tokens gain.
-MAX_NODES = 64
+# Stated in C++ (csrc/proposer_core.h, kMaxNodes), whose copy cursor is tuned for it.
+MAX_NODES = _C.MAX_NODES
 
 
 def _derive_depths(parents: np.ndarray) -> np.ndarray:

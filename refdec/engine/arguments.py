@@ -20,10 +20,10 @@ from typing import Any, Callable
 import numpy as np
 import torch
 
-from refdec.sizing.budget import Budget, make_budget
+from refdec.drafting.index import CorpusIndex, ShardedIndex, tokenizer_fingerprint
 from refdec.engine.processors import PathLogitsProcessor
 from refdec.engine.sampling import random_seed
-from refdec.drafting.index import CorpusIndex, ShardedIndex, tokenizer_fingerprint
+from refdec.sizing.budget import Budget, make_budget
 from refdec.tokens import as_token_ids, check_int, is_int
 
 __all__ = ["GenerateArguments", "check_index_tokenizer", "eos_ids", "is_batched_input", "logits_processor",

@@ -31,25 +31,27 @@ import time
 import numpy as np
 import torch
 
-from refdec.sizing.acceptance import AcceptanceTable
-from refdec.sizing.budget import AutoBudget, Budget
-from refdec.sizing.cost_model import LearntCost
+from refdec.drafting.memory import OutputMemory, as_memory
+from refdec.drafting.proposer import Drafter, Proposer
+from refdec.drafting.tree import MAX_NODES
 from refdec.engine import engine
 from refdec.engine.arguments import GenerateArguments, parse_arguments
+from refdec.engine.defaults import MAX_NEW_TOKENS, PREFIX_CACHE_ENTRIES
 from refdec.engine.interface import Backend
 from refdec.engine.requests import Request
 from refdec.engine.results import DecodingStats, GenerateOutput
 from refdec.engine.sampling import TargetSampler
 from refdec.engine.stops import StopChecker
-from refdec.drafting.memory import OutputMemory, as_memory
-from refdec.drafting.proposer import Drafter, Proposer
+from refdec.sizing.acceptance import AcceptanceTable
+from refdec.sizing.budget import AutoBudget, Budget
+from refdec.sizing.cost_model import LearntCost
 from refdec.tokens import check_int, is_int
-from refdec.drafting.tree import MAX_NODES
 
 __all__ = ["SpeculativeDecoder", "generate", "make_backend"]
 
 
-def make_backend(model, *, cuda_graphs: bool = False, max_rows: int = 1, prefix_cache: int = 4) -> Backend:
+def make_backend(model, *, cuda_graphs: bool = False, max_rows: int = 1,
+                 prefix_cache: int = PREFIX_CACHE_ENTRIES) -> Backend:
     """The engine backend for ``model`` (each imported only when used): a ``llama_cpp.Llama``
     runs on llama.cpp (refdec.llama_cpp.backend), anything else must be a transformers causal LM
     (refdec.transformers.backend). ``cuda_graphs``: the transformers backend's fixed-shape
@@ -163,7 +165,7 @@ class SpeculativeDecoder:
 
     def __init__(self, model, tokenizer=None, index=None, *, max_depth: int = MAX_NODES, proposer_factory=None,
                  prefill_chunk: int | None = 512, cuda_graphs: bool = False, max_rows: int = 1,
-                 backend: Backend | None = None, prefix_cache: int = 4, memory: OutputMemory | None = None) -> None:
+                 backend: Backend | None = None, prefix_cache: int = PREFIX_CACHE_ENTRIES, memory: OutputMemory | None = None) -> None:
         self.max_depth = check_int("max_depth", max_depth, 1)  # the engine's depth limit too, whatever the drafter
         check_int("max_rows", max_rows, 1)
         check_int("prefix_cache", prefix_cache, 0)
@@ -202,7 +204,8 @@ class SpeculativeDecoder:
         return self.backend.device
 
     @torch.inference_mode()
-    def generate(self, input_ids, *, tokenizer=None, index=None, references=None, max_new_tokens: int = 256,
+    def generate(self, input_ids, *, tokenizer=None, index=None, references=None,
+                 max_new_tokens: int = MAX_NEW_TOKENS,
                  do_sample: bool = False, temperature: float = 1.0, top_k: int | None = None,
                  top_p: float | None = None, seed: int | None = None, eos_token_id=None, stop_strings=None,
                  streamer=None, max_draft_tokens="auto", attention_mask=None, pad_token_id=None,
@@ -369,7 +372,7 @@ def _remembering(memory: OutputMemory, tenant, on_done):
     return done
 
 
-def generate(model, input_ids, *, tokenizer=None, index=None, references=None, max_new_tokens: int = 256,
+def generate(model, input_ids, *, tokenizer=None, index=None, references=None, max_new_tokens: int = MAX_NEW_TOKENS,
              do_sample: bool = False, temperature: float = 1.0, top_k: int | None = None,
              top_p: float | None = None, seed: int | None = None, eos_token_id=None, stop_strings=None,
              streamer=None, max_draft_tokens="auto", proposer_factory=None, attention_mask=None,

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from refdec.sizing.budget import Budget
 from refdec.drafting.proposer import Drafter
 from refdec.drafting.tree import DraftTree, keep_nodes, prune_to_depth
+from refdec.sizing.budget import Budget
 
 __all__ = ["draft_for_step", "drop_out_of_vocab"]
 

@@ -38,13 +38,13 @@ import time
 
 import numpy as np
 
-from refdec.sizing.budget import Budget, StepTime
+from refdec.drafting.tree import DraftTree
 from refdec.engine.drafts import draft_for_step
 from refdec.engine.interface import Backend, PrefillCancelled, PrefillSteps, RunningBatch, target_rule
 from refdec.engine.requests import Request
 from refdec.engine.results import DecodingStats
 from refdec.engine.scheduler import Scheduler
-from refdec.drafting.tree import DraftTree
+from refdec.sizing.budget import Budget, StepTime
 
 __all__ = ["Engine", "run"]
 

@@ -21,11 +21,11 @@ from typing import Callable, Generator, Protocol
 import numpy as np
 import torch
 
-from refdec.sizing.cost_curve import CostCurve
+from refdec.drafting.tree import DraftTree
 from refdec.engine.processors import path_tokens
 from refdec.engine.requests import Request
 from refdec.engine.sampling import TargetSampler
-from refdec.drafting.tree import DraftTree
+from refdec.sizing.cost_curve import CostCurve
 
 __all__ = ["Backend", "PrefillCancelled", "PrefillSteps", "RunningBatch", "SampledRule", "TargetRule", "Verified",
            "run_steps", "target_rule"]

@@ -18,6 +18,8 @@ from typing import Generic, TypeVar
 
 import numpy as np
 
+from refdec.tokens import check_int
+
 __all__ = ["CachedPrefix", "PrefixCache", "common_prefix"]
 
 Handle = TypeVar("Handle")
@@ -49,10 +51,9 @@ class PrefixCache(Generic[Handle]):
     after its last token, which cannot be cut back to a shorter prefix)."""
 
     def __init__(self, max_entries: int, max_size: int | None = None, *, whole: bool = False) -> None:
-        if not isinstance(max_entries, int) or isinstance(max_entries, bool) or max_entries < 0:
-            raise ValueError(f"max_entries must be an int >= 0, got {max_entries!r}")
-        if max_size is not None and (not isinstance(max_size, int) or isinstance(max_size, bool) or max_size < 0):
-            raise ValueError(f"max_size must be an int >= 0 or None, got {max_size!r}")
+        max_entries = check_int("max_entries", max_entries, 0)
+        if max_size is not None:
+            max_size = check_int("max_size", max_size, 0)
         self.max_entries = max_entries
         self.max_size = max_size
         self.whole = bool(whole)

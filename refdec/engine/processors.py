@@ -17,8 +17,8 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from refdec.tokens import is_int
 from refdec.drafting.tree import DraftTree
+from refdec.tokens import is_int
 
 __all__ = ["PathLogitsProcessor", "path_tokens"]
 

@@ -7,12 +7,12 @@ from typing import Callable
 
 import numpy as np
 
-from refdec.sizing.budget import Budget
+from refdec.drafting.proposer import Drafter
 from refdec.engine.processors import PathLogitsProcessor
 from refdec.engine.results import DecodingStats
 from refdec.engine.sampling import TargetSampler
 from refdec.engine.stops import StopChecker
-from refdec.drafting.proposer import Drafter
+from refdec.sizing.budget import Budget
 
 __all__ = ["Request"]
 

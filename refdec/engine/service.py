@@ -26,9 +26,11 @@ import time
 from dataclasses import dataclass, field
 
 from refdec.engine.arguments import parse_arguments
+from refdec.engine.defaults import MAX_CONCURRENT, MAX_NEW_TOKENS, MAX_WAITING
 from refdec.engine.engine import Engine
 from refdec.engine.requests import Request
 from refdec.engine.results import DecodingStats
+from refdec.tokens import check_int
 
 __all__ = ["DecodingService", "ServiceBusy", "ServiceClosed", "Ticket", "TicketEvent"]
 
@@ -130,11 +132,9 @@ class DecodingService:
     an ``"auto"`` budget's cost curve is measured (or read) here, before the first request.
     """
 
-    def __init__(self, decoder, *, max_concurrent: int = 4, max_waiting: int = 64) -> None:
-        if not isinstance(max_concurrent, int) or max_concurrent < 1:
-            raise ValueError(f"max_concurrent must be an int >= 1, got {max_concurrent!r}")
-        if not isinstance(max_waiting, int) or max_waiting < 0:
-            raise ValueError(f"max_waiting must be an int >= 0, got {max_waiting!r}")
+    def __init__(self, decoder, *, max_concurrent: int = MAX_CONCURRENT, max_waiting: int = MAX_WAITING) -> None:
+        max_concurrent = check_int("max_concurrent", max_concurrent, 1)
+        max_waiting = check_int("max_waiting", max_waiting, 0)
         self.decoder = decoder
         self.max_concurrent = max_concurrent
         self.max_waiting = max_waiting
@@ -152,7 +152,7 @@ class DecodingService:
 
     # -- any thread
 
-    def submit(self, prompt, *, on_event=None, references=None, max_new_tokens: int = 256, do_sample: bool = False,
+    def submit(self, prompt, *, on_event=None, references=None, max_new_tokens: int = MAX_NEW_TOKENS, do_sample: bool = False,
                temperature: float = 1.0, top_p: float | None = None, top_k: int | None = None,
                min_p: float | None = None, seed: int | None = None, stop_strings=None, eos_token_id=None,
                max_draft_tokens="auto", tenant=None, index=DECODER_INDEX, **logits_settings) -> Ticket:
@@ -192,6 +192,22 @@ class DecodingService:
                 self._incoming.append(ticket)
                 self._wakeup.notify()
         return ticket
+
+    @property
+    def tokenizer(self):
+        """The decoder's tokenizer: what the requests' token ids mean."""
+        return self.decoder.tokenizer
+
+    @property
+    def eos_token_ids(self) -> set[int]:
+        """The model's end-of-sequence token ids (its generation config's; empty when it has none)."""
+        eos = self.decoder.backend.generation_config.eos_token_id
+        return set() if eos is None else {int(eos)} if isinstance(eos, int) else {int(t) for t in eos}
+
+    @property
+    def index(self):
+        """The corpus index a request drafts from unless it names another (the decoder's; None: none)."""
+        return self.decoder.index
 
     @property
     def pending(self) -> int:

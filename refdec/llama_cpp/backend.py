@@ -49,13 +49,14 @@ from types import SimpleNamespace
 import numpy as np
 import torch
 
+from refdec.drafting.tree import MAX_NODES, DraftTree, keep_nodes
 from refdec.engine.accept import accept_walk_steps
+from refdec.engine.defaults import PREFIX_CACHE_ENTRIES
 from refdec.engine.interface import PrefillCancelled, Verified
 from refdec.engine.prefix_cache import PrefixCache
 from refdec.llama_cpp.api import MAX_SEQUENCES, LlamaDecodeError, TreeContext, is_recurrent
 from refdec.llama_cpp.calibration import auto_cost_curve
 from refdec.llama_cpp.tokenizer import GgufTokenizer
-from refdec.drafting.tree import MAX_NODES, DraftTree, keep_nodes
 
 __all__ = ["MAX_RECURRENT_CHAIN", "LlamaCppBackend", "LlamaRunningBatch", "best_path", "tree_layout"]
 
@@ -190,7 +191,7 @@ class LlamaCppBackend:
     ``n_ctx``, which every running row and kept sequence shares."""
 
     def __init__(self, llm, *, max_tree: int = MAX_NODES, n_seq_max: int | None = None, max_rows: int = 1,
-                 prefix_cache: int = 4) -> None:
+                 prefix_cache: int = PREFIX_CACHE_ENTRIES) -> None:
         self.llm = llm
         # recurrent layers: one chain per row in its base sequence, its rejected tail rolled back (module docstring)
         self.recurrent = is_recurrent(llm.model)

@@ -28,8 +28,9 @@ from pydantic import ValidationError
 from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from refdec.engine.service import CANCELLED, DecodingService, ServiceBusy, ServiceClosed
 from refdec.drafting.index import CorpusIndex
+from refdec.drafting.proposer import CORPUS, MEMORY, REFERENCE, SOURCE_NAMES
+from refdec.engine.service import CANCELLED, DecodingService, ServiceBusy, ServiceClosed
 from refdec.serve.corpora import CorpusRegistry
 from refdec.serve.implicit import implicit_reference
 from refdec.serve.protocol import (ApiError, ChatCompletionRequest, CompletionRequest, CorpusCreateRequest,
@@ -39,9 +40,9 @@ from refdec.serve.text import TextStream
 __all__ = ["DEFAULT_MAX_BODY_BYTES", "create_app"]
 
 DEFAULT_MAX_BODY_BYTES = 8 << 20  # a request body's limit: a large source file and its prediction fit
-PREDICTION_SOURCE = "reference"  # the draft source that a request's prediction feeds (refdec.drafting.proposer)
-MEMORY_SOURCE = "memory"  # the draft source of earlier requests' outputs (refdec.drafting.memory)
-CORPUS_SOURCE = "corpus"  # the draft source of the request's corpus (refdec.serve.corpora)
+PREDICTION_SOURCE = SOURCE_NAMES[REFERENCE]  # the draft source that a request's prediction feeds
+MEMORY_SOURCE = SOURCE_NAMES[MEMORY]  # earlier requests' outputs (refdec.drafting.memory)
+CORPUS_SOURCE = SOURCE_NAMES[CORPUS]  # the request's corpus (refdec.serve.corpora)
 FINISH_REASONS = {"eos": "stop", "stop_string": "stop", "max_new_tokens": "length",
                   "max_position_embeddings": "length"}
 DISCONNECT_POLL_SECONDS = 0.25  # how often a non-streaming request checks that its client is still there
@@ -58,7 +59,7 @@ def create_app(service: DecodingService, *, model_names: list[str], context_leng
     ``api_key``: when given, every /v1 route needs ``Authorization: Bearer <key>``;
     ``implicit_references``: a request without ``prediction`` drafts from the largest fenced code
     block of its messages (refdec.serve.implicit). When the decoder has a memory of past outputs
-    (``decoder.memory``), each request drafts from and joins its tenant's: the API key's where
+    (``SpeculativeDecoder(memory=)``), each request drafts from and joins its tenant's: the API key's where
     the server has one, else the request's ``user`` (requests without one share a tenant);
     ``shared_memory``: one memory for every request. Per tenant by default because the speed of a
     reply would show whether its text was in another client's output. ``corpora``: the named
@@ -67,15 +68,13 @@ def create_app(service: DecodingService, *, model_names: list[str], context_leng
     if not model_names:
         raise ValueError("model_names must name at least one model")
     app = FastAPI(title="refdec", docs_url=None, redoc_url=None, openapi_url=None)
-    decoder = service.decoder
-    tokenizer = decoder.tokenizer
-    eos = decoder.backend.generation_config.eos_token_id
-    eos_ids = set() if eos is None else {int(eos)} if isinstance(eos, int) else {int(t) for t in eos}
+    tokenizer = service.tokenizer
+    eos_ids = service.eos_token_ids
     created = int(time.time())
     if corpora is None:
         corpora = CorpusRegistry()
-        if decoder.index is not None:
-            corpora.add("default", decoder.index, "file")
+        if service.index is not None:
+            corpora.add("default", service.index, "file")
 
     @app.exception_handler(ApiError)
     async def _api_error(_request, error: ApiError):

@@ -32,11 +32,11 @@ from typing import Protocol, Sequence, runtime_checkable
 
 import numpy as np
 
+from refdec.drafting.tree import MAX_NODES, DraftTree
 from refdec.sizing.acceptance import AcceptanceTable
 from refdec.sizing.cost_curve import DEFAULT_CPU_CURVE, CostCurve
 from refdec.sizing.cost_model import LearntCost
 from refdec.tokens import check_int, is_int
-from refdec.drafting.tree import MAX_NODES, DraftTree
 
 __all__ = ["AutoBudget", "Budget", "FixedBudget", "PlainGuard", "StepTime", "batch_prefix_sizes", "make_budget",
            "packed_prefix_sizes", "path_products", "step_scores"]

@@ -17,8 +17,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from refdec.tokens import check_int
 from refdec.drafting.tree import MAX_NODES
+from refdec.tokens import check_int
 
 __all__ = ["CALIBRATED_SIZES", "CostCurve", "DEFAULT_CPU_CURVE", "calibration_order", "curve_table", "flat_curve",
            "median_seconds",

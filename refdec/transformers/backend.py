@@ -17,9 +17,11 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from refdec.sizing.cost_curve import CostCurve
+from refdec.drafting.tree import DraftTree
+from refdec.engine.defaults import PREFIX_CACHE_ENTRIES
 from refdec.engine.interface import TargetRule, Verified
 from refdec.engine.prefix_cache import PrefixCache
+from refdec.sizing.cost_curve import CostCurve
 from refdec.transformers.batch import RunningBatch
 from refdec.transformers.calibration import auto_cost_curve
 from refdec.transformers.prefill import prefill_reusing, prefill_steps
@@ -27,7 +29,6 @@ from refdec.transformers.runner import ModelRunner
 from refdec.transformers.selfcheck import ensure_lossless_tree_verification
 from refdec.transformers.static_step import StaticStep
 from refdec.transformers.verify import verify_step
-from refdec.drafting.tree import DraftTree
 
 __all__ = ["MIN_REUSED_TOKENS", "PREFIX_CACHE_BYTES", "TransformersBackend"]
 
@@ -48,7 +49,7 @@ class TransformersBackend:
     tokenizer = None  # a transformers model brings none: the caller passes its tokenizer
     packed_rows = False  # the rows' query slots are padded to the longest tree
 
-    def __init__(self, model, *, cuda_graphs: bool = False, prefix_cache: int = 4) -> None:
+    def __init__(self, model, *, cuda_graphs: bool = False, prefix_cache: int = PREFIX_CACHE_ENTRIES) -> None:
         if not isinstance(cuda_graphs, bool):
             raise ValueError(f"cuda_graphs must be True or False, got {cuda_graphs!r}")
         self.model = model

@@ -42,13 +42,13 @@ import torch
 from refdec.atomic import atomic_write
 from refdec.sizing.cost_curve import (CALIBRATED_SIZES, DEFAULT_CPU_CURVE, CostCurve, calibration_order, flat_curve,
                                median_seconds, repeats_disagree, warn_not_cached)
+from refdec.drafting.tree import DraftTree
 from refdec.models import cache_dir
 from refdec.tokens import check_int
 from refdec.transformers.cache import select_rows
 from refdec.transformers.prefill import prefill_tokens
 from refdec.transformers.runner import ModelRunner
 from refdec.transformers.verify import verify_step
-from refdec.drafting.tree import DraftTree
 
 __all__ = ["CALIBRATE_MIN_PARAMETERS", "CostCurve", "DEFAULT_CPU_CURVE", "auto_cost_curve", "calibrate",
            "calibration_path", "flat_curve", "load_cached", "measure", "model_key"]

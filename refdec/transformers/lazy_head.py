@@ -13,9 +13,9 @@ import time
 import numpy as np
 import torch
 
+from refdec.drafting.tree import DraftTree
 from refdec.engine.accept import accept_walk_steps, first_child_rows
 from refdec.transformers.plain_head import PlainHead
-from refdec.drafting.tree import DraftTree
 
 __all__ = ["LazyRowLogits", "LockstepLazyWalks"]
 

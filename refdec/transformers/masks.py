@@ -35,8 +35,8 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from refdec.transformers.transfer import to_device
 from refdec.drafting.tree import DraftTree
+from refdec.transformers.transfer import to_device
 
 __all__ = ["DeviceTrees", "MASK_ROW_ALIGN", "MaskSpec", "TreeInputs", "ancestor_matrix", "attention_masks",
            "device_tree_inputs", "masks_from_visible", "tree_step_inputs"]

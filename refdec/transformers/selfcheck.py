@@ -16,11 +16,11 @@ import weakref
 import numpy as np
 import torch
 
+from refdec.drafting.tree import DraftTree
 from refdec.transformers.model_support import VERIFIED_MODEL_TYPES, model_type
 from refdec.transformers.prefill import prefill_tokens
 from refdec.transformers.runner import ModelRunner
 from refdec.transformers.verify import step_inputs
-from refdec.drafting.tree import DraftTree
 
 __all__ = ["TreeVerificationError", "check_tree_verification", "ensure_lossless_tree_verification"]
 

@@ -30,10 +30,10 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from refdec.drafting.tree import DraftTree
 from refdec.transformers.batch import RunningBatch
 from refdec.transformers.cache import layer_buffers, make_static, set_lengths, static_buffers
 from refdec.transformers.masks import DeviceTrees, MaskSpec, TreeInputs, device_tree_inputs
-from refdec.drafting.tree import DraftTree
 
 __all__ = ["CAPACITY_STEP", "QUERY_BUCKETS", "StaticStep", "query_bucket"]
 

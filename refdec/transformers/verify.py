@@ -29,6 +29,7 @@ import time
 import numpy as np
 import torch
 
+from refdec.drafting.tree import DraftTree
 from refdec.engine.accept import accept_walk, accept_walk_lazy, accept_walks_on_device, walks_from_device
 from refdec.engine.interface import SampledRule, TargetRule, Verified
 from refdec.engine.sampling import position_keys, seed_key
@@ -38,7 +39,6 @@ from refdec.transformers.lazy_head import LockstepLazyWalks
 from refdec.transformers.masks import DeviceTrees, TreeInputs, device_tree_inputs, tree_step_inputs
 from refdec.transformers.runner import ModelRunner
 from refdec.transformers.transfer import to_device
-from refdec.drafting.tree import DraftTree
 
 __all__ = ["device_choice", "step_inputs", "verify_on_device", "verify_step", "verify_trees"]
 

@@ -12,8 +12,8 @@ from transformers import AutoTokenizer
 
 import refdec
 from refdec.drafting.index import CorpusIndex, ShardedIndex
-from refdec.sizing.acceptance import AcceptanceTable
 from refdec.drafting.tree import DraftBatch, DraftTree
+from refdec.sizing.acceptance import AcceptanceTable
 from refdec.vllm.chain import choose_chains
 from refdec.vllm.hooks import wrap_once
 from refdec.vllm.options import ENV_INDEX, RequestOptions, ServerOptions, parse_request_options
