@@ -56,20 +56,6 @@ def test_request_draft_switch_refuses_other_values():
         rv.parse_request_options({"refdec_draft": "maybe"})
 
 
-def test_prediction_text_forms():
-    assert rv.prediction_text({"type": "content", "content": "abc"}) == "abc"
-    assert rv.prediction_text({"type": "content", "content": [{"type": "text", "text": "a"},
-                                                              {"type": "text", "text": "b"}]}) == "ab"
-    with pytest.raises(ValueError, match="prediction.type must be 'content'"):
-        rv.prediction_text({"type": "image", "content": "abc"})
-    with pytest.raises(ValueError, match=r"prediction.content\[0\] must be"):
-        rv.prediction_text({"type": "content", "content": [{"type": "image_url"}]})
-    with pytest.raises(ValueError, match="prediction must be an object"):
-        rv.prediction_text("abc")
-    with pytest.raises(ValueError, match="prediction.content must be a string"):
-        rv.prediction_text({"type": "content", "content": 3})
-
-
 # ---------------------------------------------------------------------------------------------
 # Server options
 

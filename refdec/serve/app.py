@@ -230,9 +230,9 @@ def create_app(service: DecodingService, *, model_names: list[str], context_leng
             except RuntimeError:  # the event loop has closed (shutdown): nobody is listening
                 pass
 
-        predicted = body.prediction is not None and bool(body.prediction.text)
+        predicted = bool(body.prediction)
         # without a prediction, the file the prompt holds, if any (refdec.serve.implicit): same output
-        reference = (body.prediction.text if predicted
+        reference = (body.prediction if predicted
                      else implicit_reference(texts) if implicit_references else None)
         settings = dict(
             references=[reference] if reference else None,

@@ -13,6 +13,7 @@ from typing import Literal, Union
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
+from refdec.prediction import prediction_text
 from refdec.serve.corpora import check_name
 
 __all__ = ["ApiError", "ChatCompletionRequest", "CompletionRequest", "api_error_from_validation"]
@@ -50,17 +51,6 @@ class TextPart(BaseModel):
     text: str
 
 
-class Prediction(BaseModel):
-    """OpenAI's Predicted Outputs: text the completion is expected to repeat much of."""
-
-    type: Literal["content"]
-    content: Union[str, list[TextPart]]
-
-    @property
-    def text(self) -> str:
-        return self.content if isinstance(self.content, str) else "".join(part.text for part in self.content)
-
-
 class StreamOptions(BaseModel):
     include_usage: bool = False
 
@@ -84,7 +74,7 @@ class _Sampling(BaseModel):
 
     model_config = ConfigDict(extra="ignore")
     model: str
-    prediction: Prediction | None = None
+    prediction: str | None = None  # OpenAI's Predicted Outputs, read as its text (refdec.prediction)
     stream: bool = False
     stream_options: StreamOptions | None = None
     max_tokens: int | None = Field(default=None, ge=1)
@@ -99,6 +89,11 @@ class _Sampling(BaseModel):
     presence_penalty: float = Field(default=0.0, ge=-2.0, le=2.0)
     user: str | None = Field(default=None, max_length=256)  # OpenAI's end-user id: here, whose memory (no API key)
     corpus: str | None = Field(default=None, max_length=64)  # refdec's: the corpus to draft from (refdec.serve.corpora)
+
+    @field_validator("prediction", mode="before")
+    @classmethod
+    def _prediction(cls, prediction):
+        return None if prediction is None else prediction_text(prediction)
 
     @field_validator("stop")
     @classmethod

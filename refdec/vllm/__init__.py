@@ -33,12 +33,12 @@ edited) and ``refdec_draft`` (false / 0 / "off": no drafts for this request). Ot
 """
 
 from refdec.vllm.options import (DRAFT_KEY, PROPOSER_CLASS, REFERENCES_KEY, RequestOptions, ServerOptions,
-                                 parse_request_options, prediction_text, speculative_config)
+                                 parse_request_options, speculative_config)
 from refdec.vllm.chain import best_chain, token_price, walk_trees
 from refdec.vllm.proposer import VllmProposer, load_index
 
 __all__ = [
     "VllmProposer", "ServerOptions", "RequestOptions", "best_chain", "load_index", "parse_request_options",
     "token_price", "walk_trees",
-    "prediction_text", "speculative_config", "PROPOSER_CLASS", "REFERENCES_KEY", "DRAFT_KEY",
+    "speculative_config", "PROPOSER_CLASS", "REFERENCES_KEY", "DRAFT_KEY",
 ]

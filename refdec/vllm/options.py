@@ -7,10 +7,11 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+from refdec.prediction import describe
 from refdec.tokens import check_int
 
 __all__ = ["DRAFT_KEY", "PROPOSER_CLASS", "REFERENCES_KEY", "RequestOptions", "ServerOptions",
-           "parse_request_options", "prediction_text", "speculative_config"]
+           "parse_request_options", "speculative_config"]
 
 PROPOSER_CLASS = "refdec.vllm.VllmProposer"
 REFERENCES_KEY = "refdec_references"
@@ -140,7 +141,7 @@ def parse_request_options(extra_args: Mapping | None, *,
     if raw is not None:
         items = [raw] if isinstance(raw, str) else raw
         if not isinstance(items, (list, tuple)) or not all(isinstance(r, str) for r in items):
-            raise ValueError(f"{REFERENCES_KEY} must be a string or a list of strings, got {_describe(raw)}")
+            raise ValueError(f"{REFERENCES_KEY} must be a string or a list of strings, got {describe(raw)}")
         total = 0
         for i, ref in enumerate(items):
             if not ref:
@@ -163,35 +164,7 @@ def _parse_bool(value, name: str) -> bool:
         return bool(value)
     if isinstance(value, str) and value.strip().lower() in _ON + _OFF:
         return value.strip().lower() in _ON
-    raise ValueError(f"{name} must be true or false (or 1/0, 'on'/'off'), got {_describe(value)}")
-
-
-def _describe(value) -> str:
-    text = repr(value)
-    return f"{type(value).__name__} {text[:60] + '...' if len(text) > 60 else text}"
-
-
-def prediction_text(prediction) -> str:
-    """The text of an OpenAI Predicted Outputs ``prediction``: ``{"type": "content", "content":
-    str}`` or ``content`` as a list of ``{"type": "text", "text": str}`` parts (joined). Raises
-    ValueError naming what is wrong."""
-    if hasattr(prediction, "model_dump"):
-        prediction = prediction.model_dump()
-    if not isinstance(prediction, Mapping):
-        raise ValueError(f"prediction must be an object {{'type': 'content', 'content': ...}}, got {_describe(prediction)}")
-    if prediction.get("type", "content") != "content":
-        raise ValueError(f"prediction.type must be 'content', got {prediction.get('type')!r}")
-    content = prediction.get("content")
-    if isinstance(content, str):
-        return content
-    if isinstance(content, (list, tuple)):
-        parts = []
-        for i, part in enumerate(content):
-            if not (isinstance(part, Mapping) and part.get("type", "text") == "text" and isinstance(part.get("text"), str)):
-                raise ValueError(f"prediction.content[{i}] must be {{'type': 'text', 'text': str}}, got {_describe(part)}")
-            parts.append(part["text"])
-        return "".join(parts)
-    raise ValueError(f"prediction.content must be a string or a list of text parts, got {_describe(content)}")
+    raise ValueError(f"{name} must be true or false (or 1/0, 'on'/'off'), got {describe(value)}")
 
 
 # ---------------------------------------------------------------------------------------------

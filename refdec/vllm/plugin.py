@@ -25,7 +25,8 @@ from __future__ import annotations
 import logging
 
 from refdec.vllm.hooks import wrap_once
-from refdec.vllm.options import REFERENCES_KEY, ServerOptions, parse_request_options, prediction_text
+from refdec.prediction import prediction_text
+from refdec.vllm.options import REFERENCES_KEY, ServerOptions, parse_request_options
 
 logger = logging.getLogger(__name__)
 
