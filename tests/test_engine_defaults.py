@@ -5,12 +5,13 @@ from __future__ import annotations
 
 import inspect
 
+import pytest
+
 import refdec
 from refdec.cli.main import build_parser
 from refdec.engine import defaults
 from refdec.engine.decoder import make_backend
 from refdec.engine.service import DecodingService
-from refdec.llama_cpp.backend import LlamaCppBackend
 from refdec.transformers.backend import TransformersBackend
 
 
@@ -21,11 +22,17 @@ def default_of(function, name: str):
 def test_the_python_api_and_the_service_read_the_defaults():
     for function in (refdec.generate, refdec.SpeculativeDecoder.generate, DecodingService.submit):
         assert default_of(function, "max_new_tokens") == defaults.MAX_NEW_TOKENS, function
-    for function in (refdec.SpeculativeDecoder.__init__, make_backend, LlamaCppBackend.__init__,
-                     TransformersBackend.__init__):
+    for function in (refdec.SpeculativeDecoder.__init__, make_backend, TransformersBackend.__init__):
         assert default_of(function, "prefix_cache") == defaults.PREFIX_CACHE_ENTRIES, function
     assert default_of(DecodingService.__init__, "max_concurrent") == defaults.MAX_CONCURRENT
     assert default_of(DecodingService.__init__, "max_waiting") == defaults.MAX_WAITING
+
+
+def test_the_llama_cpp_backend_reads_the_defaults():
+    pytest.importorskip("llama_cpp")
+    from refdec.llama_cpp.backend import LlamaCppBackend
+
+    assert default_of(LlamaCppBackend.__init__, "prefix_cache") == defaults.PREFIX_CACHE_ENTRIES
 
 
 def test_the_command_line_reads_the_defaults_and_says_them():

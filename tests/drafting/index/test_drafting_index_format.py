@@ -156,8 +156,8 @@ def index_file(tmp_path, built):
 
 def _subprocess_env() -> dict:
     """Environment for a child Python that imports refdec and these tests' helpers."""
-    here = Path(__file__).resolve().parent  # tests/index/ (this module), tests/ (the helper modules)
-    paths = [str(here.parents[1]), str(here.parent), str(here), os.environ.get("PYTHONPATH", "")]
+    here = Path(__file__).resolve().parent  # tests/drafting/index/ (this module), tests/ (the helper modules)
+    paths = [str(here.parents[2]), str(here.parents[1]), str(here), os.environ.get("PYTHONPATH", "")]
     return dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in paths if p))
 
 
@@ -587,7 +587,7 @@ _CRASH_SCRIPT = textwrap.dedent(
 )
 
 
-@pytest.mark.full  # many corrupted files queried in a child process (the fuzz tier: tests/index/test_index_fuzz.py)
+@pytest.mark.full  # many corrupted files queried in a child process (the fuzz tier: tests/drafting/index/test_drafting_index_fuzz.py)
 def test_queries_on_corrupted_files_without_verify_never_crash_or_hang(tmp_path):
     # A smaller corpus keeps the number of corruptions (5 per 4-byte word) manageable.
     source = tmp_path / "small.refdec"

@@ -111,8 +111,8 @@ class Worker:
         self.proc = None
 
     def _start(self) -> None:
-        here = Path(__file__).resolve().parent  # tests/index/ (its modules), tests/ (the helper modules)
-        paths = [str(here.parents[1]), str(here.parent), str(here), os.environ.get("PYTHONPATH", "")]
+        here = Path(__file__).resolve().parent  # tests/drafting/index/ (its modules), tests/ (the helper modules)
+        paths = [str(here.parents[2]), str(here.parents[1]), str(here), os.environ.get("PYTHONPATH", "")]
         env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in paths if p))
         script = self.tmp_dir / "fuzz_worker.py"
         script.write_text(_WORKER)
