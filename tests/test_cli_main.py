@@ -74,4 +74,4 @@ def test_cli_errors_name_the_flag_the_file_and_show_the_command_usage(tmp_path, 
     err = capsys.readouterr().err
     assert err.startswith("usage: refdec generate") and "unrecognized arguments: --bogus" in err
     assert main(["index"]) == 2 and "{build,info}" in capsys.readouterr().err
-    assert main([]) == 2 and "{index,generate,edit,serve,calibrate}" in capsys.readouterr().err
+    assert main([]) == 2 and "{index,generate,edit,serve,calibrate,build-llama}" in capsys.readouterr().err

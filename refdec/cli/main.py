@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from refdec.cli import calibrate, edit, generate, index, serve
+from refdec.cli import build_llama, calibrate, edit, generate, index, serve
 
 DESCRIPTION = ("Lossless speculative decoding for Hugging Face causal LMs and llama.cpp: generate text, edit files "
                "many tokens per pass, serve OpenAI's API with Predicted Outputs, build corpus indexes. The output is "
@@ -15,12 +15,13 @@ DESCRIPTION = ("Lossless speculative decoding for Hugging Face causal LMs and ll
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="refdec", description=DESCRIPTION)
     parser.add_argument("--version", action="version", version=f"refdec {_version()}")
-    commands = parser.add_subparsers(dest="command", metavar="{index,generate,edit,serve,calibrate}")
+    commands = parser.add_subparsers(dest="command", metavar="{index,generate,edit,serve,calibrate,build-llama}")
     index.register(commands)
     generate.register(commands)
     edit.register(commands)
     serve.register(commands)
     calibrate.register(commands)
+    build_llama.register(commands)
     _set_parser_defaults(commands)
     return parser
 
