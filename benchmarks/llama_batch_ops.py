@@ -75,9 +75,12 @@ class GraphRecorder:
         return True
 
 
-def decode_graphs(path: str, rows: int, *, context: int, threads: int, flash_attn: bool, seed: int = 0):
+def decode_graphs(path: str, rows: int, *, context: int, threads: int, flash_attn: bool, seed: int = 0,
+                  invariant: bool = False):
     """Row 0 decoded alone and as the first of ``rows`` chained rows, after the same ``context``
-    random tokens: (nodes alone, nodes batched, logits alone, logits of row 0 batched)."""
+    random tokens: (nodes alone, nodes batched, logits alone, logits of row 0 batched).
+    ``invariant``: both decodes with ggml's batch-invariant products (refdec's exact mode; a
+    llama.cpp built by ``refdec build-llama``)."""
     import llama_cpp
 
     from refdec.llama_cpp.api import TreeContext
@@ -92,12 +95,12 @@ def decode_graphs(path: str, rows: int, *, context: int, threads: int, flash_att
     chain = rng.integers(min(100, high // 2), high, rows).astype(np.int32)
 
     def run(n: int):
-        ctx = TreeContext(llm, n_seq_max=2, n_batch=max(rows, 16))
+        ctx = TreeContext(llm, n_seq_max=2, n_batch=max(rows, 16), exact=invariant)
         for begin in range(0, context, ctx.prefill_chunk):
             part = prompt[begin: begin + ctx.prefill_chunk]
             ctx.decode(part, np.arange(begin, begin + len(part)), [[0]] * len(part), np.zeros(len(part), bool))
         recorder.start()
-        ctx.decode(chain[:n], context + np.arange(n), [[0]] * n, np.ones(n, bool))
+        ctx.decode(chain[:n], context + np.arange(n), [[0]] * n, np.ones(n, bool), invariant=invariant)
         recorder.on = False
         logits = ctx.logits(0).copy()
         ctx.close()
@@ -147,16 +150,19 @@ def main(argv=None) -> int:
     ap.add_argument("--context", type=int, default=300)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--flash-attn", action="store_true")
+    ap.add_argument("--invariant", action="store_true",
+                    help="with ggml's batch-invariant products (refdec's exact mode; needs refdec build-llama)")
+    ap.add_argument("--gguf", default=None, metavar="FILE", help="this GGUF file instead of --models")
     args = ap.parse_args(argv)
     print("| model | rows | logits row 0, max abs diff | batch-variant ops (input types: nodes, max abs diff) |")
     print("|---|---|---|---|")
-    for model in args.models.split(","):
-        if model not in MODEL_FILES:
+    for model in [args.gguf] if args.gguf else args.models.split(","):
+        if not args.gguf and model not in MODEL_FILES:
             ap.error(f"--models: unknown {model!r}; choose from {', '.join(MODEL_FILES)}")
-        path = str(MODEL_FILES[model]())
+        path = args.gguf or str(MODEL_FILES[model]())
         for n in (int(r) for r in args.rows.split(",")):
             alone, batched, la, lb = decode_graphs(path, n, context=args.context, threads=args.threads,
-                                                   flash_attn=args.flash_attn)
+                                                   flash_attn=args.flash_attn, invariant=args.invariant)
             ops = batch_variant_ops(alone, batched, args.context)
             cells = "; ".join(f"{op} ({', '.join(types)}): {len(rows)}, {max(d for _, d in rows):.2g} (e.g. {rows[0][0]})"
                               for (op, types), rows in ops.items()) or "none"

@@ -10,6 +10,9 @@ Methods (each prompt runs every method in turn, so machine noise hits them alike
   curve is measured before any timing), references = the file being edited;
 * ``refdec-hf`` (``--transformers``) -- refdec on the same model in transformers, float32 (the
   models converted once by refdec.models), fed the same prompt ids;
+* ``refdec-trees`` (``--trees``) -- refdec with exact mode off (``exact=False``: trees, equal to
+  plain up to llama.cpp's batched roundings), beside ``refdec`` in exact mode (the default where
+  llama-cpp-python was built by ``refdec build-llama``);
 * ``refdec-loaded`` / ``refdec-loaded-fixed`` (``--load-curve``) -- refdec whose cost curve was
   measured while two busy processes ran (:func:`curve_under_load`), then run quiet like the others:
   with the curve refit from the steps' times (``timed_budget``, the default) and without; against
@@ -97,6 +100,8 @@ def run_workload(workload: str, args) -> list[dict]:
     prompts = prompts_for(workload, tokenizer, args.limit, args.max_file_chars, args.held_out, args.chat_category)
     if args.transformers:  # refdec on transformers (float32), the same prompt ids: the models share the vocabulary
         decoders["refdec-hf"] = refdec.SpeculativeDecoder(*load_model(model, "transformers"), prefix_cache=0)
+    if args.trees:
+        decoders["refdec-trees"] = refdec.SpeculativeDecoder(llm, prefix_cache=0, exact=False)
     if args.load_curve:
         loaded = curve_under_load(llm)
         for method, timed in (("refdec-loaded", True), ("refdec-loaded-fixed", False)):
@@ -127,7 +132,8 @@ def run_workload(workload: str, args) -> list[dict]:
             row[method] = {"tokens": len(new), "seconds": s.wall_seconds, "prefill_seconds": s.prefill_seconds,
                            "passes": s.forward_passes, "tokens_per_pass": s.tokens_per_pass, "head_rows": s.head_rows,
                            "drafted": s.proposed_tokens, "accepted": s.accepted_tokens,
-                           "accepted_by_source": s.accepted_by_source, "agree": _agreement(new, plain)}
+                           "accepted_by_source": s.accepted_by_source, "agree": _agreement(new, plain),
+                           "exact": bool(getattr(decoder.backend, "exact", False))}
         records.append(row)
         print(_line(row), file=sys.stderr, flush=True)
     llm.close()
@@ -174,6 +180,28 @@ def load_curve_table(records: list[dict]) -> str:
             cells.append(f"{statistics.median(ours):.2f}x, {min(ours):.2f}x")
             cells.append(f"{statistics.median(ratio):.2f}, {min(ratio):.2f}")
         lines.append(f"| {workload} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def exact_table(records: list[dict]) -> str:
+    """``--trees``: per workload, identity with plain and the speed-up of refdec in exact mode (the
+    ``refdec`` method) and with trees (``refdec-trees``), side by side."""
+    lines = ["| workload | prompts | exact mode | identical to plain: exact, trees | exact / plain (median, min) "
+             "| trees / plain (median, min) | exact / trees (median, min) | tokens/pass: exact, trees |",
+             "|---|---|---|---|---|---|---|---|"]
+    for workload in WORKLOADS:
+        rows = [r for r in records if r["workload"] == workload and "refdec-trees" in r]
+        if not rows:
+            continue
+        exact = [_speedup(r, "refdec") for r in rows]
+        trees = [_speedup(r, "refdec-trees") for r in rows]
+        ratio = [e / t for e, t in zip(exact, trees)]
+        same = [sum(r[m]["agree"]["identical"] for r in rows) for m in ("refdec", "refdec-trees")]
+        tpp = [statistics.median(r[m]["tokens_per_pass"] for r in rows) for m in ("refdec", "refdec-trees")]
+        lines.append(f"| {workload} | {len(rows)} | {rows[0]['refdec'].get('exact')} | {same[0]}/{len(rows)}, "
+                     f"{same[1]}/{len(rows)} | {statistics.median(exact):.2f}x, {min(exact):.2f}x | "
+                     f"{statistics.median(trees):.2f}x, {min(trees):.2f}x | {statistics.median(ratio):.2f}, "
+                     f"{min(ratio):.2f} | {tpp[0]:.2f}, {tpp[1]:.2f} |")
     return "\n".join(lines)
 
 

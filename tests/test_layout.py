@@ -27,6 +27,7 @@ PACKAGE = REPO / "refdec"
 # module -> names a function may import: the CLI's handlers (torch and transformers stay out of
 # `refdec --help`), and packages refdec does not require (the default model's, vLLM)
 FUNCTION_IMPORTS_ALLOWED = {
+    "refdec.cli.build_llama": {"refdec.llama_cpp.build"},
     "refdec.cli.calibrate": {"refdec.transformers.calibration", "refdec.models"},
     "refdec.cli.common": {"torch", "refdec.models", "llama_cpp", "refdec.llama_cpp.tokenizer"},
     "refdec.cli.edit": {"refdec", "refdec.llama_cpp.plain", "refdec.cli.edit_remote"},
@@ -187,6 +188,9 @@ CROSS_CUTTING = {
     "test_binding_api.py": "refdec._C, the compiled C++ core (csrc/bindings.cc): no .py file to name it after",
     "test_step_syncs.py": "the engine's step as a whole (engine, verify, masks, accept, sampling, transfer): the "
                             "host syncs one step makes",
+    "test_llama_cpp_exact.py": "exact mode on llama.cpp as a whole: the patch refdec.llama_cpp.build applies, the "
+                               "tree context's streams and switch (api), the backend's chains, the decoder's `exact`, "
+                               "each checked against llama.cpp's plain decoding",
     "test_serve_soak.py": "refdec serve as a process that runs for weeks: the app, the decoding service, the "
                           "engine and the llama.cpp backend together, their memory over many requests",
     "benchmarks/": "the benchmarks package, not refdec: test_bench_<name>.py specifies benchmarks/<name>.py, "

@@ -1,5 +1,6 @@
 """Specifies refdec.llama_cpp.backend, refdec on llama.cpp, with a tiny random GGUF model
-(benchmarks/random_gguf.py).
+(benchmarks/random_gguf.py): its tree path, as it runs on stock llama-cpp-python (exact mode off
+here; tests/test_llama_cpp_exact.py specifies exact mode).
 
 llama.cpp's batched evaluation is not bit-identical to its one-token evaluation (shown and
 measured in benchmarks/llama_cpp.py), so greedy identity with llama.cpp's plain decoding is
@@ -38,6 +39,17 @@ def gguf_path(tiny_gguf):
 @pytest.fixture
 def llm(tiny_llm):
     return tiny_llm
+
+
+@pytest.fixture(autouse=True)
+def stock_llama_cpp(monkeypatch, tiny_llm):
+    """Backends made here run as on stock llama-cpp-python (no batch-invariant switch: trees, not
+    exact mode), whatever this llama.cpp build has; the one-shot backend kept on the shared Llama is
+    dropped before and after, so that no other module's mode leaks in or out."""
+    monkeypatch.setattr("refdec.llama_cpp.backend.batch_invariant_switch", lambda: None)
+    tiny_llm.__dict__.pop("_refdec_backend", None)
+    yield
+    tiny_llm.__dict__.pop("_refdec_backend", None)
 
 
 @pytest.fixture(autouse=True)
@@ -141,9 +153,9 @@ def test_rows_with_whole_trees_fit_the_logits_rows_llama_cpp_reserves(gguf_path,
     widest = []
     decode = type(ctx).decode
 
-    def counting(self, tokens, positions, seq_ids, want_logits):
+    def counting(self, tokens, positions, seq_ids, want_logits, **kwargs):
         widest.append(int(np.count_nonzero(want_logits)))
-        return decode(self, tokens, positions, seq_ids, want_logits)
+        return decode(self, tokens, positions, seq_ids, want_logits, **kwargs)
 
     monkeypatch.setattr(type(ctx), "decode", counting)
     alone = [decoder.generate(p, max_new_tokens=120, max_draft_tokens=64, references=[plain]).sequences[0, len(p):]

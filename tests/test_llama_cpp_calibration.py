@@ -88,8 +88,8 @@ class ScriptedDecodes:
 
     strftime = staticmethod(time.strftime)
 
-    def decode(self, tokens, positions, seq_ids, want_logits):
-        self.ctx_decode(tokens, positions, seq_ids, want_logits)
+    def decode(self, tokens, positions, seq_ids, want_logits, invariant=False):
+        self.ctx_decode(tokens, positions, seq_ids, want_logits, invariant=invariant)
         if int(positions[0]) >= 32:  # past the context's prefill: a measured decode
             self.calls.append((len(tokens), int(np.count_nonzero(want_logits))))
             self.now += self.seconds(len(tokens), int(np.count_nonzero(want_logits)), len(self.calls))

@@ -123,6 +123,8 @@ NOT_RUN = {
     "python3 -m venv": "environment set-up (CI's install step runs the same installs)",
     ".": "environment set-up",
     "pip install": "installs (CI's install step)",
+    "refdec build-llama": "an install: builds llama-cpp-python (CI's README and llama steps run it; "
+                          "tests/test_llama_cpp_build.py and tests/test_cli_build_llama.py specify it)",
     "pip uninstall": "an install step (.ci/run's vLLM step runs it)",
     "vllm serve": "vLLM (CI's vLLM step starts the same server: tests/test_vllm.py)",
     "python -m pytest tests/test_vllm": "the vLLM tests (CI's vLLM step)",

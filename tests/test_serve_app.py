@@ -29,6 +29,7 @@ openai = pytest.importorskip("openai")
 import refdec  # noqa: E402
 from live_server import serving  # noqa: E402
 from refdec.engine.service import DecodingService  # noqa: E402
+from refdec.llama_cpp.api import batch_invariant_switch  # noqa: E402
 from refdec.serve.app import create_app  # noqa: E402
 from refdec.serve.text import TextStream  # noqa: E402
 
@@ -88,6 +89,15 @@ def server(decoder):
     live.close()
 
 
+def fresh_decoder(decoder, exact: bool | None = None):
+    """A decoder of its own on the module's Llama, its acceptance rates the priors: a test that checks
+    which source drafted needs them (in exact mode a row verifies one chain, its tree's best path,
+    which the rates the module's decoder learnt from earlier tests may give to another source)."""
+    own = refdec.SpeculativeDecoder(decoder.model, exact=exact)
+    own.timed_budget = False
+    return own
+
+
 def chat_ids(decoder, content: str) -> list[int]:
     return decoder.tokenizer.apply_chat_template([{"role": "user", "content": content}], add_generation_prompt=True,
                                                  tokenize=True)
@@ -141,18 +151,22 @@ def test_library_http_and_stream_give_the_same_text(server, decoder, prediction)
         assert details.accepted_prediction_tokens > 0 and details.rejected_prediction_tokens > 0
 
 
-def test_a_request_without_prediction_drafts_from_the_file_in_its_messages(server, decoder, caplog):
+def test_a_request_without_prediction_drafts_from_the_file_in_its_messages(decoder, caplog):
     """The fenced file is the implicit reference (refdec.serve.implicit): the same text as the library
     gives the prompt alone, the drafts from it logged, and no prediction tokens reported (the client
-    sent none)."""
+    sent none). A decoder of its own (:func:`fresh_decoder`), with trees (exact mode off): a chain
+    follows the context's copy of the same file as well, which takes the drafts' credit."""
     seed = chat_ids(decoder, PROMPTS[0])
     file = library_text(decoder, seed, max_new_tokens=120)[0]  # text the tiny model writes
     content = f"Copy this file:\n```\n{file * 2}\n```\n"
     expected, _ = library_text(decoder, chat_ids(decoder, content), max_new_tokens=48)
-    client = server.client()
-    with caplog.at_level(logging.INFO, logger="refdec.serve"):
-        reply = client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": content}],
-                                               max_tokens=48, temperature=0)
+    live = LiveServer(fresh_decoder(decoder, exact=False))
+    try:
+        with caplog.at_level(logging.INFO, logger="refdec.serve"):
+            reply = live.client().chat.completions.create(
+                model=MODEL, messages=[{"role": "user", "content": content}], max_tokens=48, temperature=0)
+    finally:
+        live.close()
     assert reply.choices[0].message.content == expected
     details = reply.usage.completion_tokens_details
     assert details.accepted_prediction_tokens == details.rejected_prediction_tokens == 0
@@ -196,8 +210,10 @@ def test_past_outputs_draft_only_for_their_own_tenant_unless_shared(decoder, cap
 def test_corpora_are_added_listed_chosen_per_request_and_removed(decoder, caplog):
     """With the server's key a corpus is built from documents in the body, listed with its size,
     drafts for the requests naming it (the text is the library's) and is removed; every bad request
-    gets an OpenAI-shaped 4xx and changes nothing."""
-    live = LiveServer(decoder, api_key="k")
+    gets an OpenAI-shaped 4xx and changes nothing. A decoder of its own: its acceptance rates start
+    from the priors, which rank the corpus first (in exact mode a row verifies one chain, its tree's
+    best path; the module's decoder has learnt other rates from the tests before)."""
+    live = LiveServer(fresh_decoder(decoder), api_key="k")
     auth = {"Authorization": "Bearer k"}
     content = PROMPTS[3]
     ids = chat_ids(decoder, content)
@@ -291,7 +307,12 @@ def test_usage_adds_up_and_include_usage_sends_one_last_chunk(server, decoder):
     assert usage.total_tokens == usage.prompt_tokens + usage.completion_tokens
     assert 0 < usage.completion_tokens_details.accepted_prediction_tokens <= usage.completion_tokens
     # the library call just decoded this prompt: its KV entries are kept, all but the last token reused
-    assert usage.prompt_tokens_details.cached_tokens == usage.prompt_tokens - 1
+    # (in exact mode the whole prefill chunks among them: refdec.llama_cpp.backend)
+    backend = decoder.backend
+    reused = usage.prompt_tokens - 1
+    if backend.exact:
+        reused -= reused % backend.ctx.prefill_chunk
+    assert usage.prompt_tokens_details.cached_tokens == reused
     _, chunks = streamed(client.chat.completions.create(
         model=MODEL, messages=messages, max_tokens=30, temperature=0, stream=True,
         stream_options={"include_usage": True}, extra_body={"prediction": {"type": "content", "content": expected}}))
@@ -347,7 +368,43 @@ def test_eight_concurrent_clients_each_get_their_solo_output(server, decoder):
     assert answers == [case[3] for case in cases]
 
 
-def test_a_closed_stream_stops_its_decode_and_the_next_request_is_right(server, decoder):
+@pytest.mark.skipif(batch_invariant_switch() is None, reason="exact mode needs `refdec build-llama`")
+def test_the_same_request_gets_plain_decodings_reply_whatever_runs_before_or_beside_it(server, decoder):
+    """Exact mode (refdec.llama_cpp.backend): a chat request at temperature 0, sent alone, beside
+    three other clients, and after them, comes back as llama.cpp's plain decoding's text each time."""
+    from refdec.llama_cpp.plain import plain_greedy
+
+    assert decoder.backend.exact
+    content = PROMPTS[1]
+    eos = set(decoder.backend.generation_config.eos_token_id or [])
+    plain, _ = plain_greedy(decoder.model, chat_ids(decoder, content), 40, eos)
+    expected = TextStream(decoder.tokenizer, [], eos)
+    expected.push(plain)
+    expected.finish()
+    client = server.client()
+
+    def ask(text: str, tokens: int = 40) -> str:
+        return client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": text}],
+                                              max_tokens=tokens, temperature=0).choices[0].message.content
+
+    replies = [ask(content)]
+    with ThreadPoolExecutor(4) as pool:
+        beside = [pool.submit(ask, other, 60) for other in (PROMPTS[0], PROMPTS[2], PROMPTS[3])]
+        replies.append(pool.submit(ask, content).result())
+        [f.result() for f in beside]
+    replies.append(ask(content))
+    assert replies == [expected.text] * 3
+
+
+def test_a_closed_stream_stops_its_decode_and_the_next_request_is_right(server, decoder, monkeypatch):
+    backend = decoder.backend
+    verify = backend.verify
+
+    def slow_verify(*args, **kwargs):  # the tiny model's decode outlasts the client's three chunks
+        time.sleep(0.01)
+        return verify(*args, **kwargs)
+
+    monkeypatch.setattr(backend, "verify", slow_verify)
     client = server.client()
     cancelled = server.service.cancelled
     stream = client.completions.create(model=MODEL, prompt=PROMPTS[4], max_tokens=CONTEXT - 64, temperature=0,

@@ -254,7 +254,9 @@ def run(args) -> int:
     frac = s.accepted_tokens / s.proposed_tokens if s.proposed_tokens else 0.0
     # verification accepts drafted tokens past the closing fence too; the output stops at the fence
     past_stop = " (some past the closing fence)" if s.accepted_tokens > s.new_tokens else ""
-    print(f"[refdec edit] {s.new_tokens} tokens in {s.forward_passes} passes on {engine}: {s.tokens_per_pass:.2f} "
+    exact = on_llama and bool(getattr(decoder.backend, "exact", False))
+    mode = " (exact mode)" if exact else " (trees)" if on_llama else ""
+    print(f"[refdec edit] {s.new_tokens} tokens in {s.forward_passes} passes on {engine}{mode}: {s.tokens_per_pass:.2f} "
           f"tokens/pass, accepted {s.accepted_tokens}/{s.proposed_tokens} drafted tokens ({frac:.0%}){past_stop}, "
           f"{wall:.2f} s ({s.new_tokens / wall if wall > 0 else 0.0:.1f} tokens/s; prefill {s.prefill_seconds:.2f} s"
           f"{f' with {s.cached_prompt_tokens} prompt tokens cached' if s.cached_prompt_tokens else ''}, decode "
@@ -270,9 +272,14 @@ def run(args) -> int:
                   f"{plain_wall:.2f} s; speed-up {plain_wall / wall if wall > 0 else float('nan'):.2f}x; "
                   f"tokens agreeing: {agree}/{max(len(new_ids), len(plain_ids))}; outputs identical: {same}",
                   file=sys.stderr)
+            if not same and exact:  # exact mode promises plain decoding's tokens: a difference is a defect
+                print("refdec: error: refdec's output in exact mode differs from llama.cpp's plain decoding",
+                      file=sys.stderr)
+                return 1
             if not same:
                 print("[refdec edit] llama.cpp's batched and one-token evaluations round differently: the outputs "
-                      "part where the model's top two tokens were nearly tied (docs/llama_cpp.md)", file=sys.stderr)
+                      "part where the model's top two tokens were nearly tied; `refdec build-llama` builds the "
+                      "llama.cpp that makes them identical (exact mode, docs/llama_cpp.md)", file=sys.stderr)
             return 0
         print(f"[refdec edit] plain greedy: {len(plain_ids)} tokens in {plain_wall:.2f} s; speed-up "
               f"{plain_wall / wall if wall > 0 else float('nan'):.2f}x; outputs identical: {same}", file=sys.stderr)

@@ -51,19 +51,26 @@ __all__ = ["SpeculativeDecoder", "generate", "make_backend"]
 
 
 def make_backend(model, *, cuda_graphs: bool = False, max_rows: int = 1,
-                 prefix_cache: int = PREFIX_CACHE_ENTRIES) -> Backend:
+                 prefix_cache: int = PREFIX_CACHE_ENTRIES, exact: bool | None = None) -> Backend:
     """The engine backend for ``model`` (each imported only when used): a ``llama_cpp.Llama``
     runs on llama.cpp (refdec.llama_cpp.backend), anything else must be a transformers causal LM
     (refdec.transformers.backend). ``cuda_graphs``: the transformers backend's fixed-shape
     forwards replayed as CUDA graphs. ``max_rows``: llama.cpp's verification sized for that many
     rows with whole trees (more rows decode with smaller trees each). ``prefix_cache``: finished
-    requests whose KV entries are kept for prompts that begin the same way (0: none)."""
+    requests whose KV entries are kept for prompts that begin the same way (0: none). ``exact``:
+    llama.cpp's exact mode (refdec.llama_cpp.backend; None: on where it can run); a transformers
+    model's tokens are always plain decoding's, so False is refused there."""
+    if exact is not None and not isinstance(exact, bool):
+        raise ValueError(f"exact must be True, False or None, got {exact!r}")
     if _is_llama(model):
         if cuda_graphs:
             raise ValueError("cuda_graphs=True is for transformers models; llama.cpp runs its own graphs")
         from refdec.llama_cpp.backend import LlamaCppBackend
 
-        return LlamaCppBackend(model, max_rows=max_rows, prefix_cache=prefix_cache)
+        return LlamaCppBackend(model, max_rows=max_rows, prefix_cache=prefix_cache, exact=exact)
+    if exact is False:
+        raise ValueError("exact=False is for llama.cpp models: on transformers refdec's tokens are always plain "
+                         "decoding's")
     from refdec.transformers.backend import TransformersBackend
 
     return TransformersBackend(model, cuda_graphs=cuda_graphs, prefix_cache=prefix_cache)
@@ -152,6 +159,10 @@ class SpeculativeDecoder:
     ``memory`` (a :class:`refdec.OutputMemory`, default None): every finished request's output
     joins it (for the request's tenant) and every later request drafts from what its tenant's
     memory held when it started (the ``memory`` source). Several decoders may share one.
+    ``exact`` (llama.cpp only; default None: on where it can run): each row verifies a chain whose
+    rows llama.cpp computes with batch-invariant products, so that the tokens are llama.cpp's plain
+    decoding's bit for bit (needs ``refdec build-llama``; docs/llama_cpp.md); False: trees, equal to
+    plain decoding up to llama.cpp's batched roundings; True where it cannot run: ValueError why.
     ``decoder.joint_batch_budget`` (default True): batches with
     ``max_draft_tokens="auto"`` choose the rows' verified prefixes together, priced as
     one padded batched forward (refdec.sizing.budget.batch_prefix_sizes); False prices each
@@ -165,7 +176,8 @@ class SpeculativeDecoder:
 
     def __init__(self, model, tokenizer=None, index=None, *, max_depth: int = MAX_NODES, proposer_factory=None,
                  prefill_chunk: int | None = 512, cuda_graphs: bool = False, max_rows: int = 1,
-                 backend: Backend | None = None, prefix_cache: int = PREFIX_CACHE_ENTRIES, memory: OutputMemory | None = None) -> None:
+                 backend: Backend | None = None, prefix_cache: int = PREFIX_CACHE_ENTRIES, memory: OutputMemory | None = None,
+                 exact: bool | None = None) -> None:
         self.max_depth = check_int("max_depth", max_depth, 1)  # the engine's depth limit too, whatever the drafter
         check_int("max_rows", max_rows, 1)
         check_int("prefix_cache", prefix_cache, 0)
@@ -179,8 +191,8 @@ class SpeculativeDecoder:
         if self.memory is not None and proposer_factory is not None and not _takes_memory(proposer_factory):
             raise ValueError("proposer_factory must take a memory= keyword (a tuple of automata) when memory is "
                              f"given, got {proposer_factory!r}")
-        self.backend = (make_backend(model, cuda_graphs=cuda_graphs, max_rows=max_rows, prefix_cache=prefix_cache)
-                        if backend is None else backend)
+        self.backend = (make_backend(model, cuda_graphs=cuda_graphs, max_rows=max_rows, prefix_cache=prefix_cache,
+                                     exact=exact) if backend is None else backend)
         # a llama.cpp model brings its own tokenizer (refdec.llama_cpp.tokenizer)
         self.tokenizer = tokenizer if tokenizer is not None else self.backend.tokenizer
         self.joint_batch_budget = True

@@ -59,19 +59,21 @@ class Engine:
     Each request brings its own settings (sampling, logits settings, stops, limits: its
     ``sampler``, ``processor`` and ``stopper``), so rows of one batch may differ in all of them.
 
-    ``capacity``: the most rows decoding together; ``joint_budget``: the rows' verified prefixes
+    ``capacity``: the most rows decoding together (and at most the backend's ``row_limit``, where it
+    has one: the others wait, as past the capacity); ``joint_budget``: the rows' verified prefixes
     are chosen together (else each row's budget selects alone). ``backend``: what verifies the
     trees and keeps the cache (refdec.engine.interface.Backend)."""
 
     def __init__(self, backend: Backend, *, capacity: int, prefill_chunk: int | None, max_depth: int,
                  joint_budget: bool = True) -> None:
         self.backend = backend
-        self.capacity = capacity
+        limit = getattr(backend, "row_limit", None)
+        self.capacity = capacity if limit is None else min(capacity, limit)
         self.prefill_chunk = prefill_chunk
         self.max_depth = max_depth
         self.joint_budget = joint_budget
         self.stats = DecodingStats()
-        self.scheduler = Scheduler([], capacity)
+        self.scheduler = Scheduler([], self.capacity)
         self.batch = backend.new_batch()
         self.joining: _Joining | None = None  # the group being prefilled, a chunk per step
 

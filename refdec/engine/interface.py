@@ -124,6 +124,7 @@ class Backend(Protocol):
     tokenizer: object | None  # the model's own tokenizer when it brings one (llama.cpp), else None
     generation_config: object | None  # transformers' GenerationConfig (eos, pad, logits settings) or None
     packed_rows: bool  # a forward of several rows costs their entries' sum (True) or is padded to the longest tree
+    row_limit: int | None  # the most rows it holds at once (None: no limit of its own; llama.cpp's exact mode)
 
     def new_batch(self) -> RunningBatch:
         """An empty running batch."""

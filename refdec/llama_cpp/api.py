@@ -9,11 +9,18 @@ cache (``n_seq_max``, ``kv_unified``; llama.cpp masks attention by sequence id, 
 node attends to the cells of its own sequence) and a full-size sliding-window cache (cells
 of rejected branches are removed, never rolled back). The user's ``Llama`` and its
 context are left as they are.
+
+In exact mode (``TreeContext(exact=True)``, docs/llama_cpp.md) the context gives each sequence a
+KV stream of its own (``kv_unified`` off: a sequence's cells are its positions, as in plain
+decoding's one-sequence cache) and a decode may ask for ggml's batch-invariant matrix products
+(:func:`batch_invariant_switch`: a llama.cpp built by ``refdec build-llama``), with which every
+row of the batch computes what a one-token decode computes.
 """
 
 from __future__ import annotations
 
 import ctypes
+from pathlib import Path
 
 import numpy as np
 
@@ -24,8 +31,8 @@ try:
 except ImportError as exc:  # pragma: no cover - depends on the environment
     raise ImportError("refdec on llama.cpp needs llama-cpp-python: pip install 'refdec[llama]'") from exc
 
-__all__ = ["LlamaDecodeError", "TreeContext", "chat_template", "chat_template_prompt", "is_recurrent",
-           "llama_version"]
+__all__ = ["LlamaDecodeError", "TreeContext", "batch_invariant_switch", "chat_template", "chat_template_prompt",
+           "flash_attention_on", "is_recurrent", "llama_version"]
 
 MAX_SEQUENCES = int(_lib.llama_max_parallel_sequences())
 
@@ -49,20 +56,65 @@ def llama_version() -> str:
     return getattr(llama_cpp, "__version__", "unknown")
 
 
+_SWITCH: list = []  # [the switch or None], found once
+
+
+def batch_invariant_switch():
+    """ggml's ``ggml_cpu_set_batch_invariant(bool)`` in the CPU backend llama.cpp runs on, or None
+    where that build lacks it: stock llama-cpp-python (``refdec build-llama`` builds one with it,
+    refdec/llama_cpp/patches/). While on (process-wide), each row of a matrix product is computed
+    with the kernels a one-row product uses."""
+    if not _SWITCH:
+        found = None
+        for path in _loaded_ggml_cpu():
+            try:
+                setter = ctypes.CDLL(path).ggml_cpu_set_batch_invariant  # loaded: dlopen gives its handle
+            except (OSError, AttributeError):
+                continue
+            setter.argtypes = [ctypes.c_bool]
+            setter.restype = None
+            found = setter
+            break
+        _SWITCH.append(found)
+    return _SWITCH[0]
+
+
+def _loaded_ggml_cpu() -> list[str]:
+    """The paths of ggml's CPU backend mapped into this process (llama-cpp-python's wheel holds the
+    library under several names, copies, not links: a library opened by another name would be a
+    second instance with a switch of its own). Where the process's maps cannot be read (not
+    Linux), the backend's files in llama-cpp-python's ``lib`` folder."""
+    try:
+        with open("/proc/self/maps", encoding="utf-8", errors="replace") as maps:
+            mapped = {line.split()[-1] for line in maps if len(line.split()) >= 6}
+        return sorted(path for path in mapped if path.startswith("/") and "ggml-cpu" in Path(path).name)
+    except OSError:  # pragma: no cover - not Linux
+        return [str(p) for p in sorted((Path(llama_cpp.__file__).parent / "lib").glob("*ggml-cpu*"))]
+
+
+def flash_attention_on(llm) -> bool:
+    """Whether ``llm``'s context may use flash attention (llama.cpp's ``flash_attn_type``: on, or
+    auto, which turns it on where the backend supports it)."""
+    return int(llm.context_params.flash_attn_type) != int(_lib.LLAMA_FLASH_ATTN_TYPE_DISABLED)
+
+
 class TreeContext:
     """A llama.cpp context for tree verification on ``llm``'s model.
 
     ``n_seq_max``: sequences (1 + the most leaves the trees of a step may hold in all, plus one
     per extra batch row); ``rollback``: a recurrent model's states kept per sequence, for its last
     ``rollback`` tokens (llama.cpp's ``n_rs_seq``; 0 for an attention model; ``self.rollback`` is what
-    llama.cpp granted: 0 for an architecture it cannot roll back); ``n_batch``: the most tokens one ``decode`` takes (a tree's nodes + 1,
+    llama.cpp granted: 0 for an architecture it cannot roll back); ``exact``: a KV stream of
+    ``sequence_cells`` cells per sequence (default the Llama's ``n_ctx``; cells at their positions;
+    ``self.n_ctx`` is then a sequence's room) and :meth:`decode`'s ``invariant`` available (module
+    docstring); ``n_batch``: the most tokens one ``decode`` takes (a tree's nodes + 1,
     or a prefill chunk); ``n_outputs`` (default ``n_batch``): the most entries of one ``decode``
     that want logits (llama.cpp aborts the process past its ``n_outputs_max``; its worst-case graph,
     reserved up front, holds that many vocabulary-sized rows). The batch buffers are allocated once.
     """
 
     def __init__(self, llm, *, n_seq_max: int, n_batch: int, n_outputs: int | None = None,
-                 rollback: int = 0) -> None:
+                 rollback: int = 0, exact: bool = False, sequence_cells: int | None = None) -> None:
         if not 1 <= n_seq_max <= MAX_SEQUENCES:
             raise ValueError(f"n_seq_max must be in [1, {MAX_SEQUENCES}] (llama.cpp's limit), got {n_seq_max}")
         self.llm = llm
@@ -76,7 +128,21 @@ class TreeContext:
         self.n_ctx = int(_lib.llama_n_ctx(llm.ctx))
         params.n_ctx = self.n_ctx
         params.n_seq_max = int(n_seq_max)
-        params.kv_unified = True  # cells shared by sequences (a node's cell belongs to every leaf below it)
+        # cells shared by sequences (a node's cell belongs to every leaf below it); exact: a stream per
+        # sequence, of the Llama's n_ctx cells each (llama.cpp splits n_ctx evenly between streams)
+        params.kv_unified = not exact
+        if exact:
+            if sequence_cells is not None:
+                if not 1 <= int(sequence_cells) <= self.n_ctx:
+                    raise ValueError(f"sequence_cells must be in [1, {self.n_ctx}] (the Llama's n_ctx), "
+                                     f"got {sequence_cells}")
+                self.n_ctx = int(sequence_cells)
+            params.n_ctx = self.n_ctx * int(n_seq_max)
+        self.exact = bool(exact)
+        self._invariant = batch_invariant_switch() if exact else None
+        if exact and self._invariant is None:
+            raise ValueError("exact mode needs a llama.cpp with ggml_cpu_set_batch_invariant: "
+                             "build llama-cpp-python with `refdec build-llama`")
         params.swa_full = True  # rejected branches are removed; sliding-window layers must keep full history
         params.n_batch = max(int(src.n_batch), int(n_batch))
         params.n_ubatch = max(int(src.n_ubatch), int(n_batch))  # a tree is one micro-batch: one graph
@@ -120,10 +186,14 @@ class TreeContext:
 
     # -- one decode
 
-    def decode(self, tokens: np.ndarray, positions: np.ndarray, seq_ids: list, want_logits: np.ndarray) -> None:
+    def decode(self, tokens: np.ndarray, positions: np.ndarray, seq_ids: list, want_logits: np.ndarray,
+               invariant: bool = False) -> None:
         """One ``llama_decode`` of ``n`` entries: ``tokens`` int [n], ``positions`` int [n],
         ``seq_ids[i]`` the sequence ids of entry i (a list of ints, or an int array), ``want_logits``
-        bool [n] the entries whose logits :meth:`logits` may read afterwards."""
+        bool [n] the entries whose logits :meth:`logits` may read afterwards. ``invariant`` (exact
+        mode only): with ggml's batch-invariant matrix products, on for this decode alone."""
+        if invariant and self._invariant is None:
+            raise ValueError("invariant=True needs a TreeContext made with exact=True")
         n = int(tokens.shape[0])
         if not 1 <= n <= self.n_batch:
             raise ValueError(f"a decode takes 1..{self.n_batch} tokens, got {n}")
@@ -140,7 +210,14 @@ class TreeContext:
             self._seq_ids[i][:k] = ids
         self._batch.n_tokens = n
         self.decodes += 1
-        rc = _lib.llama_decode(self.ctx, self._batch)
+        if invariant:
+            self._invariant(True)
+            try:
+                rc = _lib.llama_decode(self.ctx, self._batch)
+            finally:
+                self._invariant(False)
+        else:
+            rc = _lib.llama_decode(self.ctx, self._batch)
         if rc != 0:
             what = ("no KV cache slot: the context is full (create the Llama with a larger n_ctx)" if rc == 1
                     else "aborted" if rc == 2 else "the batch was refused")

@@ -36,6 +36,17 @@ state is that of its last token, so its prefix-cache entry is reused whole or no
 prompt that begins with all its tokens (a chat's next turn), whose base sequence then shares its
 state (llama.cpp copies it on the first decode). docs/llama_cpp.md has the measured cost.
 
+Exact mode (``exact``; on by default where llama.cpp has ggml's batch-invariant matrix products,
+``refdec build-llama``, and the model is an attention model without flash attention): a row's
+tokens come out as llama.cpp's plain one-token decoding gives them, bit for bit. Each sequence has
+a KV stream of its own, its cells at its positions as in plain decoding's cache; a row verifies a
+chain (its tree's best path) in its base sequence, every row in one decode with batch-invariant
+products (each row computes what a one-token decode computes), the rejected tail removed with
+``seq_rm``; prompts are prefilled in the Llama's ``n_batch`` chunks with llama.cpp's usual kernels,
+as ``Llama.eval`` feeds them, and a prefix-cache entry is reused only up to the last whole chunk of
+its prompt, so that every cell holds what a fresh plain decode computes there. docs/llama_cpp.md
+says what it costs.
+
 Every entry asks for logits: a leaf's are read only if it is accepted, but without them an
 accepted leaf would yield no bonus token. (A policy that skipped the logits of leaves unlikely to
 be accepted was measured no faster, and removed; CHANGELOG.md.)
@@ -54,16 +65,43 @@ from refdec.engine.accept import accept_walk_steps
 from refdec.engine.defaults import PREFIX_CACHE_ENTRIES
 from refdec.engine.interface import PrefillCancelled, Verified
 from refdec.engine.prefix_cache import PrefixCache
-from refdec.llama_cpp.api import MAX_SEQUENCES, LlamaDecodeError, TreeContext, is_recurrent
+from refdec.llama_cpp.api import (MAX_SEQUENCES, LlamaDecodeError, TreeContext, batch_invariant_switch,
+                                  flash_attention_on, is_recurrent)
 from refdec.llama_cpp.calibration import auto_cost_curve
 from refdec.llama_cpp.tokenizer import GgufTokenizer
 
-__all__ = ["MAX_RECURRENT_CHAIN", "LlamaCppBackend", "LlamaRunningBatch", "best_path", "tree_layout"]
+__all__ = ["MAX_RECURRENT_CHAIN", "LlamaCppBackend", "LlamaRunningBatch", "best_path",
+           "exact_default", "exact_mode_refusal", "tree_layout"]
 
 # The longest chain a row verifies on a model with recurrent layers: llama.cpp keeps one recurrent
 # state per token of a sequence's last 1 + this many (n_rs_seq), so that a rejected tail can be rolled
 # back; each costs a copy of every recurrent layer's state per decoded token (docs/llama_cpp.md).
 MAX_RECURRENT_CHAIN = 16
+
+
+
+def exact_mode_refusal(llm) -> str | None:
+    """Why exact mode cannot run on ``llm`` (None: it can)."""
+    if batch_invariant_switch() is None:
+        return ("this llama-cpp-python has no batch-invariant matrix products (ggml_cpu_set_batch_invariant): "
+                "build it with `refdec build-llama`")
+    if is_recurrent(llm.model):
+        return "the model has recurrent layers, whose batched kernels refdec has not checked row by row"
+    if flash_attention_on(llm):
+        return ("the Llama uses flash attention, whose CPU kernels differ by batch size: "
+                "create it with flash_attn=False (llama-cpp-python's default)")
+    return None
+
+
+def exact_default(llm, exact: bool | None) -> bool:
+    """Exact mode for ``llm``: ``exact`` itself (True where :func:`exact_mode_refusal` refuses is a
+    ValueError with its reason), or, when None, whether it can run."""
+    why = exact_mode_refusal(llm)
+    if exact is None:
+        return why is None
+    if exact and why is not None:
+        raise ValueError(f"exact=True: {why}")
+    return bool(exact)
 
 
 def tree_layout(tree: DraftTree) -> tuple[list[list[int]], np.ndarray]:
@@ -153,7 +191,7 @@ class LlamaRunningBatch:
                 self.backend._decode(kept, int(root_pos[b]) + np.arange(1 + k, dtype=np.int32),
                                      [[self.base_seqs[b]]] * (1 + k), np.zeros(1 + k, dtype=bool))
             return
-        if self.backend.recurrent:  # each row's chain sits in its base sequence: roll the rejected tail back
+        if self.backend.chains:  # each row's chain sits in its base sequence: cut the rejected tail
             for b, accepted in enumerate(accepted_rows):
                 if int(accepted.shape[0]) < pending[b]:
                     ctx.seq_remove(self.base_seqs[b], int(root_pos[b]) + 1 + int(accepted.shape[0]), -1)
@@ -173,7 +211,7 @@ class LlamaRunningBatch:
             return
         for b, request in enumerate(self.requests):
             if request.done:
-                self.backend.retire_seq(self.base_seqs[b], request.seq)
+                self.backend.retire_seq(self.base_seqs[b], request.seq, len(request.prompt))
         self.requests = [self.requests[b] for b in keep]
         self.base_seqs = [self.base_seqs[b] for b in keep]
 
@@ -188,22 +226,32 @@ class LlamaCppBackend:
     trees); ``prefix_cache``: the finished rows' sequences kept for the prompts that begin the
     same way (0: none; module docstring). The Llama's own context is not touched: refdec keeps a
     context of its own on the same weights (refdec.llama_cpp.api.TreeContext), of the Llama's
-    ``n_ctx``, which every running row and kept sequence shares."""
+    ``n_ctx``, which every running row and kept sequence shares. ``exact``: exact mode (module
+    docstring; None: on where it can run, :func:`exact_mode_refusal`); its cache has a stream per
+    sequence, ``max_rows + prefix_cache`` of them by default, each of ``n_ctx / max_rows`` cells (a
+    row's share of the Llama's context, as in the shared cache: ``1 + prefix_cache / max_rows`` times
+    its memory)."""
 
     def __init__(self, llm, *, max_tree: int = MAX_NODES, n_seq_max: int | None = None, max_rows: int = 1,
-                 prefix_cache: int = PREFIX_CACHE_ENTRIES) -> None:
+                 prefix_cache: int = PREFIX_CACHE_ENTRIES, exact: bool | None = None) -> None:
         self.llm = llm
         # recurrent layers: one chain per row in its base sequence, its rejected tail rolled back (module docstring)
         self.recurrent = is_recurrent(llm.model)
+        self.exact = exact_default(llm, exact)
+        self.chains = self.recurrent or self.exact  # a row verifies its tree's best path
         self.max_tree = min(int(max_tree), MAX_RECURRENT_CHAIN) if self.recurrent else int(max_tree)
         n_batch = 1 + self.max_tree
         # llama.cpp reserves a logits row per sequence: more sequences than batch entries cost memory
         # (a row is the vocabulary's size) and buy nothing, as a tree has fewer leaves than entries
         chosen = n_seq_max
         if n_seq_max is None:
-            n_seq_max = min(MAX_SEQUENCES, int(max_rows) + 1 if self.recurrent else n_batch)
+            if self.exact:  # a KV stream per sequence: the rows and the kept entries, no branches
+                n_seq_max = min(MAX_SEQUENCES, int(max_rows) + int(prefix_cache))
+            else:
+                n_seq_max = min(MAX_SEQUENCES, int(max_rows) + 1 if self.recurrent else n_batch)
         self.ctx = TreeContext(llm, n_seq_max=int(n_seq_max), n_batch=int(max_rows) * n_batch,
-                               rollback=n_batch if self.recurrent else 0)
+                               rollback=n_batch if self.recurrent else 0, exact=self.exact,
+                               sequence_cells=int(llm.n_ctx()) // int(max_rows) if self.exact else None)
         # an architecture whose state llama.cpp cannot roll back (Mamba2, Granite 4, Falcon-H1, Qwen3-Next
         # in 0.3.36): each row verifies its chain in a scratch copy of its sequence (module docstring)
         self.scratch_chains = self.recurrent and self.ctx.rollback < n_batch
@@ -215,6 +263,8 @@ class LlamaCppBackend:
         self.max_positions = self.ctx.n_ctx - 1  # positions 0 .. n_ctx - 1; the last token is never fed
         self.device = torch.device("cpu")
         self.packed_rows = True  # one llama_decode of every row's entries, nothing padded
+        # exact mode: a KV stream per row (the prefix cache's entries give theirs back); trees: no limit of their own
+        self.row_limit = self.ctx.n_seq_max if self.exact else None
         eos = sorted(self.ctx.eos_ids())
         self.generation_config = SimpleNamespace(eos_token_id=eos or None, pad_token_id=None)
         self.tokenizer = GgufTokenizer(llm)
@@ -235,7 +285,10 @@ class LlamaCppBackend:
         if not self._free_seqs:
             oldest = self.prefix_cache.pop_oldest()
             if oldest is None:
-                raise LlamaDecodeError(f"all {self.ctx.n_seq_max} llama.cpp sequences are in use")
+                more = (f" (exact mode: a KV stream per sequence, max_rows + prefix_cache of them; decode at most "
+                        f"that many prompts together, or make the decoder with a larger max_rows)"
+                        if self.exact else "")
+                raise LlamaDecodeError(f"all {self.ctx.n_seq_max} llama.cpp sequences are in use{more}")
             self.release_seq(oldest)
         return self._free_seqs.pop()
 
@@ -244,13 +297,17 @@ class LlamaCppBackend:
         self._free_seqs.append(seq)
         self._free_seqs.sort(reverse=True)
 
-    def retire_seq(self, seq: int, tokens: list[int]) -> None:
-        """A finished row's base sequence ``seq``, whose row emitted ``tokens`` (prompt + new), into
-        the prefix cache: its cells up to the last token fed that the row kept (a stop string may
-        have cut emitted tokens whose cells exist), the rest removed. Freed when the cache keeps
-        nothing of it."""
+    def retire_seq(self, seq: int, tokens: list[int], prompt_length: int | None = None) -> None:
+        """A finished row's base sequence ``seq``, whose row emitted ``tokens`` (prompt + new; the
+        prompt its first ``prompt_length``), into the prefix cache: its cells up to the last token
+        fed that the row kept (a stop string may have cut emitted tokens whose cells exist), the rest
+        removed; in exact mode up to the last whole prefill chunk of the prompt (module docstring).
+        Freed when the cache keeps nothing of it."""
         held = self.ctx.seq_pos_range(seq)[1] + 1
         n = min(len(tokens) - 1, held)
+        if self.exact:
+            chunk = self.ctx.prefill_chunk
+            n = min(n, (len(tokens) if prompt_length is None else int(prompt_length)) // chunk * chunk)
         if self.prefix_cache.max_entries == 0 or n <= 0:
             self.release_seq(seq)
             return
@@ -267,12 +324,13 @@ class LlamaCppBackend:
         for seq in self.prefix_cache.clear():
             self.release_seq(seq)
 
-    def _decode(self, tokens: np.ndarray, positions: np.ndarray, seq_ids: list, want_logits: np.ndarray) -> None:
+    def _decode(self, tokens: np.ndarray, positions: np.ndarray, seq_ids: list, want_logits: np.ndarray,
+                invariant: bool = False) -> None:
         """``ctx.decode``; when no KV slot is free, the prefix cache's entries give their cells back,
         oldest first, until the batch fits (LlamaDecodeError when it does not with none left)."""
         while True:
             try:
-                self.ctx.decode(tokens, positions, seq_ids, want_logits)
+                self.ctx.decode(tokens, positions, seq_ids, want_logits, invariant=invariant)
                 return
             except LlamaDecodeError as error:
                 if error.code != 1 or not len(self.prefix_cache):
@@ -297,8 +355,8 @@ class LlamaCppBackend:
         ``max_tree``), and no more leaves than its share of the branch sequences (what the rows'
         base sequences leave)."""
         most = min(self.max_tree, min(self.ctx.n_batch, self.ctx.n_outputs) // max(1, rows) - 1)
-        if self.recurrent:  # a chain: the tree's best path
-            return keep_nodes(tree, best_path(tree)[:self.max_tree])
+        if self.chains:  # a chain: the tree's best path
+            return keep_nodes(tree, best_path(tree)[:most if self.exact else self.max_tree])
         if len(tree) > most:
             tree = keep_nodes(tree, np.arange(max(0, most)))
         share = (self.ctx.n_seq_max - rows) // max(1, rows)
@@ -327,7 +385,12 @@ class LlamaCppBackend:
                 cached = min(cached, len(tokens) - 1)
                 if self.recurrent and entry is not None and cached < entry.tokens.shape[0]:
                     cached = 0  # the prompt is the entry itself: its state is past the last prompt token
-                if cached > 0:
+                if self.exact:  # whole prefill chunks only, as a fresh Llama.eval computes them
+                    cached -= cached % ctx.prefill_chunk
+                if cached > 0 and self.exact:  # another stream: llama.cpp copies the entry's whole stream
+                    ctx.seq_copy(entry.handle, seq)
+                    ctx.seq_remove(seq, cached, -1)
+                elif cached > 0:
                     ctx.seq_copy(entry.handle, seq, 0, cached)
                 request.stats.cached_prompt_tokens = max(0, cached)
                 step = ctx.prefill_chunk
@@ -360,6 +423,8 @@ class LlamaCppBackend:
         """One ``llama_decode`` of every row's ``[root] + tree`` (module docstring), then each row's
         walk. ``roots`` int64 [B], ``root_pos`` int64 [B]; ``rules[b]`` the row's target rule
         (None: greedy)."""
+        if self.exact:
+            return self._verify_exact_chains(batch, trees, roots, root_pos, rules)
         if self.recurrent:
             return self._verify_chains(batch, trees, roots, root_pos, rules)
         t0 = time.perf_counter()
@@ -436,6 +501,29 @@ class LlamaCppBackend:
             pending.append((tokens, scratch) if self.scratch_chains else len(tree))
         batch.pending = pending
         return Verified(walks, head_rows, forward_seconds=forward)
+
+    def _verify_exact_chains(self, batch: LlamaRunningBatch, trees: list[DraftTree], roots: np.ndarray,
+                             root_pos: np.ndarray, rules: list) -> Verified:
+        """:meth:`verify` in exact mode: every row's ``[root] + chain`` (``fit_tree`` made each tree a
+        chain) in its base sequence, in one decode with batch-invariant products; the rejected
+        tails are cut by ``keep_accepted``."""
+        t0 = time.perf_counter()
+        tokens, positions, seq_ids, starts = [], [], [], []
+        for b, tree in enumerate(trees):
+            if len(tree) and not np.array_equal(tree.parents, np.arange(-1, len(tree) - 1)):
+                raise ValueError("exact mode verifies chains on llama.cpp: fit_tree makes them")
+            starts.append(len(tokens))
+            tokens.append(int(roots[b]))
+            tokens.extend(tree.token_ids.tolist())
+            positions.extend(range(int(root_pos[b]), int(root_pos[b]) + 1 + len(tree)))
+            seq_ids.extend([[batch.base_seqs[b]]] * (1 + len(tree)))
+        t1 = time.perf_counter()
+        self._decode(np.asarray(tokens, dtype=np.int32), np.asarray(positions, dtype=np.int32), seq_ids,
+                     np.ones(len(tokens), dtype=bool), invariant=True)
+        t2 = time.perf_counter()
+        batch.pending = [len(tree) for tree in trees]
+        walks = [self._walk(tree, starts[b], rules[b]) for b, tree in enumerate(trees)]
+        return Verified(walks, [1 + len(tree) for tree in trees], forward_seconds=t2 - t1, prepare_seconds=t1 - t0)
 
     def _walk(self, tree: DraftTree, start: int, rule) -> tuple[np.ndarray, int]:
         """The acceptance walk (refdec.engine.accept) over the rows of the last decode from

@@ -46,6 +46,7 @@ def _key(backend) -> str:
         "threads": backend.ctx.n_threads(), "n_batch": backend.ctx.n_batch, "n_ubatch": int(params.n_ubatch),
         "type_k": int(params.type_k), "type_v": int(params.type_v), "flash_attn": int(params.flash_attn_type),
         "llama_cpp_python": llama_version(), "forward": FORWARD_VERSION, "max_tree": backend.max_tree,
+        "exact": bool(getattr(backend, "exact", False)),
     }
     return hashlib.sha256(json.dumps(fields, sort_keys=True).encode()).hexdigest()[:24]
 
@@ -89,7 +90,8 @@ def measure(backend, nodes=CALIBRATED_SIZES, *, cache_len: int = 512, repeats: i
                     ctx.seq_copy(seq, scratch)
                     into = scratch
                 t0 = time.perf_counter()
-                ctx.decode(tokens, positions, [[into]] * rows, np.ones(rows, bool) if all_rows else last_only)
+                ctx.decode(tokens, positions, [[into]] * rows, np.ones(rows, bool) if all_rows else last_only,
+                           invariant=bool(getattr(backend, "exact", False)))  # as exact mode verifies
                 elapsed = time.perf_counter() - t0
                 if scratch is not None:
                     ctx.seq_remove(scratch)

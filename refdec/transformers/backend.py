@@ -48,6 +48,7 @@ class TransformersBackend:
 
     tokenizer = None  # a transformers model brings none: the caller passes its tokenizer
     packed_rows = False  # the rows' query slots are padded to the longest tree
+    row_limit = None  # rows are limited by memory only
 
     def __init__(self, model, *, cuda_graphs: bool = False, prefix_cache: int = PREFIX_CACHE_ENTRIES) -> None:
         if not isinstance(cuda_graphs, bool):
