@@ -14,7 +14,7 @@ _EXPORTS = {
     "ShardedIndex": "refdec.drafting.index", "DraftBatch": "refdec.drafting.tree", "DraftTree": "refdec.drafting.tree", "Drafter": "refdec.drafting.proposer",
     "Proposer": "refdec.drafting.proposer", "SpeculativeDecoder": "refdec.engine.decoder", "generate": "refdec.engine.decoder",
     "DecodingStats": "refdec.engine.results", "GenerateOutput": "refdec.engine.results",
-    "OutputMemory": "refdec.drafting.memory",
+    "OutputMemory": "refdec.drafting.memory", "DecodeSettings": "refdec.engine.settings",
 }
 __all__ = list(_EXPORTS)
 
@@ -25,6 +25,7 @@ if TYPE_CHECKING:
     from refdec.drafting.tree import DraftBatch, DraftTree
     from refdec.engine.decoder import SpeculativeDecoder, generate
     from refdec.engine.results import DecodingStats, GenerateOutput
+    from refdec.engine.settings import DecodeSettings
 
 
 def __getattr__(name: str):

@@ -19,6 +19,7 @@ import refdec
 from refdec.engine.arguments import (eos_ids, is_batched_input, normalize_batch, normalize_prompt,
                                      normalize_references, parse_arguments, row_seeds, split_references)
 from refdec.drafting.index import CorpusIndex
+from refdec.engine.settings import DecodeSettings
 from tiny_models import batch_row, hf_greedy, mixed_batch, repetitive_prompts, tiny_gpt2, tiny_llama
 
 NEW = 40
@@ -35,12 +36,14 @@ def fake_backend(eos_token_id=None, pad_token_id=None):
 
 
 def parse(input_ids, backend=None, **arguments):
-    """parse_arguments with generate's defaults."""
-    defaults = dict(tokenizer=None, index=None, references=None, max_new_tokens=256, do_sample=False,
-                    temperature=1.0, top_k=None, top_p=None, min_p=None, seed=None, eos_token_id=None,
-                    stop_strings=None, streamer=None, max_draft_tokens="auto", attention_mask=None,
-                    pad_token_id=None, retrieve=0, max_batch_size=None, on_row_done=None, logits_settings={})
-    return parse_arguments(backend or fake_backend(), input_ids, **{**defaults, **arguments})
+    """parse_arguments with generate's defaults; the keywords of the decoding settings make its
+    DecodeSettings (refdec.engine.settings), as generate makes it."""
+    defaults = dict(tokenizer=None, index=None, references=None, streamer=None, attention_mask=None,
+                    pad_token_id=None, retrieve=0, max_batch_size=None, on_row_done=None)
+    names = {f.name for f in dataclasses.fields(DecodeSettings)}
+    logits = arguments.pop("logits_settings", {})
+    settings = DecodeSettings.of(**{name: arguments.pop(name) for name in list(arguments) if name in names}, **logits)
+    return parse_arguments(backend or fake_backend(), input_ids, settings, **{**defaults, **arguments})
 
 
 def test_one_prompt_is_parsed_into_a_single_row_with_its_references_and_no_padding():

@@ -12,6 +12,7 @@ from refdec.cli.main import build_parser
 from refdec.engine import defaults
 from refdec.engine.decoder import make_backend
 from refdec.engine.service import DecodingService
+from refdec.engine.settings import DecodeSettings
 from refdec.transformers.backend import TransformersBackend
 
 
@@ -20,8 +21,9 @@ def default_of(function, name: str):
 
 
 def test_the_python_api_and_the_service_read_the_defaults():
-    for function in (refdec.generate, refdec.SpeculativeDecoder.generate, DecodingService.submit):
+    for function in (refdec.generate, refdec.SpeculativeDecoder.generate):
         assert default_of(function, "max_new_tokens") == defaults.MAX_NEW_TOKENS, function
+    assert DecodeSettings().max_new_tokens == defaults.MAX_NEW_TOKENS  # what DecodingService.submit reads
     for function in (refdec.SpeculativeDecoder.__init__, make_backend, TransformersBackend.__init__):
         assert default_of(function, "prefix_cache") == defaults.PREFIX_CACHE_ENTRIES, function
     assert default_of(DecodingService.__init__, "max_concurrent") == defaults.MAX_CONCURRENT

@@ -5,8 +5,9 @@ package, at import time; the decoder picks a backend by the model's type when it
 Modules, front to back:
 
 * ``decoder``   -- ``generate`` / ``SpeculativeDecoder``: validate, make requests, lay out outputs
-* ``arguments`` -- the call's arguments checked and normalised: prompts, references, seeds, sampling
-  and logits settings, stops, the index
+* ``settings``  -- ``DecodeSettings``: how one request decodes, checked once where it enters refdec
+* ``arguments`` -- the call's arguments checked and normalised: prompts, references, seeds, the
+  settings against the model (eos ids, logits settings, stops' tokenizer), the index
 * ``requests``  -- one request's sequence, stops, drafter and budget
 * ``engine``    -- the loop; ``scheduler`` (continuous batching), ``drafts`` (a step's draft)
 * ``interface`` -- what the loop asks of a backend (``Backend``, ``RunningBatch``), what a

@@ -12,8 +12,6 @@ and in the order of :func:`parse_arguments`. Every token sequence goes through
 
 from __future__ import annotations
 
-import numbers
-import warnings
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -23,12 +21,13 @@ import torch
 from refdec.drafting.index import CorpusIndex, ShardedIndex, tokenizer_fingerprint
 from refdec.engine.processors import PathLogitsProcessor
 from refdec.engine.sampling import random_seed
-from refdec.sizing.budget import Budget, make_budget
+from refdec.engine.settings import DecodeSettings
+from refdec.sizing.budget import Budget
 from refdec.tokens import as_token_ids, check_int, is_int
 
 __all__ = ["GenerateArguments", "check_index_tokenizer", "eos_ids", "is_batched_input", "logits_processor",
            "normalize_batch", "normalize_prompt", "normalize_references", "normalize_stop_strings",
-           "parse_arguments", "row_seeds", "split_references", "validate_sampling"]
+           "parse_arguments", "row_seeds", "split_references"]
 
 
 @dataclass(frozen=True)
@@ -70,13 +69,14 @@ class GenerateArguments:
     on_row_done: Callable | None
 
 
-def parse_arguments(backend, input_ids, *, tokenizer, index, references, max_new_tokens, do_sample, temperature,
-                    top_k, top_p, min_p, seed, eos_token_id, stop_strings, streamer, max_draft_tokens,
-                    attention_mask, pad_token_id, retrieve, max_batch_size, on_row_done,
-                    logits_settings: dict) -> GenerateArguments:
+def parse_arguments(backend, input_ids, settings: DecodeSettings, *, tokenizer, index, references, streamer,
+                    attention_mask, pad_token_id, retrieve, max_batch_size, on_row_done) -> GenerateArguments:
     """``generate``'s arguments (the decoder's tokenizer and index already standing in for None)
     checked, in this order, and normalised for ``backend`` (refdec.transformers.backend: its vocabulary,
-    position limit and generation_config)."""
+    position limit and generation_config); ``settings`` (checked when made) against the model: its
+    eos ids, logits settings and stop strings' tokenizer."""
+    if not isinstance(settings, DecodeSettings):
+        raise ValueError(f"settings must be a refdec.DecodeSettings, got {type(settings).__name__}")
     if on_row_done is not None and not callable(on_row_done):
         raise ValueError(f"on_row_done must be callable or None, got {type(on_row_done).__name__}")
     if max_batch_size is not None and (not is_int(max_batch_size) or max_batch_size < 1):
@@ -95,13 +95,11 @@ def parse_arguments(backend, input_ids, *, tokenizer, index, references, max_new
     if single:
         prompts, padded = [normalize_prompt(input_ids, backend.vocab_size)], None
         _check_single_mask(attention_mask, prompts[0])
-    max_new_tokens = check_int("max_new_tokens", max_new_tokens, 0)
-    validate_sampling(do_sample, temperature, top_k, top_p, None if isinstance(seed, (list, tuple)) else seed,
-                      min_p)
-    eos = eos_ids(eos_token_id, backend, backend.vocab_size)
-    processor = logits_processor(backend, eos, logits_settings, max_new_tokens)
+    max_new_tokens = settings.max_new_tokens
+    eos = eos_ids(settings.eos_token_id, backend, backend.vocab_size)
+    processor = logits_processor(backend, eos, dict(settings.logits_settings), max_new_tokens)
     processor.check_vocab(backend.vocab_size)
-    stops = normalize_stop_strings(stop_strings, tokenizer)
+    stops = normalize_stop_strings(settings.stop_strings, tokenizer)
     if single:
         refs_per_row = [normalize_references(references, tokenizer)]
     if streamer is not None and not (callable(getattr(streamer, "put", None))
@@ -112,9 +110,6 @@ def parse_arguments(backend, input_ids, *, tokenizer, index, references, max_new
         raise ValueError(f"index must be a refdec.CorpusIndex, a refdec.ShardedIndex or None, "
                          f"got {type(index).__name__}")
     retrieve = check_retrieve(retrieve, index)
-    # checked once, here (a batch's before its prompts are read)
-    if not (isinstance(max_draft_tokens, str) and max_draft_tokens == "auto"):
-        max_draft_tokens = make_budget(max_draft_tokens)
     if not single:
         pad_token_id = _pad_token_id(pad_token_id, backend, eos)
         prompts, padded = normalize_batch(input_ids, attention_mask, backend.vocab_size)
@@ -122,11 +117,12 @@ def parse_arguments(backend, input_ids, *, tokenizer, index, references, max_new
     else:
         pad_token_id = None
     _check_prompt_lengths(prompts, backend.max_positions, single)
-    seeds = row_seeds(seed, len(prompts)) if do_sample else [None] * len(prompts)
+    seeds = row_seeds(settings.seed, len(prompts)) if settings.do_sample else [None] * len(prompts)
     return GenerateArguments(
         single=single, prompts=prompts, padded=padded, references=refs_per_row, tokenizer=tokenizer, index=index,
-        retrieve=retrieve, max_new_tokens=max_new_tokens, max_draft_tokens=max_draft_tokens, do_sample=do_sample,
-        temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p, seeds=seeds, eos=eos,
+        retrieve=retrieve, max_new_tokens=max_new_tokens, max_draft_tokens=settings.max_draft_tokens,
+        do_sample=settings.do_sample, temperature=settings.temperature, top_k=settings.top_k, top_p=settings.top_p,
+        min_p=settings.min_p, seeds=seeds, eos=eos,
         pad_token_id=pad_token_id, processor=processor, stop_strings=stops, streamer=streamer,
         max_batch_size=max_batch_size or len(prompts), on_row_done=on_row_done)
 
@@ -288,36 +284,6 @@ def split_references(references, batch_size: int) -> list:
 
 # ---------------------------------------------------------------------------------------------
 # Sampling: the settings and each row's seed
-
-
-def validate_sampling(do_sample, temperature, top_k, top_p, seed, min_p=None) -> None:
-    """The sampling settings as ``model.generate`` takes them (``seed``: an int or None; a list of
-    per-row seeds is checked by :func:`row_seeds`); greedy decoding warns about those it does not read."""
-    if not isinstance(do_sample, bool):
-        raise ValueError(f"do_sample must be True or False, got {do_sample!r}")
-    if not isinstance(temperature, numbers.Real) or isinstance(temperature, bool) or not np.isfinite(temperature):
-        raise ValueError(f"temperature must be a finite number, got {temperature!r}")
-    if do_sample and temperature <= 0:
-        raise ValueError(f"temperature must be > 0 when do_sample=True, got {temperature!r} "
-                         "(use do_sample=False for greedy decoding)")
-    if top_k is not None and (not is_int(top_k) or top_k < 1):
-        raise ValueError(f"top_k must be None or an int >= 1, got {top_k!r}")
-    if top_p is not None and (not isinstance(top_p, numbers.Real) or isinstance(top_p, bool)
-                              or not 0.0 < top_p <= 1.0):
-        raise ValueError(f"top_p must be None or a number in (0, 1], got {top_p!r}")
-    if min_p is not None and (not isinstance(min_p, numbers.Real) or isinstance(min_p, bool)
-                              or not 0.0 <= min_p <= 1.0):
-        raise ValueError(f"min_p must be None or a number in [0, 1], got {min_p!r}")
-    if seed is not None and (not is_int(seed) or seed < 0):
-        raise ValueError(f"seed must be None or an int >= 0, got {seed!r}")
-    if not do_sample:
-        unused = [f"{name}={value!r}" for name, value, off in (
-            ("temperature", temperature, 1.0), ("top_k", top_k, None), ("top_p", top_p, None), ("min_p", min_p, None),
-            ("seed", seed, None)) if value != off]
-        if unused:  # as model.generate warns: greedy decoding does not read them
-            # stacklevel: past this function, parse_arguments, generate and its inference_mode wrapper
-            warnings.warn(f"do_sample=False (greedy decoding), so {', '.join(unused)} has no effect; pass "
-                          f"do_sample=True to sample", UserWarning, stacklevel=5)
 
 
 def row_seeds(seed, batch_size: int) -> list[int]:

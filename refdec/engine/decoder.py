@@ -36,6 +36,7 @@ from refdec.drafting.proposer import Drafter, Proposer
 from refdec.drafting.tree import MAX_NODES
 from refdec.engine import engine
 from refdec.engine.arguments import GenerateArguments, parse_arguments
+from refdec.engine.settings import DecodeSettings
 from refdec.engine.defaults import MAX_NEW_TOKENS, PREFIX_CACHE_ENTRIES
 from refdec.engine.interface import Backend
 from refdec.engine.requests import Request
@@ -74,6 +75,27 @@ def make_backend(model, *, cuda_graphs: bool = False, max_rows: int = 1,
     from refdec.transformers.backend import TransformersBackend
 
     return TransformersBackend(model, cuda_graphs=cuda_graphs, prefix_cache=prefix_cache)
+
+
+# generate's keywords for DecodeSettings' fields, and their defaults there
+_SETTING_DEFAULTS = {"max_new_tokens": MAX_NEW_TOKENS, "do_sample": False, "temperature": 1.0, "top_k": None,
+                     "top_p": None, "min_p": None, "seed": None, "eos_token_id": None, "stop_strings": None,
+                     "max_draft_tokens": "auto"}
+
+
+def _keyword_settings(settings: DecodeSettings | None, **keywords) -> DecodeSettings:
+    """The settings ``generate``'s keywords spell; with ``settings``, those keywords given a value
+    other than their default (and every logits setting) override its fields."""
+    if settings is not None:
+        keywords = {name: value for name, value in keywords.items()
+                    if name not in _SETTING_DEFAULTS or _differs(value, _SETTING_DEFAULTS[name])}
+    return DecodeSettings.of(settings, **keywords)
+
+
+def _differs(value, default) -> bool:
+    """Whether a keyword was given a value other than its default (a tensor or list always differs
+    from a scalar default)."""
+    return value is not default and not (type(value) is type(default) and value == default)
 
 
 def _is_llama(model) -> bool:
@@ -216,14 +238,18 @@ class SpeculativeDecoder:
         return self.backend.device
 
     @torch.inference_mode()
-    def generate(self, input_ids, *, tokenizer=None, index=None, references=None,
-                 max_new_tokens: int = MAX_NEW_TOKENS,
+    def generate(self, input_ids, *, settings: DecodeSettings | None = None, tokenizer=None, index=None,
+                 references=None, max_new_tokens: int = MAX_NEW_TOKENS,
                  do_sample: bool = False, temperature: float = 1.0, top_k: int | None = None,
                  top_p: float | None = None, seed: int | None = None, eos_token_id=None, stop_strings=None,
                  streamer=None, max_draft_tokens="auto", attention_mask=None, pad_token_id=None,
                  retrieve: int = 0, max_batch_size: int | None = None, min_p: float | None = None,
                  on_row_done=None, **logits_settings) -> GenerateOutput:
         """Speculative generation of one prompt, or of a batch.
+
+        ``settings``: how to decode, as one :class:`~refdec.engine.settings.DecodeSettings`; the
+        keywords that spell its fields (``max_new_tokens`` to ``max_draft_tokens``, ``min_p`` and the
+        logits settings) make one, or override its fields where both are given.
 
         ``logits_settings``: ``model.generate``'s sequence-dependent logits settings
         (``repetition_penalty``, ``no_repeat_ngram_size``, ``sequence_bias``, ``bad_words_ids``,
@@ -244,13 +270,15 @@ class SpeculativeDecoder:
 
         Returns the sequences (int64 [1, L] or [B, L], on the model's device) and the stats.
         """
+        settings = _keyword_settings(settings, max_new_tokens=max_new_tokens, do_sample=do_sample,
+                                     temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p, seed=seed,
+                                     eos_token_id=eos_token_id, stop_strings=stop_strings,
+                                     max_draft_tokens=max_draft_tokens, **logits_settings)  # checked once, here
         args = parse_arguments(
-            self.backend, input_ids, tokenizer=tokenizer if tokenizer is not None else self.tokenizer,
-            index=index if index is not None else self.index, references=references, max_new_tokens=max_new_tokens,
-            do_sample=do_sample, temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p, seed=seed,
-            eos_token_id=eos_token_id, stop_strings=stop_strings, streamer=streamer, max_draft_tokens=max_draft_tokens,
+            self.backend, input_ids, settings, tokenizer=tokenizer if tokenizer is not None else self.tokenizer,
+            index=index if index is not None else self.index, references=references, streamer=streamer,
             attention_mask=attention_mask, pad_token_id=pad_token_id, retrieve=retrieve, max_batch_size=max_batch_size,
-            on_row_done=on_row_done, logits_settings=logits_settings)
+            on_row_done=on_row_done)
         calibrating = time.perf_counter()
         budgets = self._budgets(args.max_draft_tokens, args.single, len(args.prompts))  # "auto": measured once
         started = time.perf_counter()  # the call's clock runs from here: calibration is not decoding
@@ -384,7 +412,8 @@ def _remembering(memory: OutputMemory, tenant, on_done):
     return done
 
 
-def generate(model, input_ids, *, tokenizer=None, index=None, references=None, max_new_tokens: int = MAX_NEW_TOKENS,
+def generate(model, input_ids, *, settings: DecodeSettings | None = None, tokenizer=None, index=None, references=None,
+             max_new_tokens: int = MAX_NEW_TOKENS,
              do_sample: bool = False, temperature: float = 1.0, top_k: int | None = None,
              top_p: float | None = None, seed: int | None = None, eos_token_id=None, stop_strings=None,
              streamer=None, max_draft_tokens="auto", proposer_factory=None, attention_mask=None,
@@ -395,12 +424,14 @@ def generate(model, input_ids, *, tokenizer=None, index=None, references=None, m
     Batches: a left-padded [B, L] ``input_ids`` with ``attention_mask``, or a list of prompts;
     ``max_batch_size`` rows at most decode together, the others join as rows finish.
     ``logits_settings``: ``repetition_penalty=1.2`` etc., as SpeculativeDecoder.generate takes them.
-    ``memory``: a :class:`refdec.OutputMemory` the call drafts from and adds its outputs to."""
+    ``memory``: a :class:`refdec.OutputMemory` the call drafts from and adds its outputs to.
+    ``settings``: a :class:`refdec.DecodeSettings` (the keywords for its fields override it)."""
+    settings = _keyword_settings(  # checked once, here
+        settings, max_new_tokens=max_new_tokens, do_sample=do_sample, temperature=temperature, top_k=top_k,
+        top_p=top_p, min_p=min_p, seed=seed, eos_token_id=eos_token_id, stop_strings=stop_strings,
+        max_draft_tokens=max_draft_tokens, **logits_settings)
     decoder = SpeculativeDecoder(model, tokenizer=tokenizer, index=index, proposer_factory=proposer_factory,
                                  backend=kept_llama_backend(model), memory=memory)
-    return decoder.generate(input_ids, references=references, max_new_tokens=max_new_tokens,
-                            do_sample=do_sample, temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p,
-                            seed=seed, eos_token_id=eos_token_id, stop_strings=stop_strings, streamer=streamer,
-                            max_draft_tokens=max_draft_tokens, attention_mask=attention_mask,
-                            pad_token_id=pad_token_id, retrieve=retrieve, max_batch_size=max_batch_size,
-                            on_row_done=on_row_done, **logits_settings)
+    return decoder.generate(input_ids, settings=settings, references=references, streamer=streamer,
+                            attention_mask=attention_mask, pad_token_id=pad_token_id, retrieve=retrieve,
+                            max_batch_size=max_batch_size, on_row_done=on_row_done)

@@ -26,7 +26,8 @@ import time
 from dataclasses import dataclass, field
 
 from refdec.engine.arguments import parse_arguments
-from refdec.engine.defaults import MAX_CONCURRENT, MAX_NEW_TOKENS, MAX_WAITING
+from refdec.engine.settings import DecodeSettings
+from refdec.engine.defaults import MAX_CONCURRENT, MAX_WAITING
 from refdec.engine.engine import Engine
 from refdec.engine.requests import Request
 from refdec.engine.results import DecodingStats
@@ -152,23 +153,21 @@ class DecodingService:
 
     # -- any thread
 
-    def submit(self, prompt, *, on_event=None, references=None, max_new_tokens: int = MAX_NEW_TOKENS, do_sample: bool = False,
-               temperature: float = 1.0, top_p: float | None = None, top_k: int | None = None,
-               min_p: float | None = None, seed: int | None = None, stop_strings=None, eos_token_id=None,
-               max_draft_tokens="auto", tenant=None, index=DECODER_INDEX, **logits_settings) -> Ticket:
-        """Queues one prompt (token ids: a list of int or int64 [L]) with ``generate``'s settings;
-        returns its :class:`Ticket`. ``tenant`` (any hashable): whose past outputs it drafts from
-        and joins, when the decoder has a memory (refdec.drafting.memory). ``index``: the corpus it drafts
-        from (a refdec.CorpusIndex, ShardedIndex or None; default: the decoder's). Raises ValueError for a bad argument, :class:`ServiceBusy`
-        when the queue is full and :class:`ServiceClosed` after :meth:`close`."""
+    def submit(self, prompt, settings: DecodeSettings | None = None, *, on_event=None, references=None, tenant=None,
+               index=DECODER_INDEX, **keywords) -> Ticket:
+        """Queues one prompt (token ids: a list of int or int64 [L]) decoded with ``settings`` (a
+        :class:`~refdec.engine.settings.DecodeSettings`; or ``generate``'s keywords for its fields,
+        which override its fields where both are given); returns its :class:`Ticket`. ``tenant`` (any
+        hashable): whose past outputs it drafts from and joins, when the decoder has a memory
+        (refdec.drafting.memory). ``index``: the corpus it drafts from (a refdec.CorpusIndex,
+        ShardedIndex or None; default: the decoder's). Raises ValueError for a bad argument,
+        :class:`ServiceBusy` when the queue is full and :class:`ServiceClosed` after :meth:`close`."""
         decoder = self.decoder
+        settings = DecodeSettings.of(settings, **keywords)
         args = parse_arguments(
-            decoder.backend, prompt, tokenizer=decoder.tokenizer,
-            index=decoder.index if index is DECODER_INDEX else index, references=references,
-            max_new_tokens=max_new_tokens, do_sample=do_sample, temperature=temperature, top_k=top_k, top_p=top_p,
-            min_p=min_p, seed=seed, eos_token_id=eos_token_id, stop_strings=stop_strings, streamer=None,
-            max_draft_tokens=max_draft_tokens, attention_mask=None, pad_token_id=None, retrieve=0,
-            max_batch_size=None, on_row_done=None, logits_settings=logits_settings)
+            decoder.backend, prompt, settings, tokenizer=decoder.tokenizer,
+            index=decoder.index if index is DECODER_INDEX else index, references=references, streamer=None,
+            attention_mask=None, pad_token_id=None, retrieve=0, max_batch_size=None, on_row_done=None)
         budget = decoder.new_budget(args.max_draft_tokens)
         ticket = Ticket(self, on_event)
 

@@ -31,6 +31,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from refdec.drafting.index import CorpusIndex
 from refdec.drafting.proposer import CORPUS, MEMORY, REFERENCE, SOURCE_NAMES
 from refdec.engine.service import CANCELLED, DecodingService, ServiceBusy, ServiceClosed
+from refdec.engine.settings import DecodeSettings
 from refdec.serve.corpora import CorpusRegistry
 from refdec.serve.implicit import implicit_reference
 from refdec.serve.protocol import (ApiError, ChatCompletionRequest, CompletionRequest, CorpusCreateRequest,
@@ -234,11 +235,13 @@ def create_app(service: DecodingService, *, model_names: list[str], context_leng
         # without a prediction, the file the prompt holds, if any (refdec.serve.implicit): same output
         reference = (body.prediction if predicted
                      else implicit_reference(texts) if implicit_references else None)
-        settings = dict(
-            references=[reference] if reference else None,
-            max_new_tokens=limit if limit is not None else room, do_sample=body.temperature > 0,
-            temperature=body.temperature if body.temperature > 0 else 1.0,
-            top_p=body.top_p if body.top_p < 1.0 else None, seed=body.seed, stop_strings=stops or None)
+        try:  # the request's decoding settings, checked once, here
+            settings = DecodeSettings(
+                max_new_tokens=limit if limit is not None else room, do_sample=body.temperature > 0,
+                temperature=body.temperature if body.temperature > 0 else 1.0,
+                top_p=body.top_p if body.top_p < 1.0 else None, seed=body.seed, stop_strings=tuple(stops))
+        except ValueError as error:
+            raise ApiError(400, str(error), code="invalid_value") from None
         tenant = None if shared_memory else ("api-key",) if api_key is not None else ("user", body.user or "")
         try:
             index = corpora.index_for(body.corpus)
@@ -246,8 +249,8 @@ def create_app(service: DecodingService, *, model_names: list[str], context_leng
             raise ApiError(404, f"The corpus '{body.corpus}' does not exist (GET /v1/corpora lists them)",
                            param="corpus", code="corpus_not_found") from None
         try:
-            ticket = await run_in_threadpool(service.submit, prompt, on_event=on_event, tenant=tenant, index=index,
-                                             **settings)
+            ticket = await run_in_threadpool(service.submit, prompt, settings, on_event=on_event, tenant=tenant,
+                                             index=index, references=[reference] if reference else None)
         except ServiceBusy as error:
             raise ApiError(503, f"the server is busy ({error}); retry shortly", kind="server_error",
                            code="server_busy", headers={"Retry-After": "1"}) from None
