@@ -1,6 +1,6 @@
 """Specifies refdec.cli.common, the readers the commands share: text files keep their line endings
 and a non-UTF-8 file is named; a JSON-lines file splits on its line breaks only; the engine a
-model runs on."""
+model runs on, and the model arguments every model command takes."""
 
 from __future__ import annotations
 
@@ -53,3 +53,12 @@ def test_the_engine_follows_the_model_and_is_never_a_silent_choice(monkeypatch, 
         common.choose_engine("some/dir", "llama.cpp")
     with pytest.raises(ValueError, match="--engine must be one of llama.cpp, transformers, got 'vllm'"):
         common.choose_engine("some/dir", "vllm")
+
+
+def test_no_exact_is_a_model_argument_of_each_model_command():
+    from refdec.cli.main import build_parser
+
+    parser = build_parser()
+    for command in (["edit", "f.py", "--instruction", "x"], ["serve"], ["generate", "--prompt", "x"]):
+        assert parser.parse_args(command).exact is None  # exact mode where it can run
+        assert parser.parse_args(command + ["--no-exact"]).exact is False

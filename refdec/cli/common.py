@@ -146,6 +146,10 @@ def add_model_arguments(parser, default: str | None) -> None:
     parser.add_argument("--engine", choices=ENGINES, default=None,
                         help="what decodes a built-in model: llama.cpp (needs refdec[llama]; the default when it is "
                              "installed) or transformers. A GGUF file runs on llama.cpp, a directory on transformers")
+    parser.add_argument("--no-exact", dest="exact", action="store_const", const=False, default=None,
+                        help="llama.cpp: verify draft trees instead of exact mode's chains (tokens equal to plain "
+                             "decoding's up to llama.cpp's batched roundings; exact mode, the default where "
+                             "`refdec build-llama` built llama-cpp-python, gives them bit for bit)")
 
 
 def load_model_arg(model: str | None, threads: int | None, engine: str | None = None, n_ctx: int = GGUF_CONTEXT):

@@ -218,7 +218,7 @@ def run(args) -> int:
     streamer = _FenceStreamer(tokenizer, prompt.stop, sys.stdout) if stream_to_stdout else None
     # one decoder for every decode of the command (on llama.cpp: one verification context); the
     # original file is the reference, so the proposer follows it with its copy cursor
-    decoder = refdec.SpeculativeDecoder(model, tokenizer=tokenizer)
+    decoder = refdec.SpeculativeDecoder(model, tokenizer=tokenizer, exact=args.exact)
     # eos_token_id None: the model's own (an instruct model's reply ends with its end-of-turn token)
     common = dict(tokenizer=tokenizer, references=[original], stop_strings=[prompt.stop],
                   max_new_tokens=max_new, eos_token_id=None)

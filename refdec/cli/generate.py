@@ -145,7 +145,7 @@ def run(args) -> int:
         from refdec.drafting.index import CorpusIndex
 
         index = CorpusIndex.load(args.index, tokenizer)
-    decoder = SpeculativeDecoder(model, tokenizer=tokenizer, index=index)
+    decoder = SpeculativeDecoder(model, tokenizer=tokenizer, index=index, exact=args.exact)
     if requests is not None:
         return _run_batch(args, decoder, tokenizer, requests, references)
     from transformers import TextStreamer

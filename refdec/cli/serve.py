@@ -121,7 +121,7 @@ def run(args) -> int:
     index = corpora.index_for(None)
     memory = refdec.OutputMemory(int(args.memory_mb * (1 << 20))) if args.memory_mb > 0 else None
     decoder = refdec.SpeculativeDecoder(model, tokenizer=tokenizer, index=index, max_rows=args.max_concurrent,
-                                        prefix_cache=args.prefix_cache, memory=memory)
+                                        prefix_cache=args.prefix_cache, memory=memory, exact=args.exact)
     limit = decoder.max_positions
     context = args.ctx if limit is None else min(args.ctx, limit + 1)
     service = DecodingService(decoder, max_concurrent=args.max_concurrent, max_waiting=args.max_waiting)
