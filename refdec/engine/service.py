@@ -26,11 +26,11 @@ import time
 from dataclasses import dataclass, field
 
 from refdec.engine.arguments import parse_arguments
-from refdec.engine.settings import DecodeSettings
 from refdec.engine.defaults import MAX_CONCURRENT, MAX_WAITING
 from refdec.engine.engine import Engine
 from refdec.engine.requests import Request
 from refdec.engine.results import DecodingStats
+from refdec.engine.settings import DecodeSettings
 from refdec.tokens import check_int
 
 __all__ = ["DecodingService", "ServiceBusy", "ServiceClosed", "Ticket", "TicketEvent"]

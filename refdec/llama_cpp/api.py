@@ -129,7 +129,7 @@ class TreeContext:
         params.n_ctx = self.n_ctx
         params.n_seq_max = int(n_seq_max)
         # cells shared by sequences (a node's cell belongs to every leaf below it); exact: a stream per
-        # sequence, of the Llama's n_ctx cells each (llama.cpp splits n_ctx evenly between streams)
+        # sequence, of sequence_cells each (llama.cpp splits n_ctx evenly between streams)
         params.kv_unified = not exact
         if exact:
             if sequence_cells is not None:

@@ -93,6 +93,13 @@ def exact_mode_refusal(llm) -> str | None:
     return None
 
 
+def _require_chain(tree: DraftTree, who: str) -> None:
+    """ValueError unless ``tree`` is a chain (each node the child of the one before), which ``who``
+    verifies on llama.cpp (fit_tree makes them)."""
+    if len(tree) and not np.array_equal(tree.parents, np.arange(-1, len(tree) - 1)):
+        raise ValueError(f"{who} verifies chains on llama.cpp: fit_tree makes them")
+
+
 def exact_default(llm, exact: bool | None) -> bool:
     """Exact mode for ``llm``: ``exact`` itself (True where :func:`exact_mode_refusal` refuses is a
     ValueError with its reason), or, when None, whether it can run."""
@@ -484,8 +491,7 @@ class LlamaCppBackend:
         forward = 0.0
         walks, head_rows, pending = [], [], []
         for b, tree in enumerate(trees):
-            if len(tree) and not np.array_equal(tree.parents, np.arange(-1, len(tree) - 1)):
-                raise ValueError("a model with recurrent layers verifies chains on llama.cpp: fit_tree makes them")
+            _require_chain(tree, "a model with recurrent layers")
             base = batch.base_seqs[b]
             tokens = np.concatenate([[int(roots[b])], tree.token_ids]).astype(np.int32)
             seq, scratch = base, None
@@ -510,8 +516,7 @@ class LlamaCppBackend:
         t0 = time.perf_counter()
         tokens, positions, seq_ids, starts = [], [], [], []
         for b, tree in enumerate(trees):
-            if len(tree) and not np.array_equal(tree.parents, np.arange(-1, len(tree) - 1)):
-                raise ValueError("exact mode verifies chains on llama.cpp: fit_tree makes them")
+            _require_chain(tree, "exact mode")
             starts.append(len(tokens))
             tokens.append(int(roots[b]))
             tokens.extend(tree.token_ids.tolist())

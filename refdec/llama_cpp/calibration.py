@@ -65,6 +65,7 @@ def measure(backend, nodes=CALIBRATED_SIZES, *, cache_len: int = 512, repeats: i
     ``meta["disagreement"]``: why the rounds disagree (refdec.sizing.cost_curve.repeats_disagree; then
     the curve is not cached), else None."""
     ctx = backend.ctx
+    invariant = bool(getattr(backend, "exact", False))  # timed as exact mode verifies
     nodes = tuple(sorted(n for n in set(nodes) if n <= backend.max_tree))
     cache_len = max(1, min(cache_len, ctx.n_ctx - 2 - max(nodes)))
     rng = np.random.default_rng(seed)
@@ -91,7 +92,7 @@ def measure(backend, nodes=CALIBRATED_SIZES, *, cache_len: int = 512, repeats: i
                     into = scratch
                 t0 = time.perf_counter()
                 ctx.decode(tokens, positions, [[into]] * rows, np.ones(rows, bool) if all_rows else last_only,
-                           invariant=bool(getattr(backend, "exact", False)))  # as exact mode verifies
+                           invariant=invariant)
                 elapsed = time.perf_counter() - t0
                 if scratch is not None:
                     ctx.seq_remove(scratch)
