@@ -17,7 +17,10 @@ from refdec.llama_cpp import build
 
 @pytest.fixture(autouse=True)
 def cache(tmp_path, monkeypatch):
+    """refdec's cache in a folder of the test's own, and no shared wheel folder (REFDEC_LLAMA_WHEELS,
+    which CI's README step sets): the user's wheels are never read nor written here."""
     monkeypatch.setenv("REFDEC_CACHE", str(tmp_path / "cache"))
+    monkeypatch.delenv("REFDEC_LLAMA_WHEELS", raising=False)
     return tmp_path / "cache"
 
 
@@ -65,6 +68,12 @@ def test_a_cached_wheel_is_taken_without_building(cache, monkeypatch):
     assert build.build_llama(install=True) == wheel
     assert calls == [f"installing {wheel.name}", "installing llama-cpp-python's dependencies"]
     assert wheel_dir.name.startswith(build.LLAMA_CPP_PYTHON_VERSION + "-")  # keyed by the patch's hash
+    assert wheel_dir.is_relative_to(cache)
+
+
+def test_a_shared_wheel_folder_is_read_when_set(tmp_path, monkeypatch):
+    monkeypatch.setenv("REFDEC_LLAMA_WHEELS", str(tmp_path / "shared"))
+    assert build._wheel_dir().parent == tmp_path / "shared" and build.cached_wheel() is None
 
 
 def test_the_patch_applies_to_the_vendored_source_then_pip_builds_it(tmp_path, cache, monkeypatch):
