@@ -332,7 +332,7 @@ def test_the_default_models_gguf_agrees_with_llama_cpps_plain_decoding():
     except ImportError as exc:
         pytest.skip(str(exc))
     llm = llama_cpp.Llama(str(path), n_ctx=2048, n_threads=2, verbose=False)
-    source = (Path(__file__).resolve().parents[1] / "refdec" / "tree.py").read_text()[:1500]
+    source = Path(refdec.drafting.tree.__file__).read_text()[:1500]
     prompt = _ids(llm, ("Original file:\n```\n" + source + "```\n\nThe same file:\n```\n").encode())
     plain, _ = plain_greedy(llm, prompt, 96)
     out = refdec.generate(llm, prompt, max_new_tokens=96, references=[source])
