@@ -32,6 +32,7 @@ from refdec.engine.service import DecodingService  # noqa: E402
 from refdec.llama_cpp.api import batch_invariant_switch  # noqa: E402
 from refdec.serve.app import create_app  # noqa: E402
 from refdec.serve.text import TextStream  # noqa: E402
+from refdec.sizing.cost_curve import CostCurve  # noqa: E402
 
 pytestmark = [pytest.mark.llama, pytest.mark.usefixtures("fresh_refdec_cache")]
 
@@ -155,12 +156,16 @@ def test_a_request_without_prediction_drafts_from_the_file_in_its_messages(decod
     """The fenced file is the implicit reference (refdec.serve.implicit): the same text as the library
     gives the prompt alone, the drafts from it logged, and no prediction tokens reported (the client
     sent none). A decoder of its own (:func:`fresh_decoder`), with trees (exact mode off): a chain
-    follows the context's copy of the same file as well, which takes the drafts' credit."""
+    follows the context's copy of the same file as well, which takes the drafts' credit; and priced
+    by a flat cost curve (another node costs nothing), so that the tree holds every source's chain
+    whatever this machine's timings are (a measured curve may leave room for the context's only)."""
     seed = chat_ids(decoder, PROMPTS[0])
     file = library_text(decoder, seed, max_new_tokens=120)[0]  # text the tiny model writes
     content = f"Copy this file:\n```\n{file * 2}\n```\n"
     expected, _ = library_text(decoder, chat_ids(decoder, content), max_new_tokens=48)
-    live = LiveServer(fresh_decoder(decoder, exact=False))
+    own = fresh_decoder(decoder, exact=False)
+    own.backend.auto_cost_curve = lambda: CostCurve((0, 64), (1.0, 1.0))
+    live = LiveServer(own)
     try:
         with caplog.at_level(logging.INFO, logger="refdec.serve"):
             reply = live.client().chat.completions.create(
