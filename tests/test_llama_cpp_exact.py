@@ -2,8 +2,8 @@
 with no near-tie left out, on a llama-cpp-python built by ``refdec build-llama`` (skipped on stock
 builds, which lack ggml's batch-invariant switch).
 
-The tiny GGUF models of benchmarks/random_gguf.py (float32 and Q8_0 weights, whose batched kernels
-llama.cpp picks by row count: llamafile's sgemm, repacked Q8_0) decode prompts longer than the
+The tiny GGUF models of benchmarks/random_gguf.py (float32, Q8_0 and Q4_K_M weights, whose batched
+kernels llama.cpp picks by row count: llamafile's sgemm, repacked Q8_0 and Q4_K, Q6_K's tiles) decode prompts longer than the
 Llama's ``n_batch`` (prefilled in chunks), with references the model follows (long chains
 accepted), in batches of several prompts, after a prefix-cache hit, and beside other traffic. The
 first test shows that the switch is what makes rows agree: without it the same decode parts from
@@ -12,6 +12,7 @@ one-token decoding.
 
 from __future__ import annotations
 
+import ctypes
 from pathlib import Path
 
 import numpy as np
@@ -34,13 +35,25 @@ TEXTS = [b"def add(a, b):\n    return a + b\n\n" * 3 + b"def mul(a, b):\n", b"Th
          b"import os\nimport sys\n\nfor name in sys.argv[1:]:\n" * 2 + b"    print(", b"hello world, " * 7]
 
 
-@pytest.fixture(scope="module", params=["f32", "q8_0"])
+def _quantize(source: Path, target: Path, ftype: int) -> Path:
+    """llama.cpp's own quantizer (as `llama-quantize` runs it) on a GGUF."""
+    params = llama_cpp.llama_model_quantize_default_params()
+    params.ftype = ftype
+    assert llama_cpp.llama_model_quantize(str(source).encode(), str(target).encode(), ctypes.byref(params)) == 0
+    return target
+
+
+@pytest.fixture(scope="module", params=["f32", "q8_0", "q4_k_m"])
 def llm(request, tmp_path_factory):
-    """A Llama on a tiny random GGUF, 256 wide (whole Q8_0 blocks, sgemm's tiles): float32 or Q8_0
-    weights, two threads (the chunks of a product split between them)."""
+    """A Llama on a tiny random GGUF, 256 wide (whole Q8_0 and K-quant blocks, sgemm's tiles), two
+    threads (the chunks of a product split between them): float32, Q8_0, or Q4_K_M as llama.cpp
+    quantizes it (Q4_K, repacked for AVX2, with Q6_K's vec_dot for the output and a layer's
+    ffn_down and attn_v: the models refdec edits with)."""
     pytest.importorskip("gguf")
-    path = write_tiny_gguf(tmp_path_factory.mktemp("gguf") / f"tiny-{request.param}.gguf", n_embd=256, n_ff=512,
-                           q8=request.param == "q8_0")
+    folder = tmp_path_factory.mktemp("gguf")
+    path = write_tiny_gguf(folder / f"tiny-{request.param}.gguf", n_embd=256, n_ff=512, q8=request.param == "q8_0")
+    if request.param == "q4_k_m":
+        path = _quantize(path, folder / "tiny-q4_k_m-quantized.gguf", llama_cpp.LLAMA_FTYPE_MOSTLY_Q4_K_M)
     return llama_cpp.Llama(str(path), n_ctx=1024, n_threads=2, n_batch=N_BATCH, verbose=False)
 
 

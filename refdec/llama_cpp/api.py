@@ -20,6 +20,7 @@ row of the batch computes what a one-token decode computes.
 from __future__ import annotations
 
 import ctypes
+import os
 from pathlib import Path
 
 import numpy as np
@@ -77,6 +78,19 @@ def batch_invariant_switch():
             break
         _SWITCH.append(found)
     return _SWITCH[0]
+
+
+def ggml_cpu_build() -> str:
+    """Which build of ggml's CPU backend this process runs (its files' names, sizes and times): a
+    rebuilt llama-cpp-python (another patch, `refdec build-llama` again) times differently."""
+    parts = []
+    for path in _loaded_ggml_cpu():
+        try:
+            stat = os.stat(path)
+        except OSError:
+            continue
+        parts.append(f"{Path(path).name}:{stat.st_size}:{int(stat.st_mtime)}")
+    return ",".join(parts) or "unknown"
 
 
 def _loaded_ggml_cpu() -> list[str]:

@@ -29,7 +29,7 @@ from refdec.atomic import atomic_write
 from refdec.sizing.cost_curve import (CALIBRATED_SIZES, CostCurve, calibration_order, median_seconds, repeats_disagree,
                                warn_not_cached)
 from refdec.gguf_files import cache_dir
-from refdec.llama_cpp.api import llama_version
+from refdec.llama_cpp.api import ggml_cpu_build, llama_version
 
 __all__ = ["auto_cost_curve", "calibration_path", "measure"]
 
@@ -45,7 +45,8 @@ def _key(backend) -> str:
         "model": str(path.resolve()), "size": stat.st_size, "mtime": int(stat.st_mtime),
         "threads": backend.ctx.n_threads(), "n_batch": backend.ctx.n_batch, "n_ubatch": int(params.n_ubatch),
         "type_k": int(params.type_k), "type_v": int(params.type_v), "flash_attn": int(params.flash_attn_type),
-        "llama_cpp_python": llama_version(), "forward": FORWARD_VERSION, "max_tree": backend.max_tree,
+        "llama_cpp_python": llama_version(), "ggml_cpu": ggml_cpu_build(), "forward": FORWARD_VERSION,
+        "max_tree": backend.max_tree,
         "exact": bool(getattr(backend, "exact", False)),
     }
     return hashlib.sha256(json.dumps(fields, sort_keys=True).encode()).hexdigest()[:24]
