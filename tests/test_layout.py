@@ -5,7 +5,7 @@ reaches an optional package); and the test suite's: one test file per module, na
 ``tests/test_<path>.py`` specifies ``refdec/<path>.py`` with its ``/`` written ``_``
 (tests/test_engine_engine.py: refdec/engine/engine.py; tests/test_vllm.py: the refdec.vllm package,
 refdec/vllm/__init__.py); a module specified by several files has a folder instead,
-``tests/<path>/test_<path>[_<topic>].py`` (tests/drafting/index/: refdec/drafting/index.py). Every module but a
+``tests/<path>/test_<path>[_<topic>].py`` (tests/drafting/index/: the refdec.drafting.index package). Every module but a
 package's ``__init__.py`` and ``__main__.py`` has its file or folder; every test file specifies a
 module, or is one of the few listed in CROSS_CUTTING with why; each opens with a docstring naming
 what it specifies.
@@ -227,7 +227,7 @@ def specified_module(test: Path, modules: dict[str, Path]) -> str | None:
     stem = rel.stem.removeprefix("test_")
     if len(rel.parts) == 1:
         return stem if stem in modules else None
-    flat = "_".join(rel.parts[:-1])  # tests/drafting/index/test_drafting_index_fuzz.py: refdec/drafting/index.py
+    flat = "_".join(rel.parts[:-1])  # tests/drafting/index/test_drafting_index_fuzz.py: refdec/drafting/index/
     return flat if flat in modules and (stem == flat or stem.startswith(flat + "_")) else None
 
 
