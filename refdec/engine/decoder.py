@@ -274,23 +274,17 @@ class SpeculativeDecoder:
                                      temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p, seed=seed,
                                      eos_token_id=eos_token_id, stop_strings=stop_strings,
                                      max_draft_tokens=max_draft_tokens, **logits_settings)  # checked once, here
-        args = parse_arguments(
-            self.backend, input_ids, settings, tokenizer=tokenizer if tokenizer is not None else self.tokenizer,
-            index=index if index is not None else self.index, references=references, streamer=streamer,
-            attention_mask=attention_mask, pad_token_id=pad_token_id, retrieve=retrieve, max_batch_size=max_batch_size,
-            on_row_done=on_row_done)
-        calibrating = time.perf_counter()
-        budgets = self._budgets(args.max_draft_tokens, args.single, len(args.prompts))  # "auto": measured once
-        started = time.perf_counter()  # the call's clock runs from here: calibration is not decoding
-        calibration_seconds = started - calibrating
-
+        args = self.check_call(input_ids, settings, index=index if index is not None else self.index,
+                               tokenizer=tokenizer, references=references, streamer=streamer,
+                               attention_mask=attention_mask, pad_token_id=pad_token_id, retrieve=retrieve,
+                               max_batch_size=max_batch_size, on_row_done=on_row_done)
         streamer = args.streamer
         on_tokens = None
         if streamer is not None:
             streamer.put(torch.from_numpy(args.prompts[0]).unsqueeze(0))
             on_tokens = lambda batch_row, tokens: streamer.put(torch.tensor(tokens, dtype=torch.long))  # noqa: E731
-        requests = [self.make_request(args, b, budgets[b], started, on_tokens=on_tokens, on_done=args.on_row_done)
-                    for b in range(len(args.prompts))]
+        requests, calibration_seconds = self.build_requests(args, on_tokens=on_tokens, on_done=args.on_row_done)
+        started = requests[0].started  # the call's clock: calibration is not decoding
         stats = engine.run(self.backend, requests, capacity=args.max_batch_size, prefill_chunk=self.prefill_chunk,
                            max_depth=self.max_depth, joint_budget=self.joint_batch_budget)
         if streamer is not None:
@@ -299,6 +293,35 @@ class SpeculativeDecoder:
         output = self._output(requests, stats, args, started)
         output.sequences = output.sequences.to(self.device)  # as model.generate's: on the model's device
         return output
+
+    def check_call(self, input_ids, settings: DecodeSettings, *, index, tokenizer=None, references=None,
+                   streamer=None, attention_mask=None, pad_token_id=None, retrieve: int = 0,
+                   max_batch_size: int | None = None, on_row_done=None) -> GenerateArguments:
+        """A call's arguments checked against this decoder: refdec.engine.arguments.parse_arguments
+        with its backend and its tokenizer (unless ``tokenizer`` is given); ``index`` is the corpus
+        the call drafts from (None: none). How :meth:`generate` and DecodingService.submit begin."""
+        return parse_arguments(
+            self.backend, input_ids, settings, tokenizer=tokenizer if tokenizer is not None else self.tokenizer,
+            index=index, references=references, streamer=streamer, attention_mask=attention_mask,
+            pad_token_id=pad_token_id, retrieve=retrieve, max_batch_size=max_batch_size, on_row_done=on_row_done)
+
+    def build_requests(self, args: GenerateArguments, *, own_budgets: bool = False, on_tokens=None, on_done=None,
+                       tenant=None) -> tuple[list[Request], float]:
+        """The engine requests of the checked call ``args`` (:meth:`check_call`), one per prompt
+        (:meth:`make_request`), and the seconds spent measuring the backend's cost curve ("auto"'s
+        first use), after which the requests' clocks start. Budgets: with ``own_budgets`` (a
+        service's request, decoding beside others) each request gets its own
+        (:meth:`new_budget`); otherwise a single prompt uses the decoder's "auto" policy, carried
+        from call to call, and a batch a copy of it per row."""
+        calibrating = time.perf_counter()
+        if own_budgets:
+            budgets = [self.new_budget(args.max_draft_tokens) for _ in args.prompts]
+        else:
+            budgets = self._budgets(args.max_draft_tokens, args.single, len(args.prompts))
+        started = time.perf_counter()
+        requests = [self.make_request(args, b, budgets[b], started, on_tokens=on_tokens, on_done=on_done,
+                                      tenant=tenant) for b in range(len(args.prompts))]
+        return requests, started - calibrating
 
     def make_request(self, args: GenerateArguments, b: int, budget: Budget, started: float, *,
                      on_tokens=None, on_done=None, tenant=None) -> Request:

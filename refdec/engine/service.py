@@ -22,10 +22,8 @@ from __future__ import annotations
 
 import queue
 import threading
-import time
 from dataclasses import dataclass, field
 
-from refdec.engine.arguments import parse_arguments
 from refdec.engine.defaults import MAX_CONCURRENT, MAX_WAITING
 from refdec.engine.engine import Engine
 from refdec.engine.requests import Request
@@ -163,12 +161,8 @@ class DecodingService:
         ShardedIndex or None; default: the decoder's). Raises ValueError for a bad argument,
         :class:`ServiceBusy` when the queue is full and :class:`ServiceClosed` after :meth:`close`."""
         decoder = self.decoder
-        settings = DecodeSettings.of(settings, **keywords)
-        args = parse_arguments(
-            decoder.backend, prompt, settings, tokenizer=decoder.tokenizer,
-            index=decoder.index if index is DECODER_INDEX else index, references=references, streamer=None,
-            attention_mask=None, pad_token_id=None, retrieve=0, max_batch_size=None, on_row_done=None)
-        budget = decoder.new_budget(args.max_draft_tokens)
+        args = decoder.check_call(prompt, DecodeSettings.of(settings, **keywords),
+                                  index=decoder.index if index is DECODER_INDEX else index, references=references)
         ticket = Ticket(self, on_event)
 
         def on_tokens(_row: int, tokens: list[int]) -> None:
@@ -180,17 +174,24 @@ class DecodingService:
             ticket._send(TicketEvent("done", stats=stats))
 
         with self._lock:
-            if self._closing:
-                raise ServiceClosed("the decoding service is closed")
-            if len(self._live) + len(self._incoming) >= self.max_concurrent + self.max_waiting:
-                raise ServiceBusy(f"{self.max_concurrent} requests decode and {self.max_waiting} wait: the queue "
-                                  f"is full")
-            ticket.request = decoder.make_request(args, 0, budget, time.perf_counter(), on_tokens=on_tokens,
-                                                  on_done=on_done, tenant=tenant)
+            self._check_room()  # before building: a full queue answers at once
+        # built outside the lock (the first "auto" request measures the cost curve): the loop runs on
+        (ticket.request,), _ = decoder.build_requests(args, own_budgets=True, on_tokens=on_tokens, on_done=on_done,
+                                                      tenant=tenant)
+        with self._lock:
+            self._check_room()
             if not ticket.request.done:  # max_new_tokens=0 is done already
                 self._incoming.append(ticket)
                 self._wakeup.notify()
         return ticket
+
+    def _check_room(self) -> None:
+        """Raises ServiceClosed after close() and ServiceBusy when the queue is full (under the lock)."""
+        if self._closing:
+            raise ServiceClosed("the decoding service is closed")
+        if len(self._live) + len(self._incoming) >= self.max_concurrent + self.max_waiting:
+            raise ServiceBusy(f"{self.max_concurrent} requests decode and {self.max_waiting} wait: the queue "
+                              f"is full")
 
     @property
     def tokenizer(self):
