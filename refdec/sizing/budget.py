@@ -418,6 +418,14 @@ class AutoBudget:
                 f"guard={self.guard!r})")
 
 
+def _check_rows(budgets: list, trees: list, cells: list | None) -> None:
+    """A batch solver's rows: one budget and, when given, one cells array per tree (else ValueError)."""
+    if len(budgets) != len(trees):
+        raise ValueError(f"budgets and trees differ in length: {len(budgets)} != {len(trees)}")
+    if cells is not None and len(cells) != len(trees):
+        raise ValueError(f"cells and trees differ in length: {len(cells)} != {len(trees)}")
+
+
 def batch_prefix_sizes(budgets: list, trees: list[DraftTree], cells: list | None = None) -> list[int]:
     """Batch-aware "auto": how many nodes of each row's tree to verify in one batched forward.
 
@@ -435,10 +443,7 @@ def batch_prefix_sizes(budgets: list, trees: list[DraftTree], cells: list | None
     row's int64 [len(tree)] :meth:`AutoBudget.cells` when already computed (then passed on
     to :meth:`AutoBudget.take_prefix`). With one row this is :meth:`AutoBudget.best_prefix`.
     """
-    if len(budgets) != len(trees):
-        raise ValueError(f"budgets and trees differ in length: {len(budgets)} != {len(trees)}")
-    if cells is not None and len(cells) != len(trees):
-        raise ValueError(f"cells and trees differ in length: {len(cells)} != {len(trees)}")
+    _check_rows(budgets, trees, cells)
     if not trees:
         return []
     cost = budgets[0].cost
@@ -466,10 +471,7 @@ def packed_prefix_sizes(budgets: list, trees: list[DraftTree], cells: list | Non
         (B + sum_b E_b(n_b)) / (backbone(sum_b (1 + n_b) - 1) + sum_b head_b)
 
     along the way. Arguments as :func:`batch_prefix_sizes`."""
-    if len(budgets) != len(trees):
-        raise ValueError(f"budgets and trees differ in length: {len(budgets)} != {len(trees)}")
-    if cells is not None and len(cells) != len(trees):
-        raise ValueError(f"cells and trees differ in length: {len(cells)} != {len(trees)}")
+    _check_rows(budgets, trees, cells)
     if not trees:
         return []
     cost = budgets[0].cost
