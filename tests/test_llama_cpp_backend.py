@@ -97,24 +97,34 @@ def test_greedy_equals_llama_cpp_plain_decoding_up_to_a_near_tie(llm, max_draft_
     assert compared >= 100  # most of the outputs have no near-tie: the assertion compares tokens
 
 
-def test_one_llama_decode_per_step_and_the_cache_holds_exactly_the_sequence(llm, monkeypatch):
-    decoder = refdec.SpeculativeDecoder(llm)
-    backend = decoder.backend
-    ctx = backend.ctx
-    checked = []
-    original_keep = type(backend.new_batch()).keep_accepted
+def check_each_keep(monkeypatch, backend, check) -> list:
+    """Wraps the backend's batches' ``keep_accepted``: after each call, ``check(batch, base_seq,
+    kept)`` for every row (``kept``: the positions the row keeps, its root and accepted nodes).
+    Returns the list that gets one entry per call."""
+    batch_type = type(backend.new_batch())
+    original_keep = batch_type.keep_accepted
+    calls = []
 
     def keep_and_check(self, root_pos, accepted_rows):
         original_keep(self, root_pos, accepted_rows)
         for b, base in enumerate(self.base_seqs):
-            request = self.requests[b]
-            kept = int(root_pos[b]) + 1 + int(accepted_rows[b].shape[0])  # the root and the accepted nodes
-            assert ctx.seq_pos_range(base) == (0, kept - 1)
-        others = [s for s in range(ctx.n_seq_max) if s not in self.base_seqs]
-        assert all(ctx.seq_pos_range(s) == (-1, -1) for s in others[:64])  # no branch cell is left behind
-        checked.append(request)
+            check(self, base, int(root_pos[b]) + 1 + int(accepted_rows[b].shape[0]))
+        calls.append(len(accepted_rows))
 
-    monkeypatch.setattr(type(backend.new_batch()), "keep_accepted", keep_and_check)
+    monkeypatch.setattr(batch_type, "keep_accepted", keep_and_check)
+    return calls
+
+
+def test_one_llama_decode_per_step_and_the_cache_holds_exactly_the_sequence(llm, monkeypatch):
+    decoder = refdec.SpeculativeDecoder(llm)
+    ctx = decoder.backend.ctx
+
+    def check(batch, base, kept):  # the root and the accepted nodes, nothing else
+        assert ctx.seq_pos_range(base) == (0, kept - 1)
+        others = [s for s in range(ctx.n_seq_max) if s not in batch.base_seqs]
+        assert all(ctx.seq_pos_range(s) == (-1, -1) for s in others[:64])  # no branch cell is left behind
+
+    checked = check_each_keep(monkeypatch, decoder.backend, check)
     prompt = _ids(llm, PROMPTS[0])
     plain, _ = plain_greedy(llm, prompt, 40)
     before = ctx.decodes
@@ -498,18 +508,11 @@ def test_a_hybrid_row_verifies_a_chain_and_keeps_exactly_its_sequence(hybrid_llm
     chain = backend.fit_tree(branchy, 1)
     assert chain.token_ids.tolist() == [5, 7, 8] and chain.parents.tolist() == [-1, 0, 1]
     ctx = backend.ctx
-    checked = []
-    original_keep = type(backend.new_batch()).keep_accepted
 
-    def keep_and_check(self, root_pos, accepted_rows):
-        original_keep(self, root_pos, accepted_rows)
-        for b, base in enumerate(self.base_seqs):
-            kept = int(root_pos[b]) + 1 + int(accepted_rows[b].shape[0])
-            # the rejected tail rolled back (a recurrent cell holds the last position only: the largest)
-            assert ctx.seq_pos_range(base)[1] == kept - 1
-        checked.append(len(accepted_rows))
+    def check(batch, base, kept):  # the rejected tail rolled back (a recurrent cell holds the last position only)
+        assert ctx.seq_pos_range(base)[1] == kept - 1
 
-    monkeypatch.setattr(type(backend.new_batch()), "keep_accepted", keep_and_check)
+    checked = check_each_keep(monkeypatch, backend, check)
     prompt = _hybrid_prompts(hybrid_llm)[0]
     plain, _ = plain_greedy(hybrid_llm, prompt, 40)
     reference = list(plain)

@@ -17,16 +17,18 @@ from tiny_models import INIT, VOCAB, _finish
 _COMMON = dict(vocab_size=VOCAB, hidden_size=48, intermediate_size=96, max_position_embeddings=512,
                bos_token_id=1, eos_token_id=2, pad_token_id=0, tie_word_embeddings=False, initializer_range=INIT)
 _ATTN = dict(num_attention_heads=4, num_key_value_heads=2)
+_DELTANET = dict(linear_num_key_heads=2, linear_num_value_heads=2, linear_key_head_dim=8, linear_value_head_dim=8,
+                 linear_conv_kernel_dim=4)  # Gated DeltaNet layers (Qwen3.5's dense model: 4 value heads)
+_QWEN_MOE = dict(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32, shared_expert_intermediate_size=32)
 
 
 def _qwen3_5(seed):
     from transformers import Qwen3_5ForCausalLM, Qwen3_5TextConfig
 
     torch.manual_seed(seed)
-    cfg = Qwen3_5TextConfig(**_COMMON, **_ATTN, head_dim=16, num_hidden_layers=4,
-                            layer_types=["linear_attention", "linear_attention", "full_attention", "linear_attention"],
-                            linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=8,
-                            linear_value_head_dim=8, linear_conv_kernel_dim=4)
+    cfg = Qwen3_5TextConfig(**_COMMON, **_ATTN, **{**_DELTANET, "linear_num_value_heads": 4}, head_dim=16,
+                            num_hidden_layers=4,
+                            layer_types=["linear_attention", "linear_attention", "full_attention", "linear_attention"])
     return Qwen3_5ForCausalLM(cfg)
 
 
@@ -34,11 +36,8 @@ def _qwen3_5_moe(seed):
     from transformers import Qwen3_5MoeForCausalLM, Qwen3_5MoeTextConfig
 
     torch.manual_seed(seed)
-    cfg = Qwen3_5MoeTextConfig(**_COMMON, **_ATTN, head_dim=16, num_hidden_layers=2,
-                               layer_types=["linear_attention", "full_attention"], linear_num_key_heads=2,
-                               linear_num_value_heads=2, linear_key_head_dim=8, linear_value_head_dim=8,
-                               linear_conv_kernel_dim=4, num_experts=4, num_experts_per_tok=2,
-                               moe_intermediate_size=32, shared_expert_intermediate_size=32)
+    cfg = Qwen3_5MoeTextConfig(**_COMMON, **_ATTN, **_DELTANET, **_QWEN_MOE, head_dim=16, num_hidden_layers=2,
+                               layer_types=["linear_attention", "full_attention"])
     return Qwen3_5MoeForCausalLM(cfg)
 
 
@@ -46,11 +45,8 @@ def _qwen3_next(seed):
     from transformers import Qwen3NextConfig, Qwen3NextForCausalLM
 
     torch.manual_seed(seed)
-    cfg = Qwen3NextConfig(**_COMMON, **_ATTN, head_dim=16, num_hidden_layers=2,
-                          layer_types=["linear_attention", "full_attention"], linear_num_key_heads=2,
-                          linear_num_value_heads=2, linear_key_head_dim=8, linear_value_head_dim=8,
-                          linear_conv_kernel_dim=4, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32,
-                          shared_expert_intermediate_size=32, decoder_sparse_step=1)
+    cfg = Qwen3NextConfig(**_COMMON, **_ATTN, **_DELTANET, **_QWEN_MOE, head_dim=16, num_hidden_layers=2,
+                          layer_types=["linear_attention", "full_attention"], decoder_sparse_step=1)
     return Qwen3NextForCausalLM(cfg)
 
 
