@@ -27,6 +27,7 @@ from __future__ import annotations
 import copy
 import inspect
 import time
+from dataclasses import fields
 
 import numpy as np
 import torch
@@ -77,15 +78,10 @@ def make_backend(model, *, cuda_graphs: bool = False, max_rows: int = 1,
     return TransformersBackend(model, cuda_graphs=cuda_graphs, prefix_cache=prefix_cache)
 
 
-# generate's keywords for DecodeSettings' fields, and their defaults there
-_SETTING_DEFAULTS = {"max_new_tokens": MAX_NEW_TOKENS, "do_sample": False, "temperature": 1.0, "top_k": None,
-                     "top_p": None, "min_p": None, "seed": None, "eos_token_id": None, "stop_strings": None,
-                     "max_draft_tokens": "auto"}
-
-
 def _keyword_settings(settings: DecodeSettings | None, **keywords) -> DecodeSettings:
     """The settings ``generate``'s keywords spell; with ``settings``, those keywords given a value
-    other than their default (and every logits setting) override its fields."""
+    other than their default in ``generate``'s signature (and every logits setting) override its
+    fields."""
     if settings is not None:
         keywords = {name: value for name, value in keywords.items()
                     if name not in _SETTING_DEFAULTS or _differs(value, _SETTING_DEFAULTS[name])}
@@ -421,6 +417,11 @@ class SpeculativeDecoder:
         stats.rows = [r.stats for r in requests]
         stats.wall_seconds = time.perf_counter() - started
         return GenerateOutput(sequences, stats)
+
+
+# SpeculativeDecoder.generate's keywords for DecodeSettings' fields, with the defaults its signature states
+_SETTING_DEFAULTS = {name: p.default for name, p in inspect.signature(SpeculativeDecoder.generate).parameters.items()
+                     if p.kind is inspect.Parameter.KEYWORD_ONLY and name in {f.name for f in fields(DecodeSettings)}}
 
 
 def _remembering(memory: OutputMemory, tenant, on_done):
