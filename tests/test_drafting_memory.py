@@ -118,3 +118,18 @@ def test_a_factory_without_memory_is_refused_when_memory_is_given(llama):
     with pytest.raises(ValueError, match="proposer_factory must take a memory="):
         refdec.SpeculativeDecoder(llama, memory=OutputMemory(),
                                   proposer_factory=lambda index, refs, depth: Proposer(index, refs))
+
+
+def test_a_small_budget_stays_mostly_filled_as_segments_are_sealed_and_evicted():
+    """Eviction drops whole sealed segments; a segment is sealed at an eighth of the budget, so a
+    budget about one ``segment_tokens`` automaton large keeps most of its bytes (sealed by tokens
+    alone, a seal then an eviction left it under 40% full)."""
+    rng = np.random.default_rng(3)
+    memory = OutputMemory(60_000, segment_tokens=400, min_tokens=1)  # 400 tokens: an automaton of ~60 kB
+    filled = []
+    for _ in range(200):
+        memory.add(rng.integers(0, 1_000, 60).astype(np.int32))
+        assert memory.nbytes <= 60_000
+        filled.append(memory.nbytes)
+    assert memory.evicted_outputs > 100
+    assert min(filled[100:]) > 0.6 * 60_000

@@ -7,7 +7,9 @@ matches as its ``memory`` source, priced by the acceptance table like the other 
 
 Layout, per tenant: sealed *segments* (immutable automata of up to ``segment_tokens`` tokens,
 oldest first) and one *young* segment that each new output rebuilds (at most ``segment_tokens``
-tokens, so an addition costs O(``segment_tokens``)). A request takes a snapshot at its start
+tokens, so an addition costs O(``segment_tokens``)). The young segment is also sealed once it holds
+an eighth of ``max_bytes``: eviction drops a whole sealed segment, so a segment as large as a small
+budget would empty the memory at each seal. A request takes a snapshot at its start
 (:meth:`OutputMemory.automata`: a tuple of automata no one changes afterwards), so requests and
 additions on other threads never race. Past ``max_bytes`` (every tenant together) the oldest
 sealed segment of any tenant is dropped, then the young segments' oldest outputs.
@@ -30,6 +32,7 @@ __all__ = ["OutputMemory", "automaton_bytes"]
 
 DEFAULT_MAX_BYTES = 64 << 20
 DEFAULT_SEGMENT_TOKENS = 1 << 15
+SEGMENT_SHARE = 8  # a young segment is sealed at max_bytes / SEGMENT_SHARE: eviction's step
 
 
 def automaton_bytes(sam) -> int:
@@ -95,7 +98,9 @@ class OutputMemory:
         tokens = tokens[-self.segment_tokens:]  # an output longer than a segment keeps its end
         with self._lock:
             t = self._tenants.setdefault(tenant, _Tenant())
-            if t.young_tokens + len(tokens) > self.segment_tokens and t.young is not None:
+            full = (t.young_tokens + len(tokens) > self.segment_tokens
+                    or t.young is not None and t.young.nbytes * SEGMENT_SHARE >= self.max_bytes)
+            if full and t.young is not None:
                 t.sealed.append(t.young)  # the young segment is full: it stays as it is
                 t.young, t.young_outputs, t.young_tokens = None, deque(), 0
             t.young_outputs.append(tokens)
