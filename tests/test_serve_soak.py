@@ -1,13 +1,15 @@
 """A bounded soak of ``refdec serve``: requests of every kind in a loop from three concurrent clients
 for ``REFDEC_SOAK_SECONDS`` (default 60; the issue's run: 1200), the process's memory sampled
-every few seconds, on the tiny GGUF model on llama.cpp with the timed budget on (what a server runs).
+every few seconds, on the tiny GGUF model on llama.cpp with the timed budget on (what a server runs)
+and a memory of past outputs per tenant (three ``user`` values) small enough to evict all the time.
 
 What must hold for a server that runs for weeks: nothing grows with the number of requests or
 steps. After a warm-up (the first fifth of the run: allocator pools, the learnt cost's buckets,
 the interned strings of each kind of request), the resident set and the count of Python objects
 stay flat (the last quarter's median is within a bound of the second quarter's), every sequence
 and KV cell is free again whenever the server is idle, and every greedy answer equals that
-request's first answer. ``REFDEC_SOAK_OUT=F.json`` writes the samples (the run reported in
+request's first answer; the memory of past outputs never holds more than its budget, after any
+request, and keeps drafting while it evicts. ``REFDEC_SOAK_OUT=F.json`` writes the samples (the run reported in
 benchmarks/RESULTS.md).
 """
 
@@ -15,7 +17,9 @@ from __future__ import annotations
 
 import gc
 import json
+import logging
 import os
+import re
 import statistics
 import threading
 import time
@@ -35,6 +39,36 @@ pytestmark = [pytest.mark.llama, pytest.mark.usefixtures("fresh_refdec_cache")]
 SECONDS = float(os.environ.get("REFDEC_SOAK_SECONDS", "60"))
 RSS_GROWTH_BOUND = 16 << 20  # bytes, last quarter's median over the second quarter's
 OBJECT_GROWTH_BOUND = 2_000  # Python objects, the same medians
+MEMORY_BUDGET = 48 << 10  # bytes of past outputs, every tenant together: a few dozen short replies
+
+
+class WatchedMemory(refdec.OutputMemory):
+    """An OutputMemory that records the most it held after any addition (under its own lock, so no
+    addition's eviction is missed) and how many additions it saw."""
+
+    def __init__(self, max_bytes: int) -> None:
+        super().__init__(max_bytes)
+        self.peak_bytes = 0
+        self.additions = 0
+
+    def add(self, tokens, tenant=None) -> None:
+        super().add(tokens, tenant)
+        with self._lock:
+            self.peak_bytes = max(self.peak_bytes, self.nbytes)
+            self.additions += 1
+
+
+class MemoryAccepted(logging.Handler):
+    """Sums the tokens the memory drafted and the model accepted, from refdec serve's per-request log."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.INFO)
+        self.tokens = 0
+
+    def emit(self, record: logging.LogRecord) -> None:
+        found = re.search(r"memory accepted (\d+)", record.getMessage())
+        if found:
+            self.tokens += int(found.group(1))
 
 
 def resident_bytes() -> int:
@@ -48,12 +82,14 @@ def one_request(client, k: int) -> tuple[str, str | None]:
     kind = k % 6
     prompt = PROMPTS[k % len(PROMPTS)]
     messages = [{"role": "user", "content": prompt}]
+    user = f"tenant-{k % 3}"  # the memory's tenants (the server has no API key)
     if kind == 0:  # chat, a prediction that is mostly right
-        reply = client.chat.completions.create(model=MODEL, messages=messages, max_tokens=40, temperature=0,
+        reply = client.chat.completions.create(model=MODEL, messages=messages, max_tokens=40, temperature=0, user=user,
                                                extra_body={"prediction": {"type": "content", "content": prompt * 3}})
         return f"chat-prediction:{prompt}", reply.choices[0].message.content
     if kind == 1:  # completion, streamed, a stop string
         chunks = client.completions.create(model=MODEL, prompt=prompt, max_tokens=40, temperature=0, stop=["ll", "\n"],
+                                           user=user,
                                            stream=True, stream_options={"include_usage": True})
         return f"completion-stream:{prompt}", "".join(c.choices[0].text for c in chunks if c.choices)
     if kind == 2:  # a stream the client closes after a few chunks (its decode stops)
@@ -65,7 +101,8 @@ def one_request(client, k: int) -> tuple[str, str | None]:
         stream.close()
         return "closed", None
     if kind == 3:  # sampling with a seed
-        client.completions.create(model=MODEL, prompt=prompt, max_tokens=30, temperature=0.8, top_p=0.9, seed=k)
+        client.completions.create(model=MODEL, prompt=prompt, max_tokens=30, temperature=0.8, top_p=0.9, seed=k,
+                                  user=user)
         return "sampled", None
     if kind == 4:  # over the context limit: 400
         try:
@@ -73,15 +110,21 @@ def one_request(client, k: int) -> tuple[str, str | None]:
         except openai.BadRequestError:
             return "too-long", None
         raise AssertionError("a request over the context limit was answered")
-    reply = client.completions.create(model=MODEL, prompt=prompt, max_tokens=48, temperature=0)  # plain
+    reply = client.completions.create(model=MODEL, prompt=prompt, max_tokens=48, temperature=0, user=user)  # plain
     return f"completion:{prompt}", reply.choices[0].text
 
 
 def test_a_soak_of_mixed_requests_keeps_memory_flat_and_answers_right(tiny_gguf):
     llm = llama_cpp.Llama(str(tiny_gguf), n_ctx=SLOTS * (CONTEXT + 65), n_threads=1, n_batch=64, verbose=False)
-    decoder = refdec.SpeculativeDecoder(llm)  # the timed budget on, as refdec serve runs
+    memory = WatchedMemory(MEMORY_BUDGET)
+    decoder = refdec.SpeculativeDecoder(llm, memory=memory)  # the timed budget on, as refdec serve runs
     server = LiveServer(decoder)
     backend = decoder.backend
+    serve_log = logging.getLogger("refdec.serve")
+    memory_accepted = MemoryAccepted()
+    serve_log.addHandler(memory_accepted)
+    serve_log_level = serve_log.level
+    serve_log.setLevel(logging.INFO)
     first_answers: dict[str, str] = {}
     wrong: list[str] = []
     errors: list[str] = []
@@ -114,7 +157,10 @@ def test_a_soak_of_mixed_requests_keeps_memory_flat_and_answers_right(tiny_gguf)
             time.sleep(min(5.0, SECONDS / 40))
             gc.collect()
             samples.append({"t": time.monotonic() - started, "rss": resident_bytes(), "objects": len(gc.get_objects()),
-                            "served": served[0], "steps": server.service.steps})
+                            "served": served[0], "steps": server.service.steps,
+                            "memory_bytes": memory.nbytes, "memory_peak_bytes": memory.peak_bytes,
+                            "memory_evicted_outputs": memory.evicted_outputs,
+                            "memory_accepted_tokens": memory_accepted.tokens})
         stop.set()
         for thread in clients:
             thread.join(60)
@@ -128,6 +174,8 @@ def test_a_soak_of_mixed_requests_keeps_memory_flat_and_answers_right(tiny_gguf)
     finally:
         stop.set()
         server.close()
+        serve_log.removeHandler(memory_accepted)
+        serve_log.setLevel(serve_log_level)
     if os.environ.get("REFDEC_SOAK_OUT"):
         with open(os.environ["REFDEC_SOAK_OUT"], "w") as out:
             json.dump({"seconds": SECONDS, "samples": samples, "failures": server.service.failures,
@@ -146,3 +194,7 @@ def test_a_soak_of_mixed_requests_keeps_memory_flat_and_answers_right(tiny_gguf)
     assert requests > 20, f"the soak served only {requests} requests after its warm-up"
     assert rss_growth < RSS_GROWTH_BOUND, f"resident set grew {rss_growth / 2**20:.1f} MiB over {requests} requests"
     assert object_growth < OBJECT_GROWTH_BOUND, f"{object_growth} more Python objects after {requests} requests"
+    assert memory.peak_bytes <= MEMORY_BUDGET, f"the memory held {memory.peak_bytes} bytes over {MEMORY_BUDGET}"
+    assert memory.evicted_outputs > 0 and memory.additions > memory.evicted_outputs, repr(memory)
+    assert len(memory.tenants()) > 1, memory.tenants()
+    assert memory_accepted.tokens > 0  # past replies drafted later ones while the memory evicted
