@@ -126,6 +126,8 @@ def parser():
         help="also refdec with a cost curve measured beside two busy processes, run quiet (refit on, and off)")
     add("--trees", action="store_true",
         help="also refdec with exact mode off (trees; exact mode needs `refdec build-llama`): identity and speed")
+    add("--memory", action="store_true",
+        help="also refdec with a memory of past outputs (refdec.OutputMemory) that earlier prompts' outputs joined")
     add = group("memory over many calls (benchmarks/leak_check.py)", LONG)
     add("--long-run", type=int, default=0, metavar="CALLS", help="generate calls measured")
     add("--warmup", type=int, default=200, help="calls before the first measure")
@@ -240,6 +242,8 @@ def run_llama(args) -> tuple[str, dict, int]:
         table += "\n\n" + llama_runs.load_curve_table(records)
     if args.trees:
         table += "\n\n" + llama_runs.exact_table(records)
+    if args.memory:
+        table += "\n\n" + llama_runs.memory_table(records)
     print(table)
     print(f"\n({time.perf_counter() - t0:.0f} s)")
     return "e2e-llama.cpp", dict(records=records, table=table), 0

@@ -18,6 +18,10 @@ Methods (each prompt runs every method in turn, so machine noise hits them alike
   with the curve refit from the steps' times (``timed_budget``, the default) and without; against
   ``refdec``, whose curve was measured quiet (issue 36: a curve measured under load must correct
   itself within a decode).
+* ``refdec-memory`` (``--memory``) -- refdec with a memory of past outputs (``refdec.OutputMemory``)
+  that each prompt's output joins after its run (the decoder's own outputs, as a server keeps them):
+  the requests after the first draft from every earlier one's output too (issue 44: on unrelated
+  requests the memory must cost nothing).
 
 Workloads (``../shared/data``, read at run time), each with its model (benchmarks/backends.py):
 
@@ -108,8 +112,12 @@ def run_workload(workload: str, args) -> list[dict]:
             decoders[method] = refdec.SpeculativeDecoder(llm, prefix_cache=0)
             decoders[method].backend._cost_curve = loaded  # what auto_cost_curve gives this decoder
             decoders[method].timed_budget = timed
+    if getattr(args, "memory", False):
+        decoders["refdec-memory"] = refdec.SpeculativeDecoder(llm, prefix_cache=0, memory=refdec.OutputMemory())
     for decoder in decoders.values():
         decoder.generate(prompts[0]["ids"], max_new_tokens=8)  # the cost curve (once, cached) and first touches
+    if "refdec-memory" in decoders:
+        decoders["refdec-memory"].memory.clear()  # the warm-up's output; each prompt's joins after its run
     plain_greedy(llm, prompts[0]["ids"], 8)
     plain_greedy(lookup, prompts[0]["ids"], 8)
     records = []
@@ -202,6 +210,27 @@ def exact_table(records: list[dict]) -> str:
                      f"{same[1]}/{len(rows)} | {statistics.median(exact):.2f}x, {min(exact):.2f}x | "
                      f"{statistics.median(trees):.2f}x, {min(trees):.2f}x | {statistics.median(ratio):.2f}, "
                      f"{min(ratio):.2f} | {tpp[0]:.2f}, {tpp[1]:.2f} |")
+    return "\n".join(lines)
+
+
+def memory_table(records: list[dict]) -> str:
+    """``--memory``: per workload, refdec with a memory of the earlier prompts' outputs against refdec
+    without one and against plain, and the tokens the memory drafted."""
+    lines = ["| workload | prompts | refdec + memory / refdec (median, min) | refdec + memory / plain (median, min) "
+             "| refdec / plain (median, min) | memory-drafted tokens accepted | identical to plain |",
+             "|---|---|---|---|---|---|---|"]
+    for workload in WORKLOADS:
+        rows = [r for r in records if r["workload"] == workload and "refdec-memory" in r][1:]  # after the first
+        if not rows:
+            continue
+        ours = [_speedup(r, "refdec-memory") for r in rows]
+        base = [_speedup(r, "refdec") for r in rows]
+        ratio = [o / b for o, b in zip(ours, base)]
+        drafted = sum(r["refdec-memory"]["accepted_by_source"].get("memory", 0) for r in rows)
+        same = sum(r["refdec-memory"]["agree"]["identical"] for r in rows)
+        lines.append(f"| {workload} | {len(rows)} | {statistics.median(ratio):.2f}, {min(ratio):.2f} | "
+                     f"{statistics.median(ours):.2f}x, {min(ours):.2f}x | {statistics.median(base):.2f}x, "
+                     f"{min(base):.2f}x | {drafted} | {same}/{len(rows)} |")
     return "\n".join(lines)
 
 

@@ -85,9 +85,9 @@ def llama_server_binary() -> Path:
     BUILD_DIR.mkdir(parents=True, exist_ok=True)
     sdist = BUILD_DIR / f"llama_cpp_python-{LLAMA_CPP_PYTHON}.tar.gz"
     if not sdist.exists():
-        subprocess.run([sys.executable, "-m", "pip", "download", f"llama-cpp-python=={LLAMA_CPP_PYTHON}",
-                        "--no-binary", ":all:", "--no-deps", "--no-build-isolation", "-d", str(BUILD_DIR)],
-                       check=False)  # pip unpacks the sdist to read its metadata, which fails here: keep the file
+        # its source only (as refdec build-llama): "--no-binary :all:" would build its build tools from source too
+        subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", "llama-cpp-python",
+                        "-d", str(BUILD_DIR), f"llama-cpp-python=={LLAMA_CPP_PYTHON}"], check=False)
         if not sdist.exists():
             raise FileNotFoundError(f"could not download the llama-cpp-python {LLAMA_CPP_PYTHON} sdist to {BUILD_DIR}")
     subprocess.run(["tar", "xzf", str(sdist), "-C", str(BUILD_DIR)], check=True)
