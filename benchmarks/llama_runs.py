@@ -249,6 +249,8 @@ def _speedup(row: dict, method: str) -> float:
     method's prefill plus plain's tokens at the method's decode rate (outputs that part at a near-tie
     end at different lengths, and a short one would carry its prefill over fewer tokens)."""
     plain, cell = row["plain"], row[method]
+    if plain["tokens"] <= 1:  # an answer of one token: the prefill alone
+        return plain["seconds"] / cell["seconds"] if cell["seconds"] > 0 else 0.0
     prefill = cell.get("prefill_seconds", plain["prefill_seconds"])  # lookup's prefill is plain's
     rate = _decode_rate({**cell, "prefill_seconds": prefill})
     return plain["seconds"] / (prefill + (plain["tokens"] - 1) / rate) if rate > 0 else 0.0
@@ -268,7 +270,11 @@ def _line(row: dict) -> str:
         cell = row[method]
         parts.append(f"{method} {_speedup(row, method):.2f}x" + ("" if cell["agree"]["identical"] else
                                                                   f" (differs at {cell['agree']['first_difference']})"))
-    parts.append(f"refdec after the prefill {_decode_rate(row['refdec']) / _decode_rate(row['plain']):.2f}x")
+    if _decode_rate(row["plain"]) > 0:  # plain may stop after its first token
+        parts.append(f"refdec after the prefill {_decode_rate(row['refdec']) / _decode_rate(row['plain']):.2f}x")
+    if "refdec-memory" in row:
+        parts.append(f"refdec with memory {_speedup(row, 'refdec-memory'):.2f}x "
+                     f"({row['refdec-memory']['accepted_by_source'].get('memory', 0)} tokens from memory)")
     if "refdec-hf" in row:
         parts.append(f"refdec on transformers {_speedup(row, 'refdec-hf'):.2f}x")
     for method in ("refdec-loaded", "refdec-loaded-fixed"):
@@ -294,7 +300,8 @@ def markdown(records: list[dict]) -> str:
         lookup = [_speedup(r, "lookup") for r in rows]
         ours = [_speedup(r, "refdec") for r in rows]
         vs_lookup = [_speedup(r, "refdec") / _speedup(r, "lookup") for r in rows]
-        decode = [_decode_rate(r["refdec"]) / _decode_rate(r["plain"]) for r in rows]
+        decode = [_decode_rate(r["refdec"]) / _decode_rate(r["plain"]) for r in rows
+                  if _decode_rate(r["plain"]) > 0] or [0.0]
         tpp = [r["refdec"]["tokens_per_pass"] for r in rows]
         hf_rows = [_speedup(r, "refdec-hf") for r in rows if "refdec-hf" in r]
         hf_cell = f"{statistics.median(hf_rows):.2f}x" if hf_rows else "-"
