@@ -74,6 +74,8 @@ def run(args) -> list[dict]:
     off = refdec.SpeculativeDecoder(llm, prefix_cache=0)
     decoders = {"off": off, "on": refdec.SpeculativeDecoder(llm, backend=off.backend, memory=refdec.OutputMemory())}
     tokenizer = decoders["off"].tokenizer
+    # untimed: the first decode of a context pays its one-time set-up (without a memory: nothing joins it)
+    off.generate([tokenizer.encode("def main():", add_special_tokens=False)], max_new_tokens=16)
     if args.agent:
         return run_agent(args, decoders, tokenizer)
     records = []
@@ -110,6 +112,8 @@ def decode_both(decoders: dict, ids: list[int], max_new_tokens: int, references=
                         "memory_accepted": stats.accepted_by_source.get("memory", 0)}
     on, off = record["on"], record["off"]
     record["speedup"] = (on["new_tokens"] / on["seconds"]) / (off["new_tokens"] / off["seconds"])
+    # the decode alone: both prefill the same prompt, which the memory cannot shorten
+    record["decode_speedup"] = (off["seconds"] - off["prefill_seconds"]) / (on["seconds"] - on["prefill_seconds"])
     record["identical"] = on["tokens"] == off["tokens"]
     return record
 
@@ -142,7 +146,7 @@ def run_agent(args, decoders: dict, tokenizer) -> list[dict]:
 
 def markdown(records: list[dict]) -> str:
     lines = ["| request | files | tokens (median) | passes off / on (sum) | memory-drafted tokens (sum) | "
-             "on / off tok/s (median, min, max) | identical |", "|---|---|---|---|---|---|---|"]
+             "on / off tok/s (median, min, max) | after the prefill | identical |", "|---|---|---|---|---|---|---|---|"]
     for with_prediction in (True, False):
         rows = [r for r in records if r["prediction"] == with_prediction]
         if not rows:
@@ -153,13 +157,14 @@ def markdown(records: list[dict]) -> str:
                      f"{sum(r['off']['passes'] for r in rows)} / {sum(r['on']['passes'] for r in rows)} | "
                      f"{sum(r['on']['memory_accepted'] for r in rows)} | "
                      f"{statistics.median(ups):.2f}x, {min(ups):.2f}x, {max(ups):.2f}x | "
+                     f"{statistics.median(r['decode_speedup'] for r in rows):.2f}x | "
                      f"{sum(r['identical'] for r in rows)}/{len(rows)} |")
     return "\n".join(lines)
 
 
 def agent_markdown(records: list[dict]) -> str:
     lines = ["| turn | requests | tokens (median) | passes off / on (sum) | memory-drafted tokens (sum) | "
-             "on / off tok/s (median, min, max) | identical |", "|---|---|---|---|---|---|---|"]
+             "on / off tok/s (median, min, max) | after the prefill | identical |", "|---|---|---|---|---|---|---|---|"]
     for turn, name in enumerate(("read_file call", "write_file call (the new file)", "done")):
         rows = [r for r in records if r["turn"] == turn]
         if rows:
@@ -167,7 +172,9 @@ def agent_markdown(records: list[dict]) -> str:
             lines.append(f"| {name} | {len(rows)} | {statistics.median(r['off']['new_tokens'] for r in rows):.0f} | "
                          f"{sum(r['off']['passes'] for r in rows)} / {sum(r['on']['passes'] for r in rows)} | "
                          f"{sum(r['on']['memory_accepted'] for r in rows)} | {statistics.median(ups):.2f}x, "
-                         f"{min(ups):.2f}x, {max(ups):.2f}x | {sum(r['identical'] for r in rows)}/{len(rows)} |")
+                         f"{min(ups):.2f}x, {max(ups):.2f}x | "
+                         f"{statistics.median(r['decode_speedup'] for r in rows):.2f}x | "
+                         f"{sum(r['identical'] for r in rows)}/{len(rows)} |")
     return "\n".join(lines)
 
 
