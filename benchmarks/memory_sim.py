@@ -21,8 +21,9 @@ Methods: ``refdec`` (context and reference, no memory), ``refdec+memory`` (the s
 memory source), ``arctic`` (per-request tree over prompt + output and the global tree; its
 defaults as ``baselines.ArcticSuffix``). Memory sizes: refdec's ``OutputMemory.nbytes``; Arctic's
 global tree has no size query: the growth of a fresh process's resident memory while the same
-outputs fill a ``SuffixDecodingCache`` (:func:`arctic_global_bytes`), an estimate. ``--bounded F``: refdec's budget is F times the unbounded memory's bytes,
-and Arctic keeps as many requests as refdec's memory held at the end (the same outputs kept).
+outputs fill a ``SuffixDecodingCache`` (:func:`arctic_global_bytes`), an estimate. ``--bounded F``:
+refdec's budget is F times the unbounded memory's bytes, and Arctic keeps as many requests as
+refdec's memory held at the end (the same outputs kept).
 """
 
 from __future__ import annotations

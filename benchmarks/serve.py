@@ -25,6 +25,10 @@ tokens over the wall time), accepted prediction tokens where the server reports 
 many replies equal refdec's at one client. Every server prefills each request from scratch here
 (refdec ``--prefix-cache 0``, llama-server ``--no-cache-prompt``): the edits repeat per client count.
 
+``refdec-trees`` is refdec serve with ``--no-exact``: draft trees in llama.cpp's batched kernels, as
+llama-server's speculative decoding runs them, in place of exact mode's chains (the price of
+exact mode's plain-decoding tokens).
+
 ``--no-prediction``: the requests send the file in the prompt only, as most editing tools do;
 ``refdec-noimplicit`` is refdec serve with ``--no-implicit-reference`` (drafting from the context
 alone), to compare with refdec's implicit reference, the largest fenced block of the messages.
@@ -56,7 +60,8 @@ from pathlib import Path
 
 from benchmarks import data
 
-SERVERS = ("refdec", "lcp", "lcp-pld", "ls", "ls-ngram-mod", "ls-ngram-map-k", "refdec-nocache", "refdec-noimplicit")
+SERVERS = ("refdec", "lcp", "lcp-pld", "ls", "ls-ngram-mod", "ls-ngram-map-k", "refdec-nocache", "refdec-noimplicit",
+           "refdec-trees")
 FOLLOW_UP = "Also add a one-line comment at the very top of the file that says what the file is for."
 MODEL_ID = "editor"  # the id every server answers to here
 CONTEXT = 8192  # tokens per request slot
@@ -106,7 +111,8 @@ def server_command(name: str, model: Path, port: int, threads: int, prompt_cache
         return [sys.executable, "-m", "refdec.cli", "serve", "--model", str(model), "--port", str(port),
                 "--served-model-name", MODEL_ID, "--max-concurrent", str(SLOTS), "--ctx", str(CONTEXT),
                 "--threads", str(threads), "--prefix-cache", str(cache)] + (
-                    ["--no-implicit-reference"] if name == "refdec-noimplicit" else [])
+                    ["--no-implicit-reference"] if name == "refdec-noimplicit" else
+                    ["--no-exact"] if name == "refdec-trees" else [])
     if name.startswith("lcp"):
         command = [sys.executable, "-m", "llama_cpp.server", "--model", str(model), "--port", str(port),
                    "--model_alias", MODEL_ID, "--n_ctx", str(CONTEXT), "--n_threads", str(threads),
