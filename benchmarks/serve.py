@@ -4,6 +4,7 @@
                                [--model F.gguf] [--threads 2] [--max-tokens 1536] [--json OUT]
     python -m benchmarks.serve --follow-up [--edits 3] [--servers refdec,refdec-nocache,lcp,ls,ls-ngram-mod]
     python -m benchmarks.serve --no-prediction [--servers refdec,refdec-noimplicit,lcp,ls-ngram-mod]
+    python -m benchmarks.serve --aider /path/to/venv/bin/aider [--edit-formats whole,diff] [--servers refdec,lcp]
 
 Each edit of ``../shared/data/edits-click.jsonl`` (its commit message as the instruction, the
 file before it as the text) is sent through the ``openai`` client as ``refdec edit --server``
@@ -32,6 +33,12 @@ exact mode's plain-decoding tokens).
 ``--no-prediction``: the requests send the file in the prompt only, as most editing tools do;
 ``refdec-noimplicit`` is refdec serve with ``--no-implicit-reference`` (drafting from the context
 alone), to compare with refdec's implicit reference, the largest fenced block of the messages.
+
+``--aider AIDER``: a real client, aider (``aider-chat`` from PyPI, in a venv of its own; AIDER its
+executable), edits each file through each server (``--edit-formats``, default ``whole,diff``): one
+aider run per edit and format, in a fresh folder holding the file alone, ``--no-git --yes-always``,
+offline (``LITELLM_LOCAL_MODEL_COST_MAP``). Reported: each run's wall time (aider's start included,
+alike for every server), whether the file changed, and the files that equal refdec's.
 
 ``--follow-up``: the same file edited again. One client sends each edit and then, at once, a
 second edit of the same file (:data:`FOLLOW_UP` as the instruction; the prompt shares the system
@@ -241,6 +248,57 @@ def run_clients(url: str, rows: list[dict], clients: int, max_tokens: int,
     return answers, time.perf_counter() - started
 
 
+def aider_command(aider: str, url: str, message: str, file: Path, edit_format: str) -> list[str]:
+    """The aider run that edits ``file`` with ``message`` through the OpenAI server at ``url``."""
+    return [aider, "--model", f"openai/{MODEL_ID}", "--openai-api-base", url + "/v1", "--openai-api-key", "none",
+            "--edit-format", edit_format, "--no-git", "--yes-always", "--no-check-update", "--analytics-disable",
+            "--no-show-model-warnings", "--no-pretty", "--map-tokens", "0", "--no-auto-lint",
+            "--no-suggest-shell-commands", "--no-detect-urls", "--message", message, str(file)]
+
+
+def aider_edit(aider: str, url: str, row: dict, edit_format: str, workdir: Path, timeout: float = 1800) -> dict:
+    """One edit by aider (:func:`aider_command`) in a fresh ``workdir``: wall seconds, whether the
+    file changed, the file after, aider's exit status and its output's tail."""
+    shutil.rmtree(workdir, ignore_errors=True)
+    (workdir / "home").mkdir(parents=True)
+    file = workdir / Path(row["path"]).name
+    file.write_text(row["before"])
+    env = {**os.environ, "HOME": str(workdir / "home"), "LITELLM_LOCAL_MODEL_COST_MAP": "True"}
+    started = time.perf_counter()
+    done = subprocess.run(aider_command(aider, url, row["message"], file, edit_format), cwd=workdir, env=env,
+                          capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL)
+    seconds = time.perf_counter() - started
+    after = file.read_text()
+    return {"path": row["path"], "format": edit_format, "seconds": seconds, "changed": after != row["before"],
+            "text": after, "returncode": done.returncode, "output_tail": (done.stdout + done.stderr)[-2000:]}
+
+
+def aider_table(runs: dict) -> str:
+    """``--aider``'s table: per server and edit format, wall seconds and the ratio to lcp per edit."""
+    lines = ["| server | edit format | edits | wall s (median) | × lcp per edit (median, least) | files changed | "
+             "files = refdec's |", "|---|---|---|---|---|---|---|"]
+    for (name, edit_format), edits in runs.items():
+        base = runs.get(("lcp", edit_format))
+        ratios = [b["seconds"] / e["seconds"] for e, b in zip(edits, base)] if base else []
+        shown = f"{statistics.median(ratios):.2f}x, {min(ratios):.2f}x" if ratios else "-"
+        ours = runs.get(("refdec", edit_format))
+        same = "-" if ours is None else f"{sum(e['text'] == o['text'] for e, o in zip(edits, ours))}/{len(edits)}"
+        wall = statistics.median(e["seconds"] for e in edits)
+        changed = sum(e["changed"] for e in edits)
+        lines.append(f"| {name} | {edit_format} | {len(edits)} | {wall:.1f} | {shown} | {changed}/{len(edits)} "
+                     f"| {same} |")
+    return "\n".join(lines)
+
+
+def per_edit_ratios(answers_by: dict, clients: str = "1") -> dict:
+    """Each server's tokens/s over lcp's, edit by edit, at ``clients`` (a list per server; none without lcp)."""
+    base = answers_by.get("lcp", {}).get(clients)
+    if base is None:
+        return {}
+    return {name: [round((a["tokens"] / a["seconds"]) / (b["tokens"] / b["seconds"]), 2) for a, b in zip(got, base)]
+            for name, by_clients in answers_by.items() if (got := by_clients.get(clients)) is not None}
+
+
 def percentile(values: list[float], q: float) -> float:
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
@@ -291,6 +349,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-prediction", action="store_true",
                         help="send no `prediction`: the file only in the prompt, as most editing tools send it "
                              "(refdec-noimplicit: refdec serve --no-implicit-reference)")
+    parser.add_argument("--aider", default=None, metavar="AIDER",
+                        help="edit through aider (its executable, from a venv of its own) instead of the openai client")
+    parser.add_argument("--edit-formats", default="whole,diff", help="--aider's edit formats (default whole,diff)")
     parser.add_argument("--follow-up", action="store_true",
                         help="each edit and then a second edit of the same file, the servers' prompt caches on")
     args = parser.parse_args(argv)
@@ -319,7 +380,16 @@ def main(argv: list[str] | None = None) -> int:
             started[name] = Server(name, server_command(name, model, 8200 + k, args.threads, args.follow_up),
                                    8200 + k, logs / f"{name}.log")
             run_clients(started[name].url, [warm_up], 1, 8)  # warm-up: the weights' first touch, the first prefill
-        if args.follow_up:
+        if args.aider:
+            aider_runs: dict = {}
+            for edit_format in args.edit_formats.split(","):
+                for row in rows:  # the servers take turns, edit by edit
+                    for name in servers:
+                        run = aider_edit(args.aider, started[name].url, row, edit_format, logs / "aider")
+                        aider_runs.setdefault((name, edit_format), []).append(run)
+                        print(f"[serve] aider {edit_format} {name} {row['path']}: {run['seconds']:.1f} s, changed "
+                              f"{run['changed']}, exit {run['returncode']}", file=sys.stderr, flush=True)
+        elif args.follow_up:
             results = {name: [] for name in servers}
             for row in rows:  # the servers take turns, edit by edit
                 for name in servers:
@@ -348,6 +418,13 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         for server in started.values():
             server.stop()
+    if args.aider:
+        print(f"edits: {', '.join(row['path'] for row in rows)}; model {model.name}; {args.threads} threads; aider")
+        print(aider_table(aider_runs))
+        if args.json:
+            Path(args.json).write_text(json.dumps({"aider": [{"server": name, **run} for (name, _), runs in
+                                                             aider_runs.items() for run in runs]}, indent=1))
+        return 0
     if args.follow_up:
         print(f"edits: {', '.join(row['path'] for row in rows)}; model {model.name}; {args.threads} threads")
         print(follow_up_table(results))
@@ -362,8 +439,13 @@ def main(argv: list[str] | None = None) -> int:
                 results[name][c]["same_as_refdec"] = f"{same}/{len(answers)}"
     print(f"edits: {', '.join(row['path'] for row in rows)}; model {model.name}; {args.threads} threads")
     print(table(results, clients))
+    ratios = per_edit_ratios(answers_by)
+    if ratios:
+        print("tokens/s over lcp's, edit by edit, at 1 client: "
+              + "; ".join(f"{name} {r}" for name, r in ratios.items()))
     if args.json:
-        Path(args.json).write_text(json.dumps({"results": results, "answers": answers_by}, indent=1))
+        Path(args.json).write_text(json.dumps({"results": results, "answers": answers_by, "per_edit_ratios": ratios},
+                                              indent=1))
     return 0
 
 
