@@ -164,17 +164,19 @@ class Server:
                 self.process.wait()
 
 
-def ask(client, row: dict, max_tokens: int, instruction: str | None = None, prediction: bool = True) -> dict:
+def ask(client, row: dict, max_tokens: int, instruction: str | None = None, prediction: bool = True,
+        user: str | None = None) -> dict:
     """One edit through ``client`` (``instruction``: instead of the row's commit message; ``prediction``:
-    the file sent as ``prediction`` too, not only in the prompt): its reply text, completion tokens,
-    latency, prediction counts and cached prompt tokens."""
+    the file sent as ``prediction`` too, not only in the prompt; ``user``: the request's ``user``,
+    refdec's memory tenant): its reply text, completion tokens, latency, prediction counts and cached
+    prompt tokens."""
     from refdec.edit_prompt import chat_edit_messages
 
     messages, _ = chat_edit_messages(row["before"], instruction or row["message"])
     started = time.perf_counter()
     extra = {"prediction": {"type": "content", "content": row["before"]}} if prediction else None
     reply = client.chat.completions.create(model=MODEL_ID, messages=messages, temperature=0, max_tokens=max_tokens,
-                                           extra_body=extra)
+                                           extra_body=extra, **({"user": user} if user else {}))
     seconds = time.perf_counter() - started
     details = getattr(reply.usage, "completion_tokens_details", None)
     prompt_details = getattr(reply.usage, "prompt_tokens_details", None)
@@ -216,7 +218,8 @@ def follow_up_table(results: dict) -> str:
 def run_clients(url: str, rows: list[dict], clients: int, max_tokens: int,
                 prediction: bool = True) -> tuple[list[dict], float]:
     """Every row sent once by ``clients`` concurrent clients (``prediction``: as :func:`ask`); (the
-    answers in row order, wall seconds)."""
+    answers in row order, wall seconds). The requests of each client count are a ``user`` of their own:
+    refdec's memory does not carry an edit's reply from one round to the same edit in the next."""
     import openai
 
     todo: queue.Queue = queue.Queue()
@@ -233,7 +236,7 @@ def run_clients(url: str, rows: list[dict], clients: int, max_tokens: int,
             except queue.Empty:
                 return
             try:
-                answers[i] = ask(client, row, max_tokens, prediction=prediction)
+                answers[i] = ask(client, row, max_tokens, prediction=prediction, user=f"clients-{clients}")
             except Exception as error:  # noqa: BLE001 - recorded and reported
                 errors.append(f"{row['path']}: {error}")
 
