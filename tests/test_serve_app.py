@@ -217,8 +217,11 @@ def test_corpora_are_added_listed_chosen_per_request_and_removed(decoder, caplog
     drafts for the requests naming it (the text is the library's) and is removed; every bad request
     gets an OpenAI-shaped 4xx and changes nothing. A decoder of its own: its acceptance rates start
     from the priors, which rank the corpus first (in exact mode a row verifies one chain, its tree's
-    best path; the module's decoder has learnt other rates from the tests before)."""
-    live = LiveServer(fresh_decoder(decoder), api_key="k")
+    best path; the module's decoder has learnt other rates from the tests before), priced by a flat
+    cost curve: a curve measured on a loaded machine may leave room for another source's chain only."""
+    own = fresh_decoder(decoder)
+    own.backend.auto_cost_curve = lambda: CostCurve((0, 64), (1.0, 1.0))
+    live = LiveServer(own, api_key="k")
     auth = {"Authorization": "Bearer k"}
     content = PROMPTS[3]
     ids = chat_ids(decoder, content)
