@@ -144,37 +144,36 @@ def run_agent(args, decoders: dict, tokenizer) -> list[dict]:
     return records
 
 
+TABLE_HEAD = ["| {what} | {count} | tokens (median) | passes off / on (sum) | memory-drafted tokens (sum) | "
+              "on / off tok/s (median, min, max) | after the prefill | identical |", "|---|---|---|---|---|---|---|---|"]
+
+
+def _table_row(name: str, rows: list[dict]) -> str:
+    """One line of the tables: ``rows``' records summed and their medians."""
+    ups = [r["speedup"] for r in rows]
+    return (f"| {name} | {len(rows)} | {statistics.median(r['off']['new_tokens'] for r in rows):.0f} | "
+            f"{sum(r['off']['passes'] for r in rows)} / {sum(r['on']['passes'] for r in rows)} | "
+            f"{sum(r['on']['memory_accepted'] for r in rows)} | "
+            f"{statistics.median(ups):.2f}x, {min(ups):.2f}x, {max(ups):.2f}x | "
+            f"{statistics.median(r['decode_speedup'] for r in rows):.2f}x | "
+            f"{sum(r['identical'] for r in rows)}/{len(rows)} |")
+
+
 def markdown(records: list[dict]) -> str:
-    lines = ["| request | files | tokens (median) | passes off / on (sum) | memory-drafted tokens (sum) | "
-             "on / off tok/s (median, min, max) | after the prefill | identical |", "|---|---|---|---|---|---|---|---|"]
+    lines = [TABLE_HEAD[0].format(what="request", count="files"), TABLE_HEAD[1]]
     for with_prediction in (True, False):
         rows = [r for r in records if r["prediction"] == with_prediction]
-        if not rows:
-            continue
-        ups = [r["speedup"] for r in rows]
-        lines.append(f"| {'file as prediction' if with_prediction else 'file in the prompt only'} | {len(rows)} | "
-                     f"{statistics.median(r['off']['new_tokens'] for r in rows):.0f} | "
-                     f"{sum(r['off']['passes'] for r in rows)} / {sum(r['on']['passes'] for r in rows)} | "
-                     f"{sum(r['on']['memory_accepted'] for r in rows)} | "
-                     f"{statistics.median(ups):.2f}x, {min(ups):.2f}x, {max(ups):.2f}x | "
-                     f"{statistics.median(r['decode_speedup'] for r in rows):.2f}x | "
-                     f"{sum(r['identical'] for r in rows)}/{len(rows)} |")
+        if rows:
+            lines.append(_table_row("file as prediction" if with_prediction else "file in the prompt only", rows))
     return "\n".join(lines)
 
 
 def agent_markdown(records: list[dict]) -> str:
-    lines = ["| turn | requests | tokens (median) | passes off / on (sum) | memory-drafted tokens (sum) | "
-             "on / off tok/s (median, min, max) | after the prefill | identical |", "|---|---|---|---|---|---|---|---|"]
+    lines = [TABLE_HEAD[0].format(what="turn", count="requests"), TABLE_HEAD[1]]
     for turn, name in enumerate(("read_file call", "write_file call (the new file)", "done")):
         rows = [r for r in records if r["turn"] == turn]
         if rows:
-            ups = [r["speedup"] for r in rows]
-            lines.append(f"| {name} | {len(rows)} | {statistics.median(r['off']['new_tokens'] for r in rows):.0f} | "
-                         f"{sum(r['off']['passes'] for r in rows)} / {sum(r['on']['passes'] for r in rows)} | "
-                         f"{sum(r['on']['memory_accepted'] for r in rows)} | {statistics.median(ups):.2f}x, "
-                         f"{min(ups):.2f}x, {max(ups):.2f}x | "
-                         f"{statistics.median(r['decode_speedup'] for r in rows):.2f}x | "
-                         f"{sum(r['identical'] for r in rows)}/{len(rows)} |")
+            lines.append(_table_row(name, rows))
     return "\n".join(lines)
 
 
