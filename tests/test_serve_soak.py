@@ -123,8 +123,10 @@ def test_a_soak_of_mixed_requests_keeps_memory_flat_and_answers_right(tiny_gguf)
     serve_log = logging.getLogger("refdec.serve")
     memory_accepted = MemoryAccepted()
     serve_log.addHandler(memory_accepted)
-    serve_log_level = serve_log.level
+    serve_log_level, serve_log_propagate = serve_log.level, serve_log.propagate
     serve_log.setLevel(logging.INFO)
+    # not to pytest's log capture, which keeps every record for its report: an hour's soak grew 100 MiB
+    serve_log.propagate = False
     first_answers: dict[str, str] = {}
     wrong: list[str] = []
     errors: list[str] = []
@@ -183,6 +185,7 @@ def test_a_soak_of_mixed_requests_keeps_memory_flat_and_answers_right(tiny_gguf)
         server.close()
         serve_log.removeHandler(memory_accepted)
         serve_log.setLevel(serve_log_level)
+        serve_log.propagate = serve_log_propagate
     if os.environ.get("REFDEC_SOAK_OUT"):
         with open(os.environ["REFDEC_SOAK_OUT"], "w") as out:
             json.dump({"seconds": SECONDS, "samples": samples, "failures": server.service.failures,
