@@ -37,7 +37,9 @@ alone), to compare with refdec's implicit reference, the largest fenced block of
 ``--aider AIDER``: a real client, aider (``aider-chat`` from PyPI, in a venv of its own; AIDER its
 executable), edits each file through each server (``--edit-formats``, default ``whole,diff``): one
 aider run per edit and format, in a fresh folder holding the file alone, ``--no-git --yes-always``,
-offline (``LITELLM_LOCAL_MODEL_COST_MAP``). Reported: each run's wall time (aider's start included,
+offline (``LITELLM_LOCAL_MODEL_COST_MAP``). Every server keeps its prompt cache, as users run it:
+aider sends the conversation again when a reply fails to apply, and llama-cpp-python's server
+always reuses its last prompt's prefix. Reported: each run's wall time (aider's start included,
 alike for every server), whether the file changed, and the files that equal refdec's.
 
 ``--follow-up``: the same file edited again. One client sends each edit and then, at once, a
@@ -380,7 +382,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         for k, name in enumerate(servers):  # all up at once, idle but the one a request is sent to
             print(f"[serve] {name}: starting", file=sys.stderr, flush=True)
-            started[name] = Server(name, server_command(name, model, 8200 + k, args.threads, args.follow_up),
+            cached = args.follow_up or bool(args.aider)  # a conversation: each server's prompt cache as users run it
+            started[name] = Server(name, server_command(name, model, 8200 + k, args.threads, cached),
                                    8200 + k, logs / f"{name}.log")
             run_clients(started[name].url, [warm_up], 1, 8)  # warm-up: the weights' first touch, the first prefill
         if args.aider:
