@@ -90,12 +90,16 @@ def server(decoder):
     live.close()
 
 
-def fresh_decoder(decoder, exact: bool | None = None):
+def fresh_decoder(decoder, exact: bool | None = None, flat_curve: bool = False):
     """A decoder of its own on the module's Llama, its acceptance rates the priors: a test that checks
     which source drafted needs them (in exact mode a row verifies one chain, its tree's best path,
-    which the rates the module's decoder learnt from earlier tests may give to another source)."""
+    which the rates the module's decoder learnt from earlier tests may give to another source).
+    ``flat_curve``: priced by a flat cost curve (another node costs nothing), so that the tree holds
+    every source's chain whatever this machine's timings (a curve measured under load may not)."""
     own = refdec.SpeculativeDecoder(decoder.model, exact=exact)
     own.timed_budget = False
+    if flat_curve:
+        own.backend.auto_cost_curve = lambda: CostCurve((0, 64), (1.0, 1.0))
     return own
 
 
@@ -163,8 +167,7 @@ def test_a_request_without_prediction_drafts_from_the_file_in_its_messages(decod
     file = library_text(decoder, seed, max_new_tokens=120)[0]  # text the tiny model writes
     content = f"Copy this file:\n```\n{file * 2}\n```\n"
     expected, _ = library_text(decoder, chat_ids(decoder, content), max_new_tokens=48)
-    own = fresh_decoder(decoder, exact=False)
-    own.backend.auto_cost_curve = lambda: CostCurve((0, 64), (1.0, 1.0))
+    own = fresh_decoder(decoder, exact=False, flat_curve=True)
     live = LiveServer(own)
     try:
         with caplog.at_level(logging.INFO, logger="refdec.serve"):
@@ -219,9 +222,7 @@ def test_corpora_are_added_listed_chosen_per_request_and_removed(decoder, caplog
     from the priors, which rank the corpus first (in exact mode a row verifies one chain, its tree's
     best path; the module's decoder has learnt other rates from the tests before), priced by a flat
     cost curve: a curve measured on a loaded machine may leave room for another source's chain only."""
-    own = fresh_decoder(decoder)
-    own.backend.auto_cost_curve = lambda: CostCurve((0, 64), (1.0, 1.0))
-    live = LiveServer(own, api_key="k")
+    live = LiveServer(fresh_decoder(decoder, flat_curve=True), api_key="k")
     auth = {"Authorization": "Bearer k"}
     content = PROMPTS[3]
     ids = chat_ids(decoder, content)
