@@ -380,9 +380,9 @@ def main(argv: list[str] | None = None) -> int:
     answers_by: dict = {}
     started: dict = {}
     try:
+        cached = args.follow_up or bool(args.aider)  # a conversation: each server's prompt cache as users run it
         for k, name in enumerate(servers):  # all up at once, idle but the one a request is sent to
             print(f"[serve] {name}: starting", file=sys.stderr, flush=True)
-            cached = args.follow_up or bool(args.aider)  # a conversation: each server's prompt cache as users run it
             started[name] = Server(name, server_command(name, model, 8200 + k, args.threads, cached),
                                    8200 + k, logs / f"{name}.log")
             run_clients(started[name].url, [warm_up], 1, 8)  # warm-up: the weights' first touch, the first prefill
