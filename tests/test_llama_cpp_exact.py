@@ -123,25 +123,44 @@ def test_greedy_is_plain_decoding_token_for_token(llm, max_draft_tokens):
 
 @pytest.mark.parametrize("max_rows", [4, 2])
 def test_a_batch_of_prompts_gives_each_its_plain_tokens(llm, max_rows, monkeypatch):
-    """Four rows in one decode a step; or two at a time (a KV stream per row: the others wait)."""
+    """Four rows in one decode a step; or two at a time (a KV stream per row: the others wait). The
+    rows here take the highest free sequence id, so that a batch's rows hold descending ids (as a
+    row that joins a running batch may): each decode lays its rows out in the order of their ids
+    all the same (llama.cpp splits a batch at an id out of order)."""
     prompts = [_ids(llm, text) for text in TEXTS]
     plain = [_plain(llm, p, 40) for p in prompts]
     decoder = refdec.SpeculativeDecoder(llm, prefix_cache=0, max_rows=max_rows)
     assert decoder.backend.row_limit == max_rows
-    rows = []
+    rows, entry_seqs, batch_seqs = [], [], []
     decode = type(decoder.backend.ctx).decode
+    verify = type(decoder.backend)._verify_exact_chains
 
     def counting(self, tokens, positions, seq_ids, want_logits, invariant=False):
         if invariant:
             rows.append(len({int(ids[0]) for ids in seq_ids}))
+            entry_seqs.append([int(ids[0]) for ids in seq_ids])
         return decode(self, tokens, positions, seq_ids, want_logits, invariant=invariant)
 
+    def verifying(self, batch, *rest):
+        batch_seqs.append(list(batch.base_seqs))
+        return verify(self, batch, *rest)
+
     monkeypatch.setattr(type(decoder.backend.ctx), "decode", counting)
+    monkeypatch.setattr(type(decoder.backend), "_verify_exact_chains", verifying)
+
+    def highest_first(self):
+        seq = max(self._free_seqs)
+        self._free_seqs.remove(seq)
+        return seq
+
+    monkeypatch.setattr(type(decoder.backend), "take_seq", highest_first)
     done = {}
     decoder.generate(prompts, max_new_tokens=40, max_draft_tokens=16, references=[[p[2:]] for p in plain],
                      on_row_done=lambda b, new, _: done.__setitem__(b, new))
     assert [list(done[b]) for b in range(len(prompts))] == plain
     assert max(rows) == max_rows  # the rows verified together
+    assert all(seqs == sorted(seqs) for seqs in entry_seqs)
+    assert any(seqs != sorted(seqs) for seqs in batch_seqs)
 
 
 def test_a_prefix_cache_hit_reuses_whole_chunks_and_gives_plain_tokens(llm):

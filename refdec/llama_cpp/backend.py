@@ -512,12 +512,17 @@ class LlamaCppBackend:
                              root_pos: np.ndarray, rules: list) -> Verified:
         """:meth:`verify` in exact mode: every row's ``[root] + chain`` (``fit_tree`` made each tree a
         chain) in its base sequence, in one decode with batch-invariant products; the rejected
-        tails are cut by ``keep_accepted``."""
+        tails are cut by ``keep_accepted``. The rows are laid out in the order of their sequence
+        ids: llama.cpp splits a batch over several KV streams into micro-batches of streams with
+        consecutive, increasing ids (``split_equal``), each a pass over the weights of its own
+        (benchmarks/llama_packed.py measures what an out-of-order batch costs)."""
         t0 = time.perf_counter()
-        tokens, positions, seq_ids, starts = [], [], [], []
-        for b, tree in enumerate(trees):
+        tokens, positions, seq_ids = [], [], []
+        starts = [0] * len(trees)
+        for b in sorted(range(len(trees)), key=lambda row: batch.base_seqs[row]):
+            tree = trees[b]
             _require_chain(tree, "exact mode")
-            starts.append(len(tokens))
+            starts[b] = len(tokens)
             tokens.append(int(roots[b]))
             tokens.extend(tree.token_ids.tolist())
             positions.extend(range(int(root_pos[b]), int(root_pos[b]) + 1 + len(tree)))
