@@ -68,8 +68,12 @@ def default_model():
     reason = _skip_reason()
     if reason:
         pytest.skip(reason)
+    threads = torch.get_num_threads()
     torch.set_num_threads(2)
-    return models.load_default()
+    try:
+        yield models.load_default()
+    finally:
+        torch.set_num_threads(threads)  # the next module's tests key caches by the session's count
 
 
 def edit_prompts(count: int = 3, max_chars: int = 2500) -> list[str]:
