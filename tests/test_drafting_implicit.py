@@ -1,13 +1,18 @@
-"""Specifies refdec.serve.implicit: the implicit reference of a request without ``prediction`` is
+"""Specifies refdec.drafting.implicit: the implicit reference of a request without ``prediction`` is
 the file an editing tool put in its messages, found in the request shapes real tools send (aider's
 whole-file and diff formats, Continue's apply prompt, Obsidian Smart Composer's apply request), and
-none for a chat without code."""
+none for a chat without code; and ``generate`` given no references finds it in the prompt's text,
+drafts from it and gives the same tokens."""
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
-from refdec.serve.implicit import MIN_REFERENCE_CHARS, fenced_blocks, implicit_reference
+import refdec
+from refdec.drafting.implicit import MIN_REFERENCE_CHARS, fenced_blocks, implicit_reference
+from refdec.engine.arguments import row_references
+from tiny_models import hf_greedy, repetitive_prompts
 
 FILE = "".join(f"def f{i}(x):\n    return x + {i}\n\n\n" for i in range(12))  # a 380-character file
 assert len(FILE) > MIN_REFERENCE_CHARS
@@ -73,3 +78,62 @@ def test_fences_close_with_their_own_kind_and_length():
     assert fenced_blocks(text) == [f"# Title\n{inner}more\n"]
     assert fenced_blocks("```\nnever closed\n") == []
     assert fenced_blocks("~~~\nx\n```\n~~~\n") == ["x\n```\n"]
+
+
+# ---------------------------------------------------------------- generate(..., references=None)
+
+
+def _ids(tokenizer, text: str) -> np.ndarray:
+    return np.asarray(tokenizer(text, add_special_tokens=False)["input_ids"], dtype=np.int64)
+
+
+def test_a_prompt_given_no_references_gets_its_fenced_file_tokenized_as_a_text_reference(tiny_tokenizer):
+    prompt = _ids(tiny_tokenizer, aider_whole_file()[1] + "Rename f3 to g3.\n")
+    file = [_ids(tiny_tokenizer, FILE).tolist()]
+    assert [r.tolist() for r in row_references(None, prompt, tiny_tokenizer)] == file
+    assert row_references([], prompt, tiny_tokenizer) == []  # [] asks for none
+    assert row_references(None, prompt, None) == []  # no tokenizer: the text cannot be read
+    assert row_references(None, _ids(tiny_tokenizer, "What is 2 + 2?"), tiny_tokenizer) == []
+    given = row_references(["x = 1"], prompt, tiny_tokenizer)  # given ones are used, not the implicit one
+    assert [r.tolist() for r in given] == [_ids(tiny_tokenizer, "x = 1").tolist()]
+
+
+def test_each_row_of_a_batch_given_none_gets_its_own(llama, tiny_tokenizer):
+    file = FILE[:FILE.index("def f7")]  # the tiny Llama holds 512 positions: a character a token
+    assert len(file) >= MIN_REFERENCE_CHARS
+    with_file = _ids(tiny_tokenizer, f"Rewrite it:\n```python\n{file}```\n")
+    plain = _ids(tiny_tokenizer, "Say hello.")
+    decoder = refdec.SpeculativeDecoder(llama, tokenizer=tiny_tokenizer)
+    settings = refdec.DecodeSettings(max_new_tokens=4, eos_token_id=[])
+    args = decoder.check_call([with_file, plain], settings, index=None)
+    assert [[r.tolist() for r in refs] for refs in args.references] == [[_ids(tiny_tokenizer, file).tolist()], []]
+    args = decoder.check_call([with_file, plain], settings, index=None, references=[[], None])
+    assert [len(refs) for refs in args.references] == [0, 0]
+
+
+def test_generate_drafts_from_the_file_in_the_prompt_and_gives_the_same_tokens(llama, tiny_tokenizer):
+    """The file is text the tiny model writes, so that its reply follows it; given no references the
+    drafts come from it (the reference source), given ``[]`` from the context alone."""
+    seed = repetitive_prompts(1, seed=9)[0]
+    file = tiny_tokenizer.decode(hf_greedy(llama, seed, max_new_tokens=120)[len(seed):])
+    prompt = _ids(tiny_tokenizer, f"Copy this file:\n```\n{file * 2}\n```\n")
+    want = hf_greedy(llama, prompt.tolist(), max_new_tokens=48)
+    found = refdec.generate(llama, prompt, tokenizer=tiny_tokenizer, max_new_tokens=48, eos_token_id=[],
+                            max_draft_tokens=32)
+    none = refdec.generate(llama, prompt, tokenizer=tiny_tokenizer, references=[], max_new_tokens=48,
+                           eos_token_id=[], max_draft_tokens=32)
+    assert found.sequences[0].tolist() == want == none.sequences[0].tolist()
+    assert found.stats.proposed_by_source.get("reference", 0) > 0
+    assert none.stats.proposed_by_source.get("reference", 0) == 0
+
+
+@pytest.mark.llama
+def test_on_llama_cpp_the_gguf_tokenizer_reads_the_prompt(tiny_gguf):
+    """A llama.cpp model's decoder reads the prompt's text with the GGUF file's own tokenizer."""
+    llama_cpp = pytest.importorskip("llama_cpp")
+    llm = llama_cpp.Llama(str(tiny_gguf), n_ctx=1024, n_threads=1, verbose=False)
+    decoder = refdec.SpeculativeDecoder(llm)
+    prompt = decoder.tokenizer(aider_whole_file()[1], add_special_tokens=False)["input_ids"]
+    args = decoder.check_call(prompt, refdec.DecodeSettings(max_new_tokens=4), index=None)
+    want = decoder.tokenizer(FILE, add_special_tokens=False)["input_ids"]
+    assert [r.tolist() for r in args.references[0]] == [list(want)]

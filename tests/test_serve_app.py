@@ -157,7 +157,7 @@ def test_library_http_and_stream_give_the_same_text(server, decoder, prediction)
 
 
 def test_a_request_without_prediction_drafts_from_the_file_in_its_messages(decoder, caplog):
-    """The fenced file is the implicit reference (refdec.serve.implicit): the same text as the library
+    """The fenced file is the implicit reference (refdec.drafting.implicit): the same text as the library
     gives the prompt alone, the drafts from it logged, and no prediction tokens reported (the client
     sent none). A decoder of its own (:func:`fresh_decoder`), with trees (exact mode off): a chain
     follows the context's copy of the same file as well, which takes the drafts' credit; and priced

@@ -7,7 +7,7 @@
 
 The editor model on llama.cpp by default. Every request decodes as one row of one running batch
 (refdec.engine.service) with its own settings; its ``prediction`` drafts as its reference (without
-one, the largest fenced code block of its messages: refdec.serve.implicit). The
+one, the largest fenced code block of its messages: refdec.drafting.implicit). The
 API key may come from the environment (``REFDEC_API_KEY``) rather than the command line, where
 other users of the machine could read it. docs/serve.md shows clients.
 """

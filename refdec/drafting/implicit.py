@@ -1,4 +1,4 @@
-"""The text a request without ``prediction`` is likely to rewrite: its implicit reference.
+"""The text a request without a reference is likely to rewrite: its implicit reference.
 
 Most editing tools do not send OpenAI's ``prediction`` (aider, Zed, Cline, Void; Continue has it
 off): they put the file in the prompt, fenced, and ask for it back rewritten (aider's whole-file
@@ -6,7 +6,9 @@ format, Continue's and Cline's apply prompts) or for search/replace blocks quoti
 diff format). The largest fenced code block of a request's messages is then, with rare exceptions,
 the file, and refdec drafts from it as it drafts from a prediction: the copy cursor follows it and
 the acceptance table prices it by what it earns, so a block the reply does not copy costs little.
-The output is unchanged either way; only the speed is.
+The output is unchanged either way; only the speed is. ``refdec serve`` looks for it in a request
+without ``prediction`` (its messages' texts, or a completion's prompt), ``generate`` in a prompt
+given without ``references`` (the prompt's text, decoded: refdec.engine.arguments).
 
 A block shorter than :data:`MIN_REFERENCE_CHARS` is not worth a reference (a short snippet the
 context index drafts from anyway): a request with none gets no implicit reference.

@@ -18,6 +18,7 @@ from typing import Any, Callable
 import numpy as np
 import torch
 
+from refdec.drafting.implicit import implicit_reference
 from refdec.drafting.index import CorpusIndex, ShardedIndex, tokenizer_fingerprint
 from refdec.engine.processors import PathLogitsProcessor
 from refdec.engine.sampling import random_seed
@@ -26,8 +27,8 @@ from refdec.sizing.budget import Budget
 from refdec.tokens import as_token_ids, check_int, is_int
 
 __all__ = ["GenerateArguments", "check_index_tokenizer", "eos_ids", "is_batched_input", "logits_processor",
-           "normalize_batch", "normalize_prompt", "normalize_references", "normalize_stop_strings",
-           "parse_arguments", "row_seeds", "split_references"]
+           "implicit_references", "normalize_batch", "normalize_prompt", "normalize_references",
+           "normalize_stop_strings", "parse_arguments", "row_references", "row_seeds", "split_references"]
 
 
 @dataclass(frozen=True)
@@ -37,7 +38,7 @@ class GenerateArguments:
     ``single``: one prompt (a batch of one that may stream) rather than a batch. ``prompts``:
     int64 [L_b] per row, padding removed; ``padded``: int64 [B, L], the caller's left-padded
     batch as given (None for one prompt or a list of prompts). ``references``: per row, int32
-    [R_i] token ids of each reference. ``seeds``: row b's sampling seed (None per row when
+    [R_i] token ids of each reference (a row given none: its prompt's implicit reference, if any). ``seeds``: row b's sampling seed (None per row when
     greedy). ``eos``: the eos ids; ``pad_token_id``: a batch's padding (None for one prompt).
     ``processor``: the logits settings applied per tree path (refdec.engine.processors).
     ``max_draft_tokens``: the draft-size policy, a :class:`~refdec.sizing.budget.Budget` (an int became
@@ -101,7 +102,7 @@ def parse_arguments(backend, input_ids, settings: DecodeSettings, *, tokenizer, 
     processor.check_vocab(backend.vocab_size)
     stops = normalize_stop_strings(settings.stop_strings, tokenizer)
     if single:
-        refs_per_row = [normalize_references(references, tokenizer)]
+        refs_per_row = [row_references(references, prompts[0], tokenizer)]
     if streamer is not None and not (callable(getattr(streamer, "put", None))
                                      and callable(getattr(streamer, "end", None))):
         raise ValueError(f"streamer must have put() and end() (a transformers BaseStreamer), "
@@ -113,7 +114,8 @@ def parse_arguments(backend, input_ids, settings: DecodeSettings, *, tokenizer, 
     if not single:
         pad_token_id = _pad_token_id(pad_token_id, backend, eos)
         prompts, padded = normalize_batch(input_ids, attention_mask, backend.vocab_size)
-        refs_per_row = [normalize_references(r, tokenizer) for r in split_references(references, len(prompts))]
+        refs_per_row = [row_references(r, prompt, tokenizer)
+                        for r, prompt in zip(split_references(references, len(prompts)), prompts)]
     else:
         pad_token_id = None
     _check_prompt_lengths(prompts, backend.max_positions, single)
@@ -256,6 +258,25 @@ def normalize_references(references, tokenizer) -> list[np.ndarray]:
             raise ValueError(f"references[{i}] must be a str or a list of token ids, got {type(ref).__name__}")
         out.append(as_token_ids(ref, f"references[{i}]"))
     return out
+
+
+def implicit_references(prompt: np.ndarray, tokenizer) -> list[np.ndarray]:
+    """The implicit reference of a prompt given without references (refdec.drafting.implicit: the
+    largest fenced code block of its text, decoded with ``tokenizer``), tokenized as a text
+    reference is: ``[int32 [R]]``, or ``[]`` without a tokenizer or without such a block.
+    ``prompt``: int64 [L] token ids."""
+    if tokenizer is None or not callable(getattr(tokenizer, "decode", None)):
+        return []
+    body = implicit_reference([tokenizer.decode(prompt.tolist())])
+    return [] if body is None else normalize_references([body], tokenizer)
+
+
+def row_references(references, prompt: np.ndarray, tokenizer) -> list[np.ndarray]:
+    """A row's references (:func:`normalize_references`); None: its prompt's implicit reference
+    (:func:`implicit_references`; ``[]`` asks for none). ``prompt``: int64 [L] token ids."""
+    if references is None:
+        return implicit_references(prompt, tokenizer)
+    return normalize_references(references, tokenizer)
 
 
 def split_references(references, batch_size: int) -> list:

@@ -264,6 +264,11 @@ class SpeculativeDecoder:
         new_tokens, row_stats)`` (batches only): called as each row finishes, with its index
         in the batch, its new tokens (list of int) and its DecodingStats.
 
+        ``references``: texts (with a tokenizer) or token-id lists the drafts may copy (editing: the
+        file being rewritten); None (a row's None in a batch): the prompt's implicit reference, the
+        largest fenced code block of its decoded text if one holds ``MIN_REFERENCE_CHARS``
+        (refdec.drafting.implicit; needs a tokenizer); ``[]``: none. Only the speed depends on them.
+
         Returns the sequences (int64 [1, L] or [B, L], on the model's device) and the stats.
         """
         settings = _keyword_settings(settings, max_new_tokens=max_new_tokens, do_sample=do_sample,

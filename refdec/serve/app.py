@@ -5,7 +5,7 @@
 Routes: ``POST /v1/chat/completions`` (the model's chat template), ``POST /v1/completions``,
 ``GET /v1/models``, ``GET /health``. A request's ``prediction`` is its reference (editing mode:
 the copy cursor follows the completion through it); without one, the largest fenced code block of
-its messages is (refdec.serve.implicit: the file an editing tool put in the prompt). Greedy when
+its messages is (refdec.drafting.implicit: the file an editing tool put in the prompt). Greedy when
 ``temperature`` is 0, else sampled with its ``seed``. Each request decodes as one row of the service's running batch and
 gives what a ``SpeculativeDecoder.generate`` call alone gives. Errors come in OpenAI's shape
 (refdec.serve.protocol.ApiError); a failure mid-stream as a ``data: {"error": ...}`` chunk. A
@@ -33,7 +33,7 @@ from refdec.drafting.proposer import CORPUS, MEMORY, REFERENCE, SOURCE_NAMES
 from refdec.engine.service import CANCELLED, DecodingService, ServiceBusy, ServiceClosed
 from refdec.engine.settings import DecodeSettings
 from refdec.serve.corpora import CorpusRegistry
-from refdec.serve.implicit import implicit_reference
+from refdec.drafting.implicit import implicit_reference
 from refdec.serve.protocol import (ApiError, ChatCompletionRequest, CompletionRequest, CorpusCreateRequest,
                                    api_error_from_validation)
 from refdec.serve.text import TextStream
@@ -59,7 +59,7 @@ def create_app(service: DecodingService, *, model_names: list[str], context_leng
     ``context_length``: the most tokens a request's prompt and completion hold together;
     ``api_key``: when given, every /v1 route needs ``Authorization: Bearer <key>``;
     ``implicit_references``: a request without ``prediction`` drafts from the largest fenced code
-    block of its messages (refdec.serve.implicit). When the decoder has a memory of past outputs
+    block of its messages (refdec.drafting.implicit). When the decoder has a memory of past outputs
     (``SpeculativeDecoder(memory=)``), each request drafts from and joins its tenant's: the API key's where
     the server has one, else the request's ``user`` (requests without one share a tenant);
     ``shared_memory``: one memory for every request. Per tenant by default because the speed of a
@@ -232,7 +232,7 @@ def create_app(service: DecodingService, *, model_names: list[str], context_leng
                 pass
 
         predicted = bool(body.prediction)
-        # without a prediction, the file the prompt holds, if any (refdec.serve.implicit): same output
+        # without a prediction, the file the prompt holds, if any (refdec.drafting.implicit): same output
         reference = (body.prediction if predicted
                      else implicit_reference(texts) if implicit_references else None)
         try:  # the request's decoding settings, checked once, here
@@ -250,7 +250,7 @@ def create_app(service: DecodingService, *, model_names: list[str], context_leng
                            param="corpus", code="corpus_not_found") from None
         try:
             ticket = await run_in_threadpool(service.submit, prompt, settings, on_event=on_event, tenant=tenant,
-                                             index=index, references=[reference] if reference else None)
+                                             index=index, references=[reference] if reference else [])
         except ServiceBusy as error:
             raise ApiError(503, f"the server is busy ({error}); retry shortly", kind="server_error",
                            code="server_busy", headers={"Retry-After": "1"}) from None
