@@ -59,17 +59,18 @@ def main(argv=None) -> int:
 
     import torch
 
+    import refdec
     from benchmarks.backends import load_model
-    from refdec.llama_cpp.backend import LlamaCppBackend
-    from refdec.llama_cpp.calibration import auto_cost_curve
 
     torch.set_num_threads(args.threads)
     sequences = 2 * args.rows  # every other id needs twice the ids
     cells = args.context + max(totals) + 1
     llm, _ = load_model(args.model, "llama.cpp", threads=args.threads, n_ctx=cells * sequences)
-    backend = LlamaCppBackend(llm, max_tree=max(totals), max_rows=sequences, prefix_cache=0, exact=not args.no_exact)
+    backend = refdec.SpeculativeDecoder(llm, max_rows=sequences, prefix_cache=0, exact=not args.no_exact).backend
     ctx = backend.ctx
-    curve = auto_cost_curve(backend)
+    if ctx.n_batch < max(totals):
+        ap.error(f"a decode here takes at most {ctx.n_batch} entries; --totals asked {max(totals)}")
+    curve = backend.auto_cost_curve()
     rng = np.random.default_rng(0)
     high = min(backend.vocab_size, 30000)
     for seq in range(sequences):
