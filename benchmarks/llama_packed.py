@@ -2,6 +2,7 @@
 
     python -m benchmarks.llama_packed [--model editor] [--threads 2] [--context 1536]
         [--totals 4,36,68,148] [--rows 4] [--repeats 3] [--no-exact] [--json OUT]
+    python -m benchmarks.llama_packed --context-sweep 512,2048 --totals 1,17,65,129
 
 The budget (refdec.sizing.budget.packed_prefix_sizes) prices a step of B rows by the cost curve at
 the forward's entries, ``sum_b (1 + n_b) - 1`` nodes, as if the rows did not matter; the curve is
@@ -15,6 +16,10 @@ refdec lays rows out by id); and rows of unequal lengths (half, a quarter, ... o
 default, as ``refdec serve`` runs), with batch-invariant products; the shapes alternate within each
 repeat, and each cell is the median over ``--repeats``. The table gives milliseconds, each cell
 against one row of as many entries, and the calibrated curve's price.
+
+``--context-sweep C1,C2,...``: instead, one row of each total over each context length (a sequence
+prefilled to each), the contexts alternating within each repeat; each cell against the first
+context's.
 """
 
 from __future__ import annotations
@@ -51,9 +56,12 @@ def main(argv=None) -> int:
     ap.add_argument("--rows", type=int, default=4)
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--no-exact", action="store_true", help="llama.cpp's usual kernels (refdec serve --no-exact)")
+    ap.add_argument("--context-sweep", help="context lengths, comma-separated: one row over each (module docstring)")
     ap.add_argument("--json", help="write the measurements here")
     args = ap.parse_args(argv)
     totals = [int(t) for t in args.totals.split(",")]
+    if args.context_sweep:
+        return context_sweep(args, [int(c) for c in args.context_sweep.split(",")], totals)
     if args.rows < 2 or min(totals) < args.rows:
         ap.error(f"--rows must be >= 2 and every total >= --rows, got rows {args.rows}, totals {totals}")
 
@@ -110,6 +118,48 @@ def main(argv=None) -> int:
     print(report.markdown_table(rows, ["entries", "shape", "entries per row", "ms", "× one row", "curve's price ms"]))
     if args.json:
         report.write_result(args.json, {"samples": {f"{t}|{n}": s for (t, n), s in samples.items()}})
+    return 0
+
+
+def context_sweep(args, contexts: list[int], totals: list[int]) -> int:
+    """``--context-sweep``: one row of each total over each context length, interleaved."""
+    import torch
+
+    import refdec
+    from benchmarks.backends import load_model
+
+    torch.set_num_threads(args.threads)
+    cells = max(contexts) + max(totals) + 1
+    llm, _ = load_model(args.model, "llama.cpp", threads=args.threads, n_ctx=cells * len(contexts))
+    backend = refdec.SpeculativeDecoder(llm, max_rows=len(contexts), prefix_cache=0, exact=not args.no_exact).backend
+    ctx = backend.ctx
+    rng = np.random.default_rng(0)
+    high = min(backend.vocab_size, 30000)
+    for seq, length in enumerate(contexts):
+        context = rng.integers(0, high, length).astype(np.int32)
+        for begin in range(0, length, ctx.prefill_chunk):
+            part = context[begin: begin + ctx.prefill_chunk]
+            ctx.decode(part, np.arange(begin, begin + len(part)), [[seq]] * len(part), np.zeros(len(part), bool))
+    samples = {(n, c): [] for n in totals for c in contexts}
+    for _ in range(args.repeats):
+        for n in totals:
+            for seq, length in enumerate(contexts):
+                tokens = rng.integers(0, high, n).astype(np.int32)
+                t0 = time.perf_counter()
+                ctx.decode(tokens, length + np.arange(n, dtype=np.int32), [[seq]] * n, np.ones(n, bool),
+                           invariant=not args.no_exact)
+                samples[(n, length)].append(time.perf_counter() - t0)
+                ctx.seq_remove(seq, length, -1)
+    mode = "llama.cpp's kernels" if args.no_exact else "exact mode"
+    print(f"{args.model}, {mode}, {args.threads} threads, one row; median of {args.repeats}", file=sys.stderr)
+    rows = []
+    for n in totals:
+        first = float(np.median(samples[(n, contexts[0])]))
+        rows.append([n] + [f"{np.median(samples[(n, c)]) * 1e3:.1f} ({np.median(samples[(n, c)]) / first:.2f})"
+                           for c in contexts])
+    print(report.markdown_table(rows, ["entries"] + [f"{c} tokens of context: ms (×)" for c in contexts]))
+    if args.json:
+        report.write_result(args.json, {"samples": {f"{n}|{c}": s for (n, c), s in samples.items()}})
     return 0
 
 
