@@ -38,8 +38,9 @@ class GenerateArguments:
     ``single``: one prompt (a batch of one that may stream) rather than a batch. ``prompts``:
     int64 [L_b] per row, padding removed; ``padded``: int64 [B, L], the caller's left-padded
     batch as given (None for one prompt or a list of prompts). ``references``: per row, int32
-    [R_i] token ids of each reference (a row given none: its prompt's implicit reference, if any). ``seeds``: row b's sampling seed (None per row when
-    greedy). ``eos``: the eos ids; ``pad_token_id``: a batch's padding (None for one prompt).
+    [R_i] token ids of each reference (a row given none: its prompt's implicit reference, if any).
+    ``seeds``: row b's sampling seed (None per row when greedy). ``eos``: the eos ids;
+    ``pad_token_id``: a batch's padding (None for one prompt).
     ``processor``: the logits settings applied per tree path (refdec.engine.processors).
     ``max_draft_tokens``: the draft-size policy, a :class:`~refdec.sizing.budget.Budget` (an int became
     a FixedBudget), or ``"auto"`` (the decoder makes AutoBudgets on the backend's cost curve).
