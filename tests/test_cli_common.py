@@ -62,3 +62,15 @@ def test_no_exact_is_a_model_argument_of_each_model_command():
     for command in (["edit", "f.py", "--instruction", "x"], ["serve"], ["generate", "--prompt", "x"]):
         assert parser.parse_args(command).exact is None  # exact mode where it can run
         assert parser.parse_args(command + ["--no-exact"]).exact is False
+
+
+@pytest.mark.llama
+def test_a_gguf_model_argument_is_a_llama_with_the_asked_prefill_chunk(tiny_gguf):
+    pytest.importorskip("llama_cpp")
+    from refdec.cli.common import load_model_arg
+
+    llm, tokenizer, engine = load_model_arg(str(tiny_gguf), 1, "llama.cpp", n_ctx=256, n_batch=64)
+    assert engine == "llama.cpp" and llm.n_batch == 64 and llm.n_ctx() == 256
+    assert tokenizer is not None
+    default, _, _ = load_model_arg(str(tiny_gguf), 1, "llama.cpp", n_ctx=1024)
+    assert default.n_batch == 512  # llama-cpp-python's own

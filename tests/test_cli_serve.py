@@ -20,6 +20,7 @@ from refdec.cli.main import main
     (["--index", "a=/x.refdec", "--index", "a=/y.refdec"], "the name 'a' is given twice"),
     (["--index", "bad name=/x.refdec"], "corpus name"),
     (["--memory-mb", "-1"], "--memory-mb must be in"),
+    (["--prefill-chunk", "8"], "--prefill-chunk must be >= 16"),
 ])
 def test_bad_arguments_are_refused_before_anything_loads(capsys, argv, message):
     assert main(["serve", *argv]) == 2

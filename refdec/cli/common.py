@@ -152,11 +152,13 @@ def add_model_arguments(parser, default: str | None) -> None:
                              "`refdec build-llama` built llama-cpp-python, gives them bit for bit)")
 
 
-def load_model_arg(model: str | None, threads: int | None, engine: str | None = None, n_ctx: int = GGUF_CONTEXT):
+def load_model_arg(model: str | None, threads: int | None, engine: str | None = None, n_ctx: int = GGUF_CONTEXT,
+                   n_batch: int | None = None):
     """``(model, tokenizer, engine)`` for ``--model`` and ``--engine`` (:func:`choose_engine`): on
     llama.cpp a ``llama_cpp.Llama`` of ``n_ctx`` cells and its own tokenizer (``threads`` its
-    threads, default one per core this process may use, as torch's), on transformers a model and
-    its tokenizer. ``model`` None: the default model, on transformers unless ``engine`` says llama.cpp."""
+    threads, default one per core this process may use, as torch's; ``n_batch`` its prefill chunk,
+    default llama-cpp-python's), on transformers a model and its tokenizer. ``model`` None: the
+    default model, on transformers unless ``engine`` says llama.cpp."""
     if model is None:
         model = gguf_files.DEFAULT_MODEL_NAME
         engine = engine or "transformers"
@@ -175,7 +177,8 @@ def load_model_arg(model: str | None, threads: int | None, engine: str | None = 
         from refdec.llama_cpp.tokenizer import GgufTokenizer
 
         threads = threads or _usable_cores()  # llama-cpp-python's own default is half the cores
-        llm = llama_cpp.Llama(path, n_ctx=n_ctx, verbose=False, n_threads=threads, n_threads_batch=threads)
+        batch = {} if n_batch is None else {"n_batch": int(n_batch)}
+        llm = llama_cpp.Llama(path, n_ctx=n_ctx, verbose=False, n_threads=threads, n_threads_batch=threads, **batch)
         return llm, GgufTokenizer(llm), engine
     from refdec import models
 

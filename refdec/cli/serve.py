@@ -28,6 +28,8 @@ from refdec.serve.corpora import CorpusRegistry, parse_index_argument
 SERVE_INSTALL_HINT = "pip install 'refdec[serve]'"
 API_KEY_ENV = "REFDEC_API_KEY"
 DEFAULT_CONTEXT = GGUF_CONTEXT  # tokens per request: prompt + completion
+# the prefill chunk: exact mode reuses a cached prompt in whole chunks (refdec.llama_cpp.backend)
+PREFILL_CHUNK = 512
 
 
 def register(subparsers) -> None:
@@ -62,6 +64,10 @@ def register(subparsers) -> None:
                         "(default: %(default)s; 0: none)")
     p.add_argument("--threads", type=int, default=None, metavar="N",
                    help="CPU threads, llama.cpp's or torch's (default: one per core)")
+    p.add_argument("--prefill-chunk", type=int, default=PREFILL_CHUNK, metavar="N",
+                   help="prompts are prefilled in chunks of N tokens (llama.cpp's n_batch); in exact mode a "
+                        "prompt reuses an earlier one's cache in whole chunks, so smaller chunks reuse more of it "
+                        "(default: %(default)s)")
     p.add_argument("--no-implicit-reference", action="store_true",
                    help="a request without `prediction` drafts from its context alone (by default also from "
                         "the largest fenced code block of its messages: the file an editing tool put there)")
@@ -77,7 +83,8 @@ def register(subparsers) -> None:
 
 def _check(args) -> None:
     for flag, value, least in (("--max-concurrent", args.max_concurrent, 1), ("--max-waiting", args.max_waiting, 0),
-                               ("--ctx", args.ctx, 16), ("--prefix-cache", args.prefix_cache, 0)):
+                               ("--ctx", args.ctx, 16), ("--prefix-cache", args.prefix_cache, 0),
+                               ("--prefill-chunk", args.prefill_chunk, 16)):
         if value < least:
             raise ValueError(f"{flag} must be >= {least}, got {value}")
     if not 0 <= args.memory_mb <= 1 << 20:
@@ -111,7 +118,8 @@ def run(args) -> int:
     # every request's row has a slot of --ctx cells and room for its draft tree
     cells = args.max_concurrent * (args.ctx + MAX_NODES + 1)
     print(f"refdec serve: loading {model_name}", file=sys.stderr)
-    model, tokenizer, engine = load_model_arg(model_name, args.threads, args.engine, n_ctx=cells)
+    model, tokenizer, engine = load_model_arg(model_name, args.threads, args.engine, n_ctx=cells,
+                                              n_batch=args.prefill_chunk)
     corpora = CorpusRegistry()
     for value in args.index:
         from refdec.drafting.index import CorpusIndex
@@ -121,7 +129,8 @@ def run(args) -> int:
     index = corpora.index_for(None)
     memory = refdec.OutputMemory(int(args.memory_mb * (1 << 20))) if args.memory_mb > 0 else None
     decoder = refdec.SpeculativeDecoder(model, tokenizer=tokenizer, index=index, max_rows=args.max_concurrent,
-                                        prefix_cache=args.prefix_cache, memory=memory, exact=args.exact)
+                                        prefix_cache=args.prefix_cache, memory=memory, exact=args.exact,
+                                        prefill_chunk=args.prefill_chunk)
     limit = decoder.max_positions
     context = args.ctx if limit is None else min(args.ctx, limit + 1)
     service = DecodingService(decoder, max_concurrent=args.max_concurrent, max_waiting=args.max_waiting)
