@@ -28,7 +28,8 @@ many replies equal refdec's at one client. Every server prefills each request fr
 
 ``refdec-trees`` is refdec serve with ``--no-exact``: draft trees in llama.cpp's batched kernels, as
 llama-server's speculative decoding runs them, in place of exact mode's chains (the price of
-exact mode's plain-decoding tokens).
+exact mode's plain-decoding tokens). ``refdec-chunk128`` is refdec serve with ``--prefill-chunk
+128``: exact mode reuses a cached prompt in whole chunks (with ``--follow-up``, ``--aider``).
 
 ``--no-prediction``: the requests send the file in the prompt only, as most editing tools do;
 ``refdec-noimplicit`` is refdec serve with ``--no-implicit-reference`` (drafting from the context
@@ -70,7 +71,7 @@ from pathlib import Path
 from benchmarks import data
 
 SERVERS = ("refdec", "lcp", "lcp-pld", "ls", "ls-ngram-mod", "ls-ngram-map-k", "refdec-nocache", "refdec-noimplicit",
-           "refdec-trees")
+           "refdec-trees", "refdec-chunk128")
 FOLLOW_UP = "Also add a one-line comment at the very top of the file that says what the file is for."
 MODEL_ID = "editor"  # the id every server answers to here
 CONTEXT = 8192  # tokens per request slot
@@ -116,12 +117,13 @@ def server_command(name: str, model: Path, port: int, threads: int, prompt_cache
     """The command that starts server ``name``; ``prompt_cache``: as a user runs it, reusing an
     earlier prompt's prefix (refdec-nocache never does), else every request prefilled from scratch."""
     if name.startswith("refdec"):
-        cache = 4 if prompt_cache and name == "refdec" else 0
+        cache = 4 if prompt_cache and name in ("refdec", "refdec-chunk128") else 0
         return [sys.executable, "-m", "refdec.cli", "serve", "--model", str(model), "--port", str(port),
                 "--served-model-name", MODEL_ID, "--max-concurrent", str(SLOTS), "--ctx", str(CONTEXT),
                 "--threads", str(threads), "--prefix-cache", str(cache)] + (
                     ["--no-implicit-reference"] if name == "refdec-noimplicit" else
-                    ["--no-exact"] if name == "refdec-trees" else [])
+                    ["--no-exact"] if name == "refdec-trees" else
+                    ["--prefill-chunk", "128"] if name == "refdec-chunk128" else [])
     if name.startswith("lcp"):
         command = [sys.executable, "-m", "llama_cpp.server", "--model", str(model), "--port", str(port),
                    "--model_alias", MODEL_ID, "--n_ctx", str(CONTEXT), "--n_threads", str(threads),
