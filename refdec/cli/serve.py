@@ -29,7 +29,7 @@ SERVE_INSTALL_HINT = "pip install 'refdec[serve]'"
 API_KEY_ENV = "REFDEC_API_KEY"
 DEFAULT_CONTEXT = GGUF_CONTEXT  # tokens per request: prompt + completion
 # the prefill chunk: exact mode reuses a cached prompt in whole chunks (refdec.llama_cpp.backend)
-PREFILL_CHUNK = 512
+PREFILL_CHUNK = 128
 
 
 def register(subparsers) -> None:
