@@ -33,6 +33,14 @@ import numpy as np
 from benchmarks import report
 
 
+def prefill(ctx, seq: int, context: np.ndarray) -> None:
+    """``context`` (int32 [C] token ids) into sequence ``seq`` of ``ctx``, in the Llama's prefill
+    chunks, without logits."""
+    for begin in range(0, len(context), ctx.prefill_chunk):
+        part = context[begin: begin + ctx.prefill_chunk]
+        ctx.decode(part, np.arange(begin, begin + len(part)), [[seq]] * len(part), np.zeros(len(part), bool))
+
+
 def shapes(total: int, rows: int) -> dict[str, tuple[list[int], list[int]]]:
     """{name: (entries per row, sequence id per row)} for a decode of ``total`` entries."""
     equal = max(1, total // rows)
@@ -82,10 +90,7 @@ def main(argv=None) -> int:
     rng = np.random.default_rng(0)
     high = min(backend.vocab_size, 30000)
     for seq in range(sequences):
-        context = rng.integers(0, high, args.context).astype(np.int32)
-        for begin in range(0, args.context, ctx.prefill_chunk):
-            part = context[begin: begin + ctx.prefill_chunk]
-            ctx.decode(part, np.arange(begin, begin + len(part)), [[seq]] * len(part), np.zeros(len(part), bool))
+        prefill(ctx, seq, rng.integers(0, high, args.context).astype(np.int32))
 
     def decode_seconds(lengths: list[int], seqs: list[int]) -> float:
         tokens = rng.integers(0, high, sum(lengths)).astype(np.int32)
@@ -136,10 +141,7 @@ def context_sweep(args, contexts: list[int], totals: list[int]) -> int:
     rng = np.random.default_rng(0)
     high = min(backend.vocab_size, 30000)
     for seq, length in enumerate(contexts):
-        context = rng.integers(0, high, length).astype(np.int32)
-        for begin in range(0, length, ctx.prefill_chunk):
-            part = context[begin: begin + ctx.prefill_chunk]
-            ctx.decode(part, np.arange(begin, begin + len(part)), [[seq]] * len(part), np.zeros(len(part), bool))
+        prefill(ctx, seq, rng.integers(0, high, length).astype(np.int32))
     samples = {(n, c): [] for n in totals for c in contexts}
     for _ in range(args.repeats):
         for n in totals:
