@@ -11,11 +11,12 @@ measured on one row over a 512-token context (refdec.llama_cpp.calibration). Thi
 for each total ``N`` of ``--totals``: one row of N entries; ``--rows`` rows of N / rows entries each
 in sequences with consecutive ids (llama.cpp's KV streams split a batch into micro-batches of
 streams with consecutive, increasing ids); the same in sequences with every other id, and in
-descending ids (a batch laid out in its rows' order when a row that joined holds a lower id:
-refdec lays rows out by id); and rows of unequal lengths (half, a quarter, ... of N). Every decode asks for every entry's logits and, in exact mode (the
-default, as ``refdec serve`` runs), with batch-invariant products; the shapes alternate within each
-repeat, and each cell is the median over ``--repeats``. The table gives milliseconds, each cell
-against one row of as many entries, and the calibrated curve's price.
+descending ids (a batch laid out in its rows' order when a row that joined holds a lower id: refdec
+lays rows out by id); and rows of unequal lengths (half, a quarter, ... of N). Every decode asks for
+every entry's logits and, in exact mode (the default, as ``refdec serve`` runs), with
+batch-invariant products; the shapes alternate within each repeat, and each cell is the median over
+``--repeats``. The table gives milliseconds, each cell against one row of as many entries, and the
+calibrated curve's price.
 
 ``--context-sweep C1,C2,...``: instead, one row of each total over each context length (a sequence
 prefilled to each), the contexts alternating within each repeat; each cell against the first
@@ -33,12 +34,51 @@ import numpy as np
 from benchmarks import report
 
 
-def prefill(ctx, seq: int, context: np.ndarray) -> None:
-    """``context`` (int32 [C] token ids) into sequence ``seq`` of ``ctx``, in the Llama's prefill
-    chunks, without logits."""
-    for begin in range(0, len(context), ctx.prefill_chunk):
-        part = context[begin: begin + ctx.prefill_chunk]
-        ctx.decode(part, np.arange(begin, begin + len(part)), [[seq]] * len(part), np.zeros(len(part), bool))
+def prefilled_backend(args, contexts: list[int], most_entries: int):
+    """``(backend, rng, high)``: model ``args.model`` on llama.cpp (exact mode unless
+    ``args.no_exact``) with a sequence per context length of ``contexts``, sequence i prefilled with
+    ``contexts[i]`` random token ids (below ``high``) in the Llama's prefill chunks, and room after it
+    for a decode of ``most_entries`` entries; ``rng`` draws the decodes' tokens."""
+    import torch
+
+    import refdec
+    from benchmarks.backends import load_model
+
+    torch.set_num_threads(args.threads)
+    cells = max(contexts) + most_entries + 1
+    llm, _ = load_model(args.model, "llama.cpp", threads=args.threads, n_ctx=cells * len(contexts))
+    backend = refdec.SpeculativeDecoder(llm, max_rows=len(contexts), prefix_cache=0, exact=not args.no_exact).backend
+    ctx = backend.ctx
+    if ctx.n_batch < most_entries:
+        raise SystemExit(f"a decode here takes at most {ctx.n_batch} entries; --totals asked {most_entries}")
+    rng = np.random.default_rng(0)
+    high = min(backend.vocab_size, 30000)
+    for seq, length in enumerate(contexts):
+        context = rng.integers(0, high, length).astype(np.int32)
+        for begin in range(0, length, ctx.prefill_chunk):
+            part = context[begin: begin + ctx.prefill_chunk]
+            ctx.decode(part, np.arange(begin, begin + len(part)), [[seq]] * len(part), np.zeros(len(part), bool))
+    return backend, rng, high
+
+
+def timed_decode(ctx, rng, high: int, lengths: list[int], seqs: list[int], starts: list[int], invariant: bool) -> float:
+    """Seconds of one decode of random tokens (below ``high``), ``lengths[b]`` entries in sequence
+    ``seqs[b]`` from position ``starts[b]`` (its context's end), every entry's logits; the entries
+    are removed after."""
+    tokens = rng.integers(0, high, sum(lengths)).astype(np.int32)
+    positions = np.concatenate([start + np.arange(n) for n, start in zip(lengths, starts)]).astype(np.int32)
+    ids = [[seq] for n, seq in zip(lengths, seqs) for _ in range(n)]
+    t0 = time.perf_counter()
+    ctx.decode(tokens, positions, ids, np.ones(len(tokens), bool), invariant=invariant)
+    elapsed = time.perf_counter() - t0
+    for seq, start in zip(seqs, starts):
+        ctx.seq_remove(seq, start, -1)
+    return elapsed
+
+
+def mode_line(args, what: str) -> str:
+    mode = "llama.cpp's kernels" if args.no_exact else "exact mode"
+    return f"{args.model}, {mode}, {args.threads} threads, {what}; median of {args.repeats}"
 
 
 def shapes(total: int, rows: int) -> dict[str, tuple[list[int], list[int]]]:
@@ -73,35 +113,12 @@ def main(argv=None) -> int:
     if args.rows < 2 or min(totals) < args.rows:
         ap.error(f"--rows must be >= 2 and every total >= --rows, got rows {args.rows}, totals {totals}")
 
-    import torch
-
-    import refdec
-    from benchmarks.backends import load_model
-
-    torch.set_num_threads(args.threads)
     sequences = 2 * args.rows  # every other id needs twice the ids
-    cells = args.context + max(totals) + 1
-    llm, _ = load_model(args.model, "llama.cpp", threads=args.threads, n_ctx=cells * sequences)
-    backend = refdec.SpeculativeDecoder(llm, max_rows=sequences, prefix_cache=0, exact=not args.no_exact).backend
-    ctx = backend.ctx
-    if ctx.n_batch < max(totals):
-        ap.error(f"a decode here takes at most {ctx.n_batch} entries; --totals asked {max(totals)}")
+    backend, rng, high = prefilled_backend(args, [args.context] * sequences, max(totals))
     curve = backend.auto_cost_curve()
-    rng = np.random.default_rng(0)
-    high = min(backend.vocab_size, 30000)
-    for seq in range(sequences):
-        prefill(ctx, seq, rng.integers(0, high, args.context).astype(np.int32))
 
     def decode_seconds(lengths: list[int], seqs: list[int]) -> float:
-        tokens = rng.integers(0, high, sum(lengths)).astype(np.int32)
-        positions = np.concatenate([args.context + np.arange(n) for n in lengths]).astype(np.int32)
-        ids = [[seq] for n, seq in zip(lengths, seqs) for _ in range(n)]
-        t0 = time.perf_counter()
-        ctx.decode(tokens, positions, ids, np.ones(len(tokens), bool), invariant=not args.no_exact)
-        elapsed = time.perf_counter() - t0
-        for seq in seqs:
-            ctx.seq_remove(seq, args.context, -1)
-        return elapsed
+        return timed_decode(backend.ctx, rng, high, lengths, seqs, [args.context] * len(seqs), not args.no_exact)
 
     cases = {total: shapes(total, args.rows) for total in totals}
     decode_seconds([1], [0])  # warm-up
@@ -110,9 +127,7 @@ def main(argv=None) -> int:
         for total, named in cases.items():
             for name, (lengths, seqs) in named.items():
                 samples[(total, name)].append(decode_seconds(lengths, seqs))
-    mode = "llama.cpp's kernels" if args.no_exact else "exact mode"
-    print(f"{args.model}, {mode}, {args.threads} threads, {args.context} tokens of context per sequence; "
-          f"median of {args.repeats}", file=sys.stderr)
+    print(mode_line(args, f"{args.context} tokens of context per sequence"), file=sys.stderr)
     rows = []
     for total, named in cases.items():
         one = float(np.median(samples[(total, "1 row")]))
@@ -128,32 +143,14 @@ def main(argv=None) -> int:
 
 def context_sweep(args, contexts: list[int], totals: list[int]) -> int:
     """``--context-sweep``: one row of each total over each context length, interleaved."""
-    import torch
-
-    import refdec
-    from benchmarks.backends import load_model
-
-    torch.set_num_threads(args.threads)
-    cells = max(contexts) + max(totals) + 1
-    llm, _ = load_model(args.model, "llama.cpp", threads=args.threads, n_ctx=cells * len(contexts))
-    backend = refdec.SpeculativeDecoder(llm, max_rows=len(contexts), prefix_cache=0, exact=not args.no_exact).backend
-    ctx = backend.ctx
-    rng = np.random.default_rng(0)
-    high = min(backend.vocab_size, 30000)
-    for seq, length in enumerate(contexts):
-        prefill(ctx, seq, rng.integers(0, high, length).astype(np.int32))
+    backend, rng, high = prefilled_backend(args, contexts, max(totals))
     samples = {(n, c): [] for n in totals for c in contexts}
     for _ in range(args.repeats):
         for n in totals:
             for seq, length in enumerate(contexts):
-                tokens = rng.integers(0, high, n).astype(np.int32)
-                t0 = time.perf_counter()
-                ctx.decode(tokens, length + np.arange(n, dtype=np.int32), [[seq]] * n, np.ones(n, bool),
-                           invariant=not args.no_exact)
-                samples[(n, length)].append(time.perf_counter() - t0)
-                ctx.seq_remove(seq, length, -1)
-    mode = "llama.cpp's kernels" if args.no_exact else "exact mode"
-    print(f"{args.model}, {mode}, {args.threads} threads, one row; median of {args.repeats}", file=sys.stderr)
+                samples[(n, length)].append(timed_decode(backend.ctx, rng, high, [n], [seq], [length],
+                                                         not args.no_exact))
+    print(mode_line(args, "one row"), file=sys.stderr)
     rows = []
     for n in totals:
         first = float(np.median(samples[(n, contexts[0])]))
