@@ -28,12 +28,12 @@ from pydantic import ValidationError
 from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from refdec.drafting.implicit import implicit_reference
 from refdec.drafting.index import CorpusIndex
 from refdec.drafting.proposer import CORPUS, MEMORY, REFERENCE, SOURCE_NAMES
 from refdec.engine.service import CANCELLED, DecodingService, ServiceBusy, ServiceClosed
 from refdec.engine.settings import DecodeSettings
 from refdec.serve.corpora import CorpusRegistry
-from refdec.drafting.implicit import implicit_reference
 from refdec.serve.protocol import (ApiError, ChatCompletionRequest, CompletionRequest, CorpusCreateRequest,
                                    api_error_from_validation)
 from refdec.serve.text import TextStream
